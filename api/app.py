@@ -1,0 +1,35 @@
+"""The FastAPI application: ``create_app()`` for tests and ``app`` for uvicorn."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from api import errors
+from api.routers import participants, staff
+from study.db import get_engine
+
+API_PREFIX = "/api/v1"
+
+def create_app(engine: Engine | None = None) -> FastAPI:
+    app = FastAPI(
+        title="Afterward",
+        version="0.1.0",
+        summary="Longitudinal well-being studies of LLM chat",
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    app.state.engine = engine or get_engine()
+    errors.install(app)
+    app.include_router(participants.router, prefix=API_PREFIX)
+    app.include_router(staff.router, prefix=API_PREFIX)
+
+    @app.get("/healthz", tags=["ops"])
+    def healthz() -> dict[str, str]:
+        with app.state.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        return {"status": "ok", "database": app.state.engine.dialect.name}
+
+    return app
+

@@ -1,0 +1,194 @@
+"""The ``afterward`` command: database, studies, invites, staff, audit, and the processes."""
+
+from __future__ import annotations
+
+import getpass
+import secrets
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from sqlalchemy import select
+
+from study import audit, participants, staff, studies
+from study.db import migrate, session_scope
+from study.errors import DomainError
+from study.models import StaffAccount, StaffRole
+from study.protocol import ProtocolError
+from study.settings import PROJECT_ROOT, get_settings
+
+app = typer.Typer(no_args_is_help=True, help="Afterward: longitudinal well-being studies of LLM chat.")
+db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
+study_app = typer.Typer(no_args_is_help=True, help="Study protocols.")
+invites_app = typer.Typer(no_args_is_help=True, help="Invite codes.")
+staff_app = typer.Typer(no_args_is_help=True, help="Staff accounts, roles and API tokens.")
+audit_app = typer.Typer(no_args_is_help=True, help="The audit log.")
+keys_app = typer.Typer(no_args_is_help=True, help="Encryption keys.")
+for sub, name in ((db_app, "db"), (study_app, "study"), (invites_app, "invites"),
+                  (staff_app, "staff"), (audit_app, "audit"), (keys_app, "keys")):
+    app.add_typer(sub, name=name)
+
+CLI_ACTOR = audit.Actor.system("cli")
+
+
+def _fail(message: str) -> None:
+    typer.secho(message, fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Run the migrations up to the newest revision."""
+    migrate(get_settings().database_url)
+    typer.echo("database is up to date")
+
+
+@study_app.command("load")
+def study_load(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)]) -> None:
+    """Create a study from a protocol file, or add a version when the file changed."""
+    try:
+        with session_scope() as session:
+            result = studies.load_protocol(session, file.read_text(encoding="utf-8"), CLI_ACTOR)
+            slug = result.study.slug
+    except ProtocolError as exc:
+        _fail(f"{file}: {exc}")
+    except DomainError as exc:
+        _fail(f"{file}: {exc.message}")
+    if result.created_study:
+        typer.echo(f"created study '{slug}' (protocol version 1)")
+    elif result.changed:
+        typer.echo(f"study '{slug}': protocol version {result.version} loaded (older versions kept)")
+    else:
+        typer.echo(f"study '{slug}': unchanged (protocol version {result.version})")
+
+
+@study_app.command("list")
+def study_list() -> None:
+    """Studies and their current protocol version."""
+    from study.models import Study
+
+    with session_scope() as session:
+        for study in session.scalars(select(Study).order_by(Study.slug)):
+            version = studies.current_version(session, study.id)
+            typer.echo(f"{study.slug}\tv{version.version}\t{study.title}")
+
+
+@invites_app.command("create")
+def invites_create(
+    study: str,
+    count: Annotated[int, typer.Option(min=1, max=10_000)] = 1,
+    max_uses: Annotated[int, typer.Option(help="More than 1 makes a capped study link")] = 1,
+    label: str | None = None,
+) -> None:
+    """Print new invite codes (only their hashes are stored: keep the printout)."""
+    with session_scope() as session:
+        codes = participants.create_invites(session, studies.get_study(session, study), CLI_ACTOR,
+                                            count=count, max_uses=max_uses, label=label)
+    for code in codes:
+        typer.echo(code)
+
+
+@staff_app.command("create")
+def staff_create(
+    email: str,
+    name: Annotated[str, typer.Option(help="Display name")],
+    study: Annotated[str, typer.Option(help="Study slug the role applies to")],
+    role: Annotated[StaffRole, typer.Option()] = StaffRole.RESEARCHER,
+    password: Annotated[str | None, typer.Option(help="Prompted for when omitted")] = None,
+) -> None:
+    """Create a staff account with a role in one study."""
+    password = password or getpass.getpass("password (12+ characters): ")
+    try:
+        with session_scope() as session:
+            account = staff.create_staff(session, email=email, name=name, password=password, actor=CLI_ACTOR)
+            staff.grant(session, account, studies.get_study(session, study), role, CLI_ACTOR)
+    except DomainError as exc:
+        _fail(exc.message)
+    typer.echo(f"created {email} as {role} in {study}")
+
+
+@staff_app.command("grant")
+def staff_grant(email: str, study: str, role: Annotated[StaffRole, typer.Option()]) -> None:
+    """Give an existing staff account a role in a study (or change it)."""
+    with session_scope() as session:
+        account = session.scalar(select(StaffAccount).where(StaffAccount.email == email.lower()))
+        if account is None:
+            _fail(f"no staff account {email}")
+        assert account is not None
+        staff.grant(session, account, studies.get_study(session, study), role, CLI_ACTOR)
+    typer.echo(f"{email} is now {role} in {study}")
+
+
+@staff_app.command("token")
+def staff_token(email: str, label: str = "cli") -> None:
+    """Issue an API token for a staff account (printed once, stored hashed)."""
+    with session_scope() as session:
+        account = session.scalar(select(StaffAccount).where(StaffAccount.email == email.lower()))
+        if account is None:
+            _fail(f"no staff account {email}")
+        assert account is not None
+        typer.echo(staff.issue_token(session, account, label, CLI_ACTOR))
+
+
+@audit_app.command("verify")
+def audit_verify() -> None:
+    """Check the audit log's hash chain; exit 1 if any entry was edited or deleted."""
+    with session_scope() as session:
+        result = audit.verify(session)
+    for problem in result.problems:
+        typer.secho(problem, fg=typer.colors.RED, err=True)
+    if not result.ok:
+        raise typer.Exit(1)
+    typer.echo(f"audit log intact: {result.entries} entries")
+
+
+@keys_app.command("generate")
+def keys_generate() -> None:
+    """Print a new Fernet key for AFTERWARD_CONTACT_ENCRYPTION_KEYS."""
+    from cryptography.fernet import Fernet
+
+    typer.echo(Fernet.generate_key().decode())
+
+
+@app.command("demo")
+def demo(protocol: Path = PROJECT_ROOT / "examples" / "wellbeing-pilot.yaml") -> None:
+    """Prepare a local demo: migrate, load the example study, a demo admin and five invites."""
+    settings = get_settings()
+    migrate(settings.database_url)
+    with session_scope() as session:
+        result = studies.load_protocol(session, protocol.read_text(encoding="utf-8"), CLI_ACTOR)
+        study = result.study
+        email = "demo@afterward.local"
+        account = session.scalar(select(StaffAccount).where(StaffAccount.email == email))
+        password = None
+        if account is None:
+            password = secrets.token_urlsafe(12)
+            account = staff.create_staff(session, email=email, name="Demo admin",
+                                         password=password, actor=CLI_ACTOR)
+            staff.grant(session, account, study, StaffRole.ADMIN, CLI_ACTOR)
+        token = staff.issue_token(session, account, "demo", CLI_ACTOR)
+        codes = participants.create_invites(session, study, CLI_ACTOR, count=5, label="demo")
+    typer.echo(f"study '{study.slug}' ready (protocol version {result.version})")
+    typer.echo(f"staff login: {email}" + (f" / password {password}" if password else " (existing account)"))
+    typer.echo(f"staff API token: {token}")
+    typer.echo(f"invite codes (single use; redeem with POST {settings.base_url}/api/v1/enrollment):")
+    for code in codes:
+        typer.echo(f"  {code}")
+
+
+@app.command("api")
+def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
+    """Serve the HTTP API (and the participant pages) with uvicorn."""
+    import uvicorn
+
+    uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level="info")
+
+
+def main() -> None:
+    try:
+        app()
+    except DomainError as exc:
+        typer.secho(exc.message, fg=typer.colors.RED, err=True)
+        sys.exit(1)

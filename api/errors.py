@@ -1,0 +1,79 @@
+"""One error shape for every 4xx and 5xx:
+``{"error": {"code": "...", "message": "...", "fields": [{"field": "...", "message": "..."}]}}``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from study.errors import (
+    Conflict,
+    DomainError,
+    Forbidden,
+    Gone,
+    Invalid,
+    NotFound,
+    TooManyAttempts,
+)
+from study.protocol import ProtocolError
+
+log = logging.getLogger("afterward.api")
+
+STATUS_BY_ERROR: list[tuple[type[DomainError], int]] = [
+    (NotFound, 404),
+    (Conflict, 409),
+    (Gone, 410),
+    (Forbidden, 403),
+    (Invalid, 422),
+    (TooManyAttempts, 429),
+]
+
+
+def error_body(code: str, message: str, fields: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if fields:
+        body["fields"] = fields
+    return {"error": body}
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "cookie")]
+    return ".".join(parts) or "body"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(DomainError)
+    async def _domain(_: Request, exc: DomainError) -> JSONResponse:
+        status = next((s for cls, s in STATUS_BY_ERROR if isinstance(exc, cls)), 400)
+        headers = ({"Retry-After": str(exc.retry_after_seconds)}
+                   if isinstance(exc, TooManyAttempts) else None)
+        return JSONResponse(error_body(exc.code, exc.message), status_code=status, headers=headers)
+
+    @app.exception_handler(ProtocolError)
+    async def _protocol(_: Request, exc: ProtocolError) -> JSONResponse:
+        return JSONResponse(error_body("invalid_protocol", str(exc)), status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = [{"field": _field_name(tuple(e["loc"])),
+                   "message": str(e["msg"]).removeprefix("Value error, ")} for e in exc.errors()]
+        summary = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
+        return JSONResponse(error_body("validation_error", summary, fields), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {401: "unauthenticated", 403: "forbidden", 404: "not_found",
+                405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse(error_body("internal_error", "something went wrong on our side; "
+                                       "nothing you sent was lost, please try again"), status_code=500)

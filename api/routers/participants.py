@@ -1,0 +1,127 @@
+"""Participant endpoints: enrollment, consent, profile, withdrawal. Everything is about the caller
+("me"); no endpoint takes another participant's id."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Response, status
+from fastapi.responses import PlainTextResponse
+
+from api.deps import SESSION_COOKIE, CurrentParticipant, SessionDep, participant_token
+from study import audit
+from study import participants as service
+from study.models import ConsentVersion, Participant, Study
+from study.schemas import (
+    ConsentRead,
+    ConsentSign,
+    ConsentStatusRead,
+    EnrollmentCreate,
+    EnrollmentRead,
+    ParticipantRead,
+    ProfileUpdate,
+    SignedConsentRead,
+    WithdrawalCreate,
+    WithdrawalRead,
+)
+from study.security import csrf_token_for
+from study.settings import get_settings
+
+router = APIRouter(tags=["participant"])
+Token = Annotated[str, Depends(participant_token)]
+
+
+def _consent_read(consent: ConsentVersion) -> ConsentRead:
+    return ConsentRead(version=consent.version, text_markdown=consent.text_markdown,
+                       text_sha256=consent.text_sha256, confirmations=consent.confirmations)  # type: ignore[arg-type]
+
+
+def _set_cookie(response: Response, token: str) -> None:
+    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="lax", path="/",
+                        secure=get_settings().base_url.startswith("https"),
+                        max_age=get_settings().session_ttl_days * 86400)
+
+
+def _participant_read(session: SessionDep, participant: Participant, token: str | None) -> ParticipantRead:
+    study = session.get(Study, participant.study_id)
+    assert study is not None
+    return ParticipantRead(
+        participant_code=participant.code, study=study.slug, status=participant.status,
+        arm=participant.arm, timezone=participant.timezone,
+        has_contact_email=participant.contact_email_encrypted is not None,
+        enrolled_at=participant.enrolled_at, withdrawn_at=participant.withdrawn_at,
+        withdrawal_level=participant.withdrawal_level,
+        needs_consent=not participant.is_withdrawn and service.consent_status(session, participant).needs_consent,
+        csrf_token=csrf_token_for(token) if token else None)
+
+
+@router.post("/enrollment", status_code=status.HTTP_201_CREATED)
+def enroll(body: EnrollmentCreate, session: SessionDep, response: Response) -> EnrollmentRead:
+    """Redeem an invite code. Next: read and sign the consent returned here."""
+    enrollment = service.enroll(session, body.invite_code)
+    _set_cookie(response, enrollment.token)
+    consent = service.consent_status(session, enrollment.participant).current
+    return EnrollmentRead(participant_code=enrollment.participant.code, token=enrollment.token,
+                          csrf_token=csrf_token_for(enrollment.token), consent=_consent_read(consent))
+
+
+@router.get("/me")
+def me(session: SessionDep, participant: CurrentParticipant, token: Token) -> ParticipantRead:
+    return _participant_read(session, participant, token)
+
+
+@router.get("/me/consent")
+def consent_status(session: SessionDep, participant: CurrentParticipant) -> ConsentStatusRead:
+    state = service.consent_status(session, participant)
+    return ConsentStatusRead(current=_consent_read(state.current), signed_version=state.signed_version,
+                             signed_at=state.signed.signed_at if state.signed else None,
+                             needs_consent=state.needs_consent)
+
+
+@router.post("/me/consent", status_code=status.HTTP_201_CREATED)
+def sign_consent(body: ConsentSign, session: SessionDep, participant: CurrentParticipant) -> SignedConsentRead:
+    """Sign the consent version in force (also how a participant re-consents after a revision)."""
+    service.sign_consent(session, participant, version=body.version,
+                         confirmations=body.confirmations, typed_signature=body.typed_signature)
+    return signed_consent(session, participant)
+
+
+@router.get("/me/consent/signed", response_model=None)
+def signed_consent(
+    session: SessionDep, participant: CurrentParticipant,
+    download: Annotated[bool, Query(description="Return a Markdown file to keep")] = False,
+) -> SignedConsentRead | PlainTextResponse:
+    """A copy of exactly what the participant signed (the latest signature)."""
+    signature, version = service.signed_consent_text(session, participant)
+    copy = SignedConsentRead(
+        participant_code=participant.code, version=version.version,
+        text_markdown=version.text_markdown, signed_text_sha256=signature.signed_text_sha256,
+        typed_signature=signature.typed_signature, confirmations=signature.confirmations,
+        signed_at=signature.signed_at)
+    if not download:
+        return copy
+    text = (f"{copy.text_markdown}\n\n---\n\nConsent version {copy.version}, signed as "
+            f"\"{copy.typed_signature}\" by participant {copy.participant_code} on "
+            f"{copy.signed_at:%Y-%m-%d %H:%M} UTC.\nConfirmed: {', '.join(copy.confirmations)}\n"
+            f"SHA-256 of the consent text: {copy.signed_text_sha256}\n")
+    return PlainTextResponse(text, media_type="text/markdown", headers={
+        "Content-Disposition": f'attachment; filename="consent-{copy.version}-{copy.participant_code}.md"'})
+
+
+@router.put("/me/profile")
+def update_profile(body: ProfileUpdate, session: SessionDep, participant: CurrentParticipant,
+                   token: Token) -> ParticipantRead:
+    """Time zone and contact email; the first time, this completes enrollment (arm assigned)."""
+    service.update_profile(session, participant, timezone=body.timezone,
+                           contact_email=str(body.contact_email) if body.contact_email else None)
+    return _participant_read(session, participant, token)
+
+
+@router.post("/me/withdrawal")
+def withdraw(body: WithdrawalCreate, session: SessionDep, participant: CurrentParticipant) -> WithdrawalRead:
+    """Withdraw now: stop contact (keep data) or also delete research data."""
+    receipt = service.withdraw(session, participant, body.level,
+                               audit.Actor("participant", participant.code))
+    return WithdrawalRead(participant_code=receipt.participant_code, level=receipt.level,
+                          withdrawn_at=receipt.withdrawn_at, deleted_rows=receipt.deleted_rows,
+                          message=receipt.message)

@@ -1,0 +1,104 @@
+"""Staff endpoints. Aggregates are open to every role in a study; participant-level data only to
+admins and researchers, and every such read is audited."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, status
+from sqlalchemy import func, select
+
+from api.deps import CurrentStaff, SessionDep
+from study import audit
+from study import participants as participant_service
+from study import staff as service
+from study.errors import Forbidden
+from study.models import ConsentSignature, ConsentVersion, Participant
+from study.schemas import (
+    InviteCreate,
+    InvitesRead,
+    StaffLogin,
+    StaffParticipantRead,
+    StudyAccessRead,
+    StudySummaryRead,
+    TokenRead,
+)
+from study.studies import current_consent, current_version
+
+router = APIRouter(prefix="/staff", tags=["staff"])
+
+
+def study_access(slug: str, session: SessionDep, staff: CurrentStaff) -> service.StudyAccess:
+    return service.study_access(session, staff, slug)
+
+
+def participant_level_access(
+    access: Annotated[service.StudyAccess, Depends(study_access)],
+) -> service.StudyAccess:
+    if not access.participant_level:
+        raise Forbidden("your role in this study (viewer) sees aggregate figures only",
+                        code="participant_data_forbidden")
+    return access
+
+
+StudyAccess = Annotated[service.StudyAccess, Depends(study_access)]
+ParticipantLevelAccess = Annotated[service.StudyAccess, Depends(participant_level_access)]
+
+
+def _staff_actor(staff: CurrentStaff) -> audit.Actor:
+    return audit.Actor("staff", staff.email)
+
+
+@router.post("/login")
+def login(body: StaffLogin, session: SessionDep, request: Request) -> TokenRead:
+    client = request.client.host if request.client else "unknown"
+    return TokenRead(token=service.login(session, email=body.email, password=body.password, client=client))
+
+
+@router.get("/studies")
+def my_studies(session: SessionDep, staff: CurrentStaff) -> list[StudyAccessRead]:
+    return [StudyAccessRead(study=a.study.slug, title=a.study.title, role=a.role)
+            for a in service.memberships(session, staff)]
+
+
+@router.get("/studies/{slug}/summary")
+def study_summary(session: SessionDep, access: StudyAccess) -> StudySummaryRead:
+    study_id = access.study.id
+    by_status = dict(session.execute(
+        select(Participant.status, func.count()).where(Participant.study_id == study_id)
+        .group_by(Participant.status)).tuples().all())
+    by_arm = dict(session.execute(
+        select(Participant.arm, func.count())
+        .where(Participant.study_id == study_id, Participant.arm.is_not(None))
+        .group_by(Participant.arm)).tuples().all())
+    return StudySummaryRead(study=access.study.slug, protocol_version=current_version(session, study_id).version,
+                            consent_version=current_consent(session, study_id).version,
+                            participants_by_status=by_status, enrolled_by_arm=by_arm)  # type: ignore[arg-type]
+
+
+@router.get("/studies/{slug}/participants")
+def list_participants(session: SessionDep, access: ParticipantLevelAccess,
+                      staff: CurrentStaff) -> list[StaffParticipantRead]:
+    latest = (select(ConsentSignature.participant_id, func.max(ConsentSignature.id).label("sig_id"))
+              .group_by(ConsentSignature.participant_id).subquery())
+    rows = session.execute(
+        select(Participant, ConsentVersion.version)
+        .outerjoin(latest, latest.c.participant_id == Participant.id)
+        .outerjoin(ConsentSignature, ConsentSignature.id == latest.c.sig_id)
+        .outerjoin(ConsentVersion, ConsentVersion.id == ConsentSignature.consent_version_id)
+        .where(Participant.study_id == access.study.id).order_by(Participant.id)).all()
+    audit.record(session, _staff_actor(staff), "participants.listed", study_id=access.study.id,
+                 count=len(rows))
+    return [StaffParticipantRead(participant_code=p.code, status=p.status, arm=p.arm,
+                                 consent_version=version, enrolled_at=p.enrolled_at,
+                                 withdrawn_at=p.withdrawn_at, withdrawal_level=p.withdrawal_level)
+            for p, version in rows]
+
+
+@router.post("/studies/{slug}/invites", status_code=status.HTTP_201_CREATED)
+def create_invites(body: InviteCreate, session: SessionDep, access: ParticipantLevelAccess,
+                   staff: CurrentStaff) -> InvitesRead:
+    codes = participant_service.create_invites(
+        session, access.study, _staff_actor(staff), count=body.count, max_uses=body.max_uses,
+        label=body.label, expires_at=body.expires_at)
+    return InvitesRead(codes=codes, max_uses=body.max_uses)

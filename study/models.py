@@ -1,0 +1,239 @@
+"""Tables of the study domain."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from study.clock import now
+from study.db import Base, UTCDateTime
+
+
+class ParticipantStatus(enum.StrEnum):
+    INVITED = "invited"  # redeemed an invite, has not signed consent yet
+    CONSENTED = "consented"  # signed consent, profile not complete
+    ENROLLED = "enrolled"  # profile complete, arm assigned
+    WITHDRAWN = "withdrawn"
+
+
+class WithdrawalLevel(enum.StrEnum):
+    STOP_CONTACT = "stop_contact"  # no further contact or participation; data kept
+    DELETE_DATA = "delete_data"  # as above, and research data deleted where the protocol allows
+
+
+class StaffRole(enum.StrEnum):
+    ADMIN = "admin"
+    RESEARCHER = "researcher"
+    VIEWER = "viewer"
+
+
+class Study(Base):
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    slug: Mapped[str] = mapped_column(String(64), unique=True)
+    title: Mapped[str] = mapped_column(String(300))
+    allocation_seed: Mapped[str] = mapped_column(String(64))
+    allocation_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+    versions: Mapped[list[ProtocolVersion]] = relationship(
+        back_populates="study", lazy="raise", order_by="ProtocolVersion.version"
+    )
+
+
+class ProtocolVersion(Base):
+    __tablename__ = "protocol_versions"
+    __table_args__ = (UniqueConstraint("study_id", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="RESTRICT"))
+    version: Mapped[int] = mapped_column(Integer)
+    protocol: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source_yaml: Mapped[str] = mapped_column(Text)
+    source_sha256: Mapped[str] = mapped_column(String(64))
+    consent_version_id: Mapped[int] = mapped_column(ForeignKey("consent_versions.id"))
+    loaded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+    study: Mapped[Study] = relationship(back_populates="versions", lazy="raise")
+
+
+class ConsentVersion(Base):
+    __tablename__ = "consent_versions"
+    __table_args__ = (UniqueConstraint("study_id", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="RESTRICT"))
+    version: Mapped[str] = mapped_column(String(40))
+    text_markdown: Mapped[str] = mapped_column(Text)
+    text_sha256: Mapped[str] = mapped_column(String(64))
+    confirmations: Mapped[list[dict[str, str]]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class InviteCode(Base):
+    __tablename__ = "invite_codes"
+    __table_args__ = (
+        CheckConstraint("max_uses >= 1", name="max_uses_positive"),
+        CheckConstraint("use_count <= max_uses", name="use_count_within_cap"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="RESTRICT"))
+    code_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    label: Mapped[str | None] = mapped_column(String(200))
+    max_uses: Mapped[int] = mapped_column(Integer, default=1)
+    use_count: Mapped[int] = mapped_column(Integer, default=0)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class Participant(Base):
+    __tablename__ = "participants"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="RESTRICT"), index=True)
+    code: Mapped[str] = mapped_column(String(16), unique=True)
+    invite_id: Mapped[int | None] = mapped_column(ForeignKey("invite_codes.id"))
+    status: Mapped[str] = mapped_column(String(16), default=ParticipantStatus.INVITED)
+    timezone: Mapped[str | None] = mapped_column(String(64))
+    # Fernet token; never exported, never logged. Kept in the same row but opaque without the key.
+    contact_email_encrypted: Mapped[bytes | None] = mapped_column(LargeBinary)
+    arm: Mapped[str | None] = mapped_column(String(64))
+    assigned_protocol_version: Mapped[int | None] = mapped_column(Integer)
+    allocation_index: Mapped[int | None] = mapped_column(Integer)
+    enrolled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    withdrawn_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    withdrawal_level: Mapped[str | None] = mapped_column(String(16))
+    data_deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+    @property
+    def is_withdrawn(self) -> bool:
+        return self.status == ParticipantStatus.WITHDRAWN
+
+
+class ConsentSignature(Base):
+    """A signature on one consent version. Rows are never updated: the hash is of the exact
+    text signed, so a later revision of the study's consent cannot change what was agreed to."""
+
+    __tablename__ = "consent_signatures"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    participant_id: Mapped[int] = mapped_column(
+        ForeignKey("participants.id", ondelete="RESTRICT"), index=True
+    )
+    consent_version_id: Mapped[int] = mapped_column(ForeignKey("consent_versions.id"))
+    signed_text_sha256: Mapped[str] = mapped_column(String(64))
+    typed_signature: Mapped[str] = mapped_column(String(200))
+    confirmations: Mapped[list[str]] = mapped_column(JSON)
+    signed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class ParticipantSession(Base):
+    __tablename__ = "participant_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    participant_id: Mapped[int] = mapped_column(
+        ForeignKey("participants.id", ondelete="CASCADE"), index=True
+    )
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class StaffAccount(Base):
+    __tablename__ = "staff_accounts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    password_hash: Mapped[str] = mapped_column(String(200))
+    is_active: Mapped[bool] = mapped_column(default=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class StaffMembership(Base):
+    """A staff account's role in one study."""
+
+    __tablename__ = "staff_memberships"
+    __table_args__ = (
+        UniqueConstraint("staff_id", "study_id"),
+        CheckConstraint("role IN ('admin', 'researcher', 'viewer')", name="role_known"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    staff_id: Mapped[int] = mapped_column(ForeignKey("staff_accounts.id", ondelete="CASCADE"))
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    role: Mapped[str] = mapped_column(String(16))
+
+
+class StaffToken(Base):
+    __tablename__ = "staff_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    staff_id: Mapped[int] = mapped_column(
+        ForeignKey("staff_accounts.id", ondelete="CASCADE"), index=True
+    )
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    label: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class LoginAttempt(Base):
+    """Failed and successful staff logins; the rate limit counts recent failures per email and
+    per client address, so it holds across API workers."""
+
+    __tablename__ = "login_attempts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), index=True)
+    client: Mapped[str] = mapped_column(String(64), index=True)
+    succeeded: Mapped[bool] = mapped_column()
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now, index=True)
+
+
+class AuditEntry(Base):
+    """Append-only, hash-chained. Database triggers refuse UPDATE and DELETE; the chain makes an
+    edit or deletion done around the triggers detectable by ``afterward audit verify``."""
+
+    __tablename__ = "audit_log"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    actor_type: Mapped[str] = mapped_column(String(16))  # participant | staff | system
+    actor: Mapped[str] = mapped_column(String(320))
+    action: Mapped[str] = mapped_column(String(64))
+    study_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    participant_code: Mapped[str | None] = mapped_column(String(16), index=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    entry_hash: Mapped[str] = mapped_column(String(64))
+
+
+class ParticipantResearchData:
+    """Mixin for tables holding a participant's research data (chat turns, survey responses...).
+
+    Withdrawal with deletion deletes every row of every mapped table that uses this mixin, so a
+    new package's data is covered by declaring it here, not by editing the withdrawal code.
+    Such tables must have a ``participant_id`` column.
+    """
+
+    participant_id: Mapped[int]

@@ -1,0 +1,331 @@
+"""Participants: invites, enrollment, sessions, consent, profile, arm allocation, withdrawal."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from study import audit
+from study.clock import now
+from study.db import Base
+from study.errors import Conflict, ConsentRequired, Forbidden, Gone, Invalid, NotFound
+from study.models import (
+    ConsentSignature,
+    ConsentVersion,
+    InviteCode,
+    Participant,
+    ParticipantResearchData,
+    ParticipantSession,
+    ParticipantStatus,
+    Study,
+    WithdrawalLevel,
+)
+from study.protocol import Arm, validate_timezone
+from study.security import encrypt_contact, human_code, new_token, normalize_code, token_digest
+from study.settings import get_settings
+from study.studies import current_consent, current_protocol, current_version
+
+# Invites
+
+
+def create_invites(
+    session: Session, study: Study, actor: audit.Actor, *, count: int = 1, max_uses: int = 1,
+    label: str | None = None, expires_at: dt.datetime | None = None,
+) -> list[str]:
+    """Create ``count`` invite codes and return them in plain text (only their hashes are kept).
+    ``max_uses`` > 1 makes a capped study link that several people can use."""
+    if not 1 <= count <= 10_000 or max_uses < 1:
+        raise Invalid("count must be 1..10000 and max_uses at least 1")
+    codes = [human_code() for _ in range(count)]
+    session.add_all(
+        InviteCode(study_id=study.id, code_sha256=token_digest(normalize_code(code)), label=label,
+                   max_uses=max_uses, use_count=0, expires_at=expires_at)
+        for code in codes
+    )
+    session.flush()
+    audit.record(session, actor, "invites.created", study_id=study.id, count=count,
+                 max_uses=max_uses, label=label)
+    return codes
+
+
+def _redeem(session: Session, code: str) -> InviteCode:
+    invite = session.scalar(
+        select(InviteCode).where(InviteCode.code_sha256 == token_digest(normalize_code(code))))
+    if invite is None:
+        raise NotFound("this invite code is not known; check it against your invitation")
+    if invite.revoked_at is not None or (invite.expires_at and invite.expires_at <= now()):
+        raise Gone("this invite has expired; ask the study team for a new one")
+    # Atomic conditional update: two people racing for the last use cannot both get it.
+    claimed = session.execute(
+        update(InviteCode)
+        .where(InviteCode.id == invite.id, InviteCode.use_count < InviteCode.max_uses)
+        .values(use_count=InviteCode.use_count + 1)
+    ).rowcount  # type: ignore[attr-defined]
+    if claimed != 1:
+        raise Conflict("this invite has already been used; each invite enrolls one person",
+                       code="invite_used")
+    return invite
+
+
+# Enrollment and sessions
+
+
+@dataclass(frozen=True)
+class Enrollment:
+    participant: Participant
+    token: str
+
+
+def _new_participant_code(session: Session) -> str:
+    while True:
+        code = "P" + human_code(groups=1, size=7)
+        if session.scalar(select(Participant.id).where(Participant.code == code)) is None:
+            return code
+
+
+def enroll(session: Session, invite_code: str) -> Enrollment:
+    """Redeem an invite: a pseudonymous participant who must sign consent next."""
+    invite = _redeem(session, invite_code)
+    participant = Participant(study_id=invite.study_id, code=_new_participant_code(session),
+                              invite_id=invite.id, status=ParticipantStatus.INVITED)
+    session.add(participant)
+    session.flush()
+    audit.record(session, audit.Actor("participant", participant.code), "participant.invited",
+                 study_id=invite.study_id, participant_code=participant.code, invite_id=invite.id)
+    return Enrollment(participant, create_session(session, participant))
+
+
+def create_session(session: Session, participant: Participant) -> str:
+    token = new_token()
+    session.add(ParticipantSession(
+        participant_id=participant.id, token_sha256=token_digest(token),
+        expires_at=now() + dt.timedelta(days=get_settings().session_ttl_days)))
+    session.flush()
+    return token
+
+
+def participant_for_token(session: Session, token: str) -> Participant | None:
+    return session.scalar(
+        select(Participant).join(ParticipantSession)
+        .where(ParticipantSession.token_sha256 == token_digest(token),
+               ParticipantSession.revoked_at.is_(None), ParticipantSession.expires_at > now()))
+
+
+# Consent
+
+
+@dataclass(frozen=True)
+class ConsentStatus:
+    current: ConsentVersion
+    signed: ConsentSignature | None
+    signed_version: str | None
+
+    @property
+    def needs_consent(self) -> bool:
+        return self.signed is None or self.signed.consent_version_id != self.current.id
+
+
+def consent_status(session: Session, participant: Participant) -> ConsentStatus:
+    current = current_consent(session, participant.study_id)
+    row = session.execute(
+        select(ConsentSignature, ConsentVersion.version)
+        .join(ConsentVersion, ConsentVersion.id == ConsentSignature.consent_version_id)
+        .where(ConsentSignature.participant_id == participant.id)
+        .order_by(ConsentSignature.signed_at.desc(), ConsentSignature.id.desc()).limit(1)
+    ).first()
+    return ConsentStatus(current, row[0] if row else None, row[1] if row else None)
+
+
+def require_active(participant: Participant) -> None:
+    if participant.is_withdrawn:
+        raise Forbidden("you have withdrawn from this study, so this is no longer available",
+                        code="withdrawn")
+
+
+def require_current_consent(session: Session, participant: Participant) -> ConsentStatus:
+    require_active(participant)
+    status = consent_status(session, participant)
+    if status.needs_consent:
+        what = "signed" if status.signed is None else "re-signed (the consent was revised)"
+        raise ConsentRequired(
+            f"the study's consent (version {status.current.version}) must be {what} first")
+    return status
+
+
+def sign_consent(
+    session: Session, participant: Participant, *, version: str, confirmations: list[str],
+    typed_signature: str,
+) -> ConsentSignature:
+    require_active(participant)
+    current = current_consent(session, participant.study_id)
+    if version != current.version:
+        raise Conflict(f"consent version '{version}' is not the one in force; "
+                       f"please read and sign version '{current.version}'", code="consent_outdated")
+    required = [c["id"] for c in current.confirmations]
+    missing = [c for c in required if c not in confirmations]
+    unknown = sorted(set(confirmations) - set(required))
+    if missing or unknown:
+        parts = ([f"please confirm: {', '.join(missing)}"] if missing else []) + (
+            [f"unknown confirmations: {', '.join(unknown)}"] if unknown else [])
+        raise Invalid("; ".join(parts), code="confirmation_missing")
+    if not typed_signature.strip():
+        raise Invalid("type your name (or initials) to sign")
+    signature = ConsentSignature(
+        participant_id=participant.id, consent_version_id=current.id,
+        signed_text_sha256=current.text_sha256, typed_signature=typed_signature.strip(),
+        confirmations=sorted(confirmations), signed_at=now())
+    session.add(signature)
+    if participant.status == ParticipantStatus.INVITED:
+        participant.status = ParticipantStatus.CONSENTED
+    session.flush()
+    audit.record(session, audit.Actor("participant", participant.code), "consent.signed",
+                 study_id=participant.study_id, participant_code=participant.code,
+                 version=current.version, text_sha256=current.text_sha256)
+    return signature
+
+
+def signed_consent_text(session: Session, participant: Participant) -> tuple[ConsentSignature, ConsentVersion]:
+    status = consent_status(session, participant)
+    if status.signed is None:
+        raise NotFound("you have not signed a consent form yet")
+    version = session.get(ConsentVersion, status.signed.consent_version_id)
+    assert version is not None
+    if version.text_sha256 != status.signed.signed_text_sha256:  # the text must never change
+        raise Conflict("the stored consent text no longer matches what was signed; "
+                       "the study team has been told", code="consent_integrity")
+    return status.signed, version
+
+
+# Profile and allocation
+
+
+def allocate(seed: str, index: int, arms: list[Arm], blocks_of: int = 2) -> tuple[str, int, int]:
+    """Permuted-block randomization: arm for the ``index``-th participant (0-based).
+
+    Each block holds every arm ``weight * blocks_of`` times in an order shuffled by a generator
+    seeded with (study seed, block number), so the sequence is reproducible from the stored seed.
+    Returns (arm name, block number, position in block).
+    """
+    block: list[str] = [arm.name for arm in arms for _ in range(arm.weight * blocks_of)]
+    number, position = divmod(index, len(block))
+    random.Random(f"{seed}:{number}").shuffle(block)
+    return block[position], number, position
+
+
+def update_profile(
+    session: Session, participant: Participant, *, timezone: str, contact_email: str | None,
+) -> Participant:
+    require_current_consent(session, participant)
+    try:
+        validate_timezone(timezone)
+    except ValueError as exc:
+        raise Invalid(str(exc), code="invalid_timezone") from None
+    protocol = current_protocol(session, participant.study_id)
+    if contact_email is None and protocol.enrollment.contact_email == "required":
+        raise Invalid("this study needs a contact email to send follow-up surveys",
+                      code="email_required")
+    changed = [name for name, differs in (
+        ("timezone", participant.timezone != timezone),
+        ("contact_email", contact_email is not None or participant.contact_email_encrypted is not None),
+    ) if differs]
+    participant.timezone = timezone
+    participant.contact_email_encrypted = encrypt_contact(contact_email) if contact_email else None
+    actor = audit.Actor("participant", participant.code)
+    if participant.arm is None:
+        study = session.get(Study, participant.study_id)
+        assert study is not None
+        index = session.execute(
+            update(Study).where(Study.id == study.id)
+            .values(allocation_count=Study.allocation_count + 1)
+            .returning(Study.allocation_count)).scalar_one() - 1
+        arm, block, position = allocate(study.allocation_seed, index, protocol.arms)
+        participant.arm = arm
+        participant.allocation_index = index
+        participant.assigned_protocol_version = current_version(session, study.id).version
+        participant.status = ParticipantStatus.ENROLLED
+        participant.enrolled_at = now()
+        session.flush()
+        audit.record(session, actor, "participant.enrolled", study_id=study.id,
+                     participant_code=participant.code, arm=arm, allocation_index=index,
+                     block=block, position=position)
+    else:
+        session.flush()
+        audit.record(session, actor, "participant.profile_updated", study_id=participant.study_id,
+                     participant_code=participant.code, fields=changed)
+    return participant
+
+
+# Withdrawal
+
+WithdrawalHook = Callable[[Session, Participant, WithdrawalLevel], None]
+withdrawal_hooks: list[WithdrawalHook] = []
+"""Called inside the withdrawal transaction; packages with pending work for a participant
+(follow-up invitations, say) register here to cancel it."""
+
+
+@dataclass(frozen=True)
+class WithdrawalReceipt:
+    participant_code: str
+    level: WithdrawalLevel
+    withdrawn_at: dt.datetime
+    deleted_rows: dict[str, int] = field(default_factory=dict)
+    message: str = ""
+
+
+def _research_data_tables() -> list[type[Base]]:
+    return [m.class_ for m in Base.registry.mappers if issubclass(m.class_, ParticipantResearchData)]
+
+
+def withdraw(
+    session: Session, participant: Participant, level: WithdrawalLevel, actor: audit.Actor,
+) -> WithdrawalReceipt:
+    """Withdraw now. Stopping contact keeps the data collected so far; deleting also removes the
+    participant's research data where the protocol allows. Consent records and the audit trail
+    are kept: they are the study's regulatory record, not research data."""
+    if participant.is_withdrawn and (
+        participant.withdrawal_level == WithdrawalLevel.DELETE_DATA or level == participant.withdrawal_level
+    ):
+        assert participant.withdrawn_at is not None
+        return WithdrawalReceipt(participant.code, WithdrawalLevel(participant.withdrawal_level or level),
+                                 participant.withdrawn_at, message="You had already withdrawn.")
+    protocol = current_protocol(session, participant.study_id)
+    if level == WithdrawalLevel.DELETE_DATA and not protocol.withdrawal.allow_data_deletion:
+        raise Conflict("this study's approved protocol does not allow deleting data already "
+                       "collected; you can still stop all contact and participation",
+                       code="deletion_not_allowed")
+    participant.status = ParticipantStatus.WITHDRAWN
+    participant.withdrawal_level = level
+    participant.withdrawn_at = participant.withdrawn_at or now()
+    participant.contact_email_encrypted = None  # nobody may contact them again
+    for hook in withdrawal_hooks:
+        hook(session, participant, level)
+    deleted: dict[str, int] = {}
+    if level == WithdrawalLevel.DELETE_DATA:
+        for table in _research_data_tables():
+            result = session.execute(delete(table).where(table.participant_id == participant.id))  # type: ignore[attr-defined]
+            deleted[table.__tablename__] = result.rowcount  # type: ignore[attr-defined]
+        participant.timezone = None
+        participant.data_deleted_at = now()
+    session.flush()
+    audit.record(session, actor, "participant.withdrawn", study_id=participant.study_id,
+                 participant_code=participant.code, level=str(level), deleted_rows=deleted)
+    message = ("You have withdrawn. We will not contact you again; what you contributed so far "
+               "stays in the study, without your contact details."
+               if level == WithdrawalLevel.STOP_CONTACT else
+               "You have withdrawn and your research data has been deleted. We will not contact "
+               "you again. A record that you consented and withdrew is kept, as the ethics "
+               "approval requires.")
+    return WithdrawalReceipt(participant.code, level, participant.withdrawn_at, deleted, message)
+
+
+def get_participant(session: Session, study_id: int, code: str) -> Participant:
+    participant = session.scalar(
+        select(Participant).where(Participant.study_id == study_id, Participant.code == code))
+    if participant is None:
+        raise NotFound(f"no participant '{code}' in this study")
+    return participant

@@ -1,0 +1,225 @@
+"""The study protocol: a YAML file validated by pydantic.
+
+``parse_protocol(text)`` returns a ``Protocol`` or raises ``ProtocolError`` whose messages name
+the field path and the line in the file, e.g. ``arms[1].mode (line 14): Input should be ...``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ROLES = ("concierge", "collaborator", "coach")
+Role = Literal["concierge", "collaborator", "coach"]
+Slug = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+_CLOCK_TIME = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StudyInfo(_Strict):
+    id: str = Slug
+    title: str = Field(min_length=1, max_length=300)
+    description: str = ""
+
+
+class Arm(_Strict):
+    name: str = Slug
+    mode: Literal["wellbeing", "default"]
+    roles: list[Role] = Field(default_factory=list)
+    default_role: Role | None = None
+    weight: int = Field(default=1, ge=1, le=100)
+    model: str = "offline/afterward"
+
+    @model_validator(mode="after")
+    def _roles_fit_mode(self) -> Arm:
+        if self.mode == "wellbeing":
+            if not self.roles:
+                raise ValueError("a wellbeing arm must allow at least one role")
+            if len(set(self.roles)) != len(self.roles):
+                raise ValueError("roles are listed more than once")
+            if self.default_role is None or self.default_role not in self.roles:
+                raise ValueError("default_role must be one of the arm's roles")
+        elif self.roles or self.default_role:
+            raise ValueError("a default-mode arm has no roles (it is the control assistant)")
+        return self
+
+
+class Confirmation(_Strict):
+    id: str = Slug
+    text: str = Field(min_length=1)
+
+
+class Consent(_Strict):
+    version: str = Field(min_length=1, max_length=40)
+    text: str = Field(min_length=20, description="Markdown shown to the participant")
+    confirmations: list[Confirmation] = Field(min_length=1)
+
+
+class FollowUp(_Strict):
+    id: str = Slug
+    instrument: str
+    anchor: Literal["enrollment", "decision"]
+    offset: dt.timedelta
+    window: dt.timedelta = dt.timedelta(days=3)
+    reminders: list[dt.timedelta] = Field(default_factory=list)
+    send_at_local: str = "10:00"
+
+    @field_validator("send_at_local")
+    @classmethod
+    def _clock_time(cls, value: str) -> str:
+        if not _CLOCK_TIME.match(value):
+            raise ValueError("use a 24-hour local time like 09:30")
+        return value
+
+    @model_validator(mode="after")
+    def _reminders_inside_window(self) -> FollowUp:
+        if self.offset < dt.timedelta(0) or self.window <= dt.timedelta(0):
+            raise ValueError("offset must not be negative and window must be positive")
+        for reminder in self.reminders:
+            if not dt.timedelta(0) < reminder < self.window:
+                raise ValueError("each reminder must fall inside the response window")
+        return self
+
+
+class QuietHours(_Strict):
+    start: str = "21:00"
+    end: str = "08:00"
+
+    @field_validator("start", "end")
+    @classmethod
+    def _clock_time(cls, value: str) -> str:
+        if not _CLOCK_TIME.match(value):
+            raise ValueError("use a 24-hour local time like 21:00")
+        return value
+
+
+class Enrollment(_Strict):
+    contact_email: Literal["required", "optional"] = "optional"
+    default_timezone: str | None = None
+
+    @field_validator("default_timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            validate_timezone(value)
+        return value
+
+
+class Withdrawal(_Strict):
+    allow_data_deletion: bool = True
+
+
+class Protocol(_Strict):
+    study: StudyInfo
+    arms: list[Arm] = Field(min_length=1)
+    consent: Consent
+    baseline: list[str] = Field(default_factory=list)
+    followups: list[FollowUp] = Field(default_factory=list)
+    quiet_hours: QuietHours = QuietHours()
+    channels: list[Literal["email", "webhook", "in_app"]] = Field(default=["in_app"], min_length=1)
+    crisis_resources: dict[str, str] = Field(
+        description="Crisis resources text per region code; 'default' is shown when no region matches"
+    )
+    enrollment: Enrollment = Enrollment()
+    withdrawal: Withdrawal = Withdrawal()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Protocol:
+        names = [arm.name for arm in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError("arm names must be unique")
+        ids = [f.id for f in self.followups]
+        if len(set(ids)) != len(ids):
+            raise ValueError("follow-up ids must be unique")
+        if "default" not in self.crisis_resources:
+            raise ValueError("crisis_resources needs a 'default' entry")
+        return self
+
+    def arm(self, name: str) -> Arm:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise KeyError(name)
+
+    def instruments(self) -> set[str]:
+        return set(self.baseline) | {f.instrument for f in self.followups}
+
+
+class ProtocolError(ValueError):
+    """An invalid protocol file; ``problems`` lists one readable message per error."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid protocol:\n  " + "\n  ".join(problems))
+
+
+def validate_timezone(name: str) -> ZoneInfo:
+    """Return the IANA zone or raise ValueError with a message a person can act on."""
+    try:
+        if not name or name != name.strip() or name.startswith("/"):
+            raise ZoneInfoNotFoundError(name)
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"'{name}' is not an IANA time zone; use a name like 'Europe/Berlin' or 'America/New_York'"
+        ) from None
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _line_of(root: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
+    """The 1-based line of the deepest YAML node the error location reaches."""
+    node = root
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                    child = value
+                    line = key.start_mark.line + 1
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            child = node.value[part]
+            line = child.start_mark.line + 1
+        if child is None:
+            break
+        node = child
+    return line
+
+
+def parse_protocol(text: str) -> Protocol:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        document: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ProtocolError([f"not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
+    if not isinstance(document, dict):
+        raise ProtocolError(["the file must be a YAML mapping with study, arms, consent, ..."])
+    try:
+        return Protocol.model_validate(document)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = tuple(error["loc"])
+            # pydantic appends the tag of a failing union member; it is noise to a researcher.
+            loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+            line = _line_of(root, loc)
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{_format_loc(loc)} (line {line}): {message}")
+        raise ProtocolError(problems) from None

@@ -1,0 +1,68 @@
+"""One settings class for the whole platform, read from ``AFTERWARD_*`` environment variables."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_SECRET = "development-only-secret-do-not-use"  # noqa: S105 - refused outside development
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AFTERWARD_", env_file=".env", extra="ignore")
+
+    environment: Literal["development", "test", "production"] = "development"
+    database_url: str = Field(
+        default=f"sqlite:///{PROJECT_ROOT / 'var' / 'afterward.db'}",
+        description="SQLAlchemy URL; postgresql+psycopg://user@host/db in production.",
+    )
+    secret_key: SecretStr = SecretStr(DEV_SECRET)
+    contact_encryption_keys: SecretStr | None = Field(
+        default=None,
+        description="Comma-separated Fernet keys, newest first (older ones still decrypt). "
+        "Derived from the secret key in development when unset.",
+    )
+    base_url: str = "http://127.0.0.1:8000"
+    session_ttl_days: int = 90
+    staff_token_ttl_days: int = 30
+    login_max_failures: int = 5
+    login_window_seconds: int = 900
+
+    # LLM gateway (used by chat/): the offline provider needs no network and no key.
+    llm_model: str = "offline/afterward"
+    llm_timeout_seconds: float = 30.0
+    llm_fallback_model: str | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_defaults(self) -> Settings:
+        if self.environment == "production":
+            if self.secret_key.get_secret_value() == DEV_SECRET:
+                raise ValueError(
+                    "AFTERWARD_SECRET_KEY must be set to a long random value in production "
+                    "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(48))')"
+                )
+            if self.contact_encryption_keys is None:
+                raise ValueError(
+                    "AFTERWARD_CONTACT_ENCRYPTION_KEYS must be set in production "
+                    "(generate one with: afterward keys generate)"
+                )
+        return self
+
+    def fernet_keys(self) -> list[bytes]:
+        if self.contact_encryption_keys is not None:
+            raw = self.contact_encryption_keys.get_secret_value()
+            return [k.strip().encode() for k in raw.split(",") if k.strip()]
+        digest = hashlib.sha256(b"afterward-contact:" + self.secret_key.get_secret_value().encode())
+        return [base64.urlsafe_b64encode(digest.digest())]
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,69 @@
+"""Small builders for test data: studies, staff and participants driven through the real API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
+
+from study import audit, participants, staff, studies
+from study.db import session_scope
+from study.models import StaffRole
+
+TEST_ACTOR = audit.Actor.system("tests")
+CONFIRMATIONS = ["read-and-understood", "adult", "voluntary"]
+
+
+def load_study(engine: Engine, protocol_yaml: str) -> str:
+    with session_scope(engine) as session:
+        return studies.load_protocol(session, protocol_yaml, TEST_ACTOR).study.slug
+
+
+def make_invites(engine: Engine, slug: str, count: int = 1, max_uses: int = 1) -> list[str]:
+    with session_scope(engine) as session:
+        return participants.create_invites(session, studies.get_study(session, slug), TEST_ACTOR,
+                                           count=count, max_uses=max_uses)
+
+
+def make_staff(engine: Engine, slug: str, role: StaffRole, email: str) -> str:
+    """A staff account with ``role`` in the study; returns an API token."""
+    with session_scope(engine) as session:
+        account = staff.create_staff(session, email=email, name=email.split("@")[0],
+                                     password="correct horse battery", actor=TEST_ACTOR)
+        staff.grant(session, account, studies.get_study(session, slug), role, TEST_ACTOR)
+        return staff.issue_token(session, account, "test", TEST_ACTOR)
+
+
+@dataclass
+class ParticipantHandle:
+    code: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+def enroll(client: TestClient, invite: str) -> ParticipantHandle:
+    response = client.post("/api/v1/enrollment", json={"invite_code": invite})
+    assert response.status_code == 201, response.text
+    client.cookies.clear()  # tests authenticate with the bearer token unless they test cookies
+    body = response.json()
+    return ParticipantHandle(body["participant_code"], body["token"])
+
+
+def sign_consent(client: TestClient, who: ParticipantHandle, version: str = "1.0") -> None:
+    response = client.post("/api/v1/me/consent", headers=who.headers, json={
+        "version": version, "confirmations": CONFIRMATIONS, "typed_signature": "A. Person"})
+    assert response.status_code == 201, response.text
+
+
+def enroll_fully(client: TestClient, invite: str, email: str | None = "someone@example.org",
+                 timezone: str = "Europe/Berlin") -> ParticipantHandle:
+    who = enroll(client, invite)
+    sign_consent(client, who)
+    response = client.put("/api/v1/me/profile", headers=who.headers,
+                          json={"timezone": timezone, "contact_email": email})
+    assert response.status_code == 200, response.text
+    return who
