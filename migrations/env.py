@@ -3,7 +3,10 @@ run as ``alembic upgrade head``, from AFTERWARD_DATABASE_URL."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from alembic import context
+from alembic.autogenerate.api import AutogenContext
 
 import study.models  # noqa: F401 - register tables on the metadata
 from study.db import Base, UTCDateTime, make_engine
@@ -12,7 +15,7 @@ from study.settings import get_settings
 config = context.config
 
 
-def _render_item(type_: str, obj: object, autogen_context: object) -> str | bool:
+def _render_item(type_: str, obj: object, autogen_context: AutogenContext) -> str | Literal[False]:
     # Revisions must not import application code: write our UTC type as the plain column type.
     if type_ == "type" and isinstance(obj, UTCDateTime):
         return "sa.DateTime(timezone=True)"

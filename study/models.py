@@ -231,9 +231,14 @@ class AuditEntry(Base):
 class ParticipantResearchData:
     """Mixin for tables holding a participant's research data (chat turns, survey responses...).
 
-    Withdrawal with deletion deletes every row of every mapped table that uses this mixin, so a
-    new package's data is covered by declaring it here, not by editing the withdrawal code.
-    Such tables must have a ``participant_id`` column.
+    Withdrawal with deletion deletes every row of every table that uses this mixin, so a new
+    package's data is covered by declaring it here, not by editing the withdrawal code. Such
+    tables must have a ``participant_id`` column.
     """
 
+    registered: set[type[Any]] = set()
     participant_id: Mapped[int]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        ParticipantResearchData.registered.add(cls)

@@ -278,7 +278,7 @@ class WithdrawalReceipt:
 
 
 def _research_data_tables() -> list[type[Base]]:
-    return [m.class_ for m in Base.registry.mappers if issubclass(m.class_, ParticipantResearchData)]
+    return sorted(ParticipantResearchData.registered, key=lambda table: table.__tablename__)
 
 
 def withdraw(

@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from study import audit
 from study.clock import now
@@ -67,14 +67,17 @@ def staff_for_token(session: Session, token: str) -> StaffAccount | None:
                StaffToken.expires_at > now(), StaffAccount.is_active.is_(True)))
 
 
-def _recent_failures(session: Session, column: object, value: str, since: dt.datetime) -> int:
+def _recent_failures(
+    session: Session, column: InstrumentedAttribute[str], value: str, since: dt.datetime,
+) -> int:
     return session.scalar(select(func.count()).select_from(LoginAttempt).where(
         column == value, LoginAttempt.succeeded.is_(False), LoginAttempt.at > since)) or 0
 
 
-def login(session: Session, *, email: str, password: str, client: str) -> str:
-    """Check a password and issue a token. Failures are counted per email and per client
-    address over a sliding window; past the limit every attempt is refused until it passes."""
+def login(session: Session, *, email: str, password: str, client: str) -> str | None:
+    """Check a password and issue a token, or return None for a wrong email or password (the
+    caller commits either way, so the failure counts). Failures are counted per email and per
+    client address over a sliding window; past the limit every attempt is refused until it passes."""
     settings = get_settings()
     email = email.strip().lower()
     window = dt.timedelta(seconds=settings.login_window_seconds)
@@ -88,7 +91,7 @@ def login(session: Session, *, email: str, password: str, client: str) -> str:
     session.add(LoginAttempt(email=email, client=client, succeeded=ok))
     session.flush()
     if not ok or account is None:
-        raise Forbidden("email or password is wrong", code="login_failed")
+        return None
     return issue_token(session, account, "login", audit.Actor("staff", account.email))
 
 

@@ -13,6 +13,7 @@ from study import audit
 from study import participants as service
 from study.models import ConsentVersion, Participant, Study
 from study.schemas import (
+    ConsentConfirmationRead,
     ConsentRead,
     ConsentSign,
     ConsentStatusRead,
@@ -33,7 +34,8 @@ Token = Annotated[str, Depends(participant_token)]
 
 def _consent_read(consent: ConsentVersion) -> ConsentRead:
     return ConsentRead(version=consent.version, text_markdown=consent.text_markdown,
-                       text_sha256=consent.text_sha256, confirmations=consent.confirmations)  # type: ignore[arg-type]
+                       text_sha256=consent.text_sha256,
+                       confirmations=[ConsentConfirmationRead(**c) for c in consent.confirmations])
 
 
 def _set_cookie(response: Response, token: str) -> None:
@@ -83,21 +85,26 @@ def sign_consent(body: ConsentSign, session: SessionDep, participant: CurrentPar
     """Sign the consent version in force (also how a participant re-consents after a revision)."""
     service.sign_consent(session, participant, version=body.version,
                          confirmations=body.confirmations, typed_signature=body.typed_signature)
-    return signed_consent(session, participant)
+    return _signed_copy(session, participant)
 
 
-@router.get("/me/consent/signed", response_model=None)
+def _signed_copy(session: SessionDep, participant: Participant) -> SignedConsentRead:
+    signature, version = service.signed_consent_text(session, participant)
+    return SignedConsentRead(
+        participant_code=participant.code, version=version.version,
+        text_markdown=version.text_markdown, signed_text_sha256=signature.signed_text_sha256,
+        typed_signature=signature.typed_signature, confirmations=signature.confirmations,
+        signed_at=signature.signed_at)
+
+
+@router.get("/me/consent/signed", response_model=SignedConsentRead,
+            responses={200: {"content": {"text/markdown": {}}}})
 def signed_consent(
     session: SessionDep, participant: CurrentParticipant,
     download: Annotated[bool, Query(description="Return a Markdown file to keep")] = False,
 ) -> SignedConsentRead | PlainTextResponse:
     """A copy of exactly what the participant signed (the latest signature)."""
-    signature, version = service.signed_consent_text(session, participant)
-    copy = SignedConsentRead(
-        participant_code=participant.code, version=version.version,
-        text_markdown=version.text_markdown, signed_text_sha256=signature.signed_text_sha256,
-        typed_signature=signature.typed_signature, confirmations=signature.confirmations,
-        signed_at=signature.signed_at)
+    copy = _signed_copy(session, participant)
     if not download:
         return copy
     text = (f"{copy.text_markdown}\n\n---\n\nConsent version {copy.version}, signed as "

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, status
+from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 
 from api.deps import CurrentStaff, SessionDep
+from api.errors import error_body
 from study import audit
 from study import participants as participant_service
 from study import staff as service
@@ -49,10 +51,15 @@ def _staff_actor(staff: CurrentStaff) -> audit.Actor:
     return audit.Actor("staff", staff.email)
 
 
-@router.post("/login")
-def login(body: StaffLogin, session: SessionDep, request: Request) -> TokenRead:
+@router.post("/login", response_model=TokenRead, responses={403: {"description": "Wrong email or password"},
+                                  429: {"description": "Too many failed attempts"}})
+def login(body: StaffLogin, session: SessionDep, request: Request) -> TokenRead | JSONResponse:
     client = request.client.host if request.client else "unknown"
-    return TokenRead(token=service.login(session, email=body.email, password=body.password, client=client))
+    token = service.login(session, email=body.email, password=body.password, client=client)
+    if token is None:
+        # Returned, not raised: the failed attempt must be committed to count toward the limit.
+        return JSONResponse(error_body("login_failed", "email or password is wrong"), status_code=403)
+    return TokenRead(token=token)
 
 
 @router.get("/studies")
@@ -66,14 +73,14 @@ def study_summary(session: SessionDep, access: StudyAccess) -> StudySummaryRead:
     study_id = access.study.id
     by_status = dict(session.execute(
         select(Participant.status, func.count()).where(Participant.study_id == study_id)
-        .group_by(Participant.status)).tuples().all())
+        .group_by(Participant.status)).all())
     by_arm = dict(session.execute(
         select(Participant.arm, func.count())
         .where(Participant.study_id == study_id, Participant.arm.is_not(None))
-        .group_by(Participant.arm)).tuples().all())
+        .group_by(Participant.arm)).all())
     return StudySummaryRead(study=access.study.slug, protocol_version=current_version(session, study_id).version,
                             consent_version=current_consent(session, study_id).version,
-                            participants_by_status=by_status, enrolled_by_arm=by_arm)  # type: ignore[arg-type]
+                            participants_by_status=by_status, enrolled_by_arm=by_arm)
 
 
 @router.get("/studies/{slug}/participants")

@@ -35,7 +35,8 @@ def test_bad_duration_and_reminder_outside_window(example_protocol: str) -> None
         parse_protocol(broken)
     text = "\n".join(error.value.problems)
     assert "followups[1].offset (line" in text
-    assert "followups[0] (line" in text and "inside the response window" in text
+    assert "followups[0] (line" in text
+    assert "inside the response window" in text
 
 
 def test_missing_required_field_points_at_parent(example_protocol: str) -> None:
@@ -61,7 +62,8 @@ def test_wellbeing_arm_default_role_must_be_allowed(example_protocol: str) -> No
 
 def test_changed_protocol_creates_version_and_keeps_old(engine: Engine, example_protocol: str) -> None:
     load_study(engine, example_protocol)
-    revised = example_protocol.replace("window: P3D\n    reminders: [P1D, P2D]", "window: P4D\n    reminders: [P1D, P2D]")
+    revised = example_protocol.replace("window: P3D\n    reminders: [P1D, P2D]",
+                                       "window: P4D\n    reminders: [P1D, P2D]")
     with session_scope(engine) as session:
         assert studies.load_protocol(session, example_protocol, TEST_ACTOR).changed is False
         result = studies.load_protocol(session, revised, TEST_ACTOR)

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
+
+from study.models import StaffRole
+from tests.builders import CONFIRMATIONS, enroll, enroll_fully, load_study, make_invites, make_staff
+
+# Every participant endpoint, with a request body that would succeed for its owner. A new
+# endpoint under /api/v1/me fails test_every_participant_endpoint_is_checked until added here.
+PARTICIPANT_CALLS: dict[tuple[str, str], dict | None] = {
+    ("GET", "/api/v1/me"): None,
+    ("GET", "/api/v1/me/consent"): None,
+    ("POST", "/api/v1/me/consent"): {"version": "1.0", "confirmations": CONFIRMATIONS, "typed_signature": "B"},
+    ("GET", "/api/v1/me/consent/signed"): None,
+    ("PUT", "/api/v1/me/profile"): {"timezone": "Asia/Tokyo"},
+    ("POST", "/api/v1/me/withdrawal"): {"level": "stop_contact", "confirm": True},
+}
+
+
+def test_every_participant_endpoint_is_checked(app_client: TestClient) -> None:
+    paths = app_client.get("/openapi.json").json()["paths"]
+    routes = {(method.upper(), path) for path, operations in paths.items()
+              if path.startswith("/api/v1/me") for method in operations}
+    assert routes == set(PARTICIPANT_CALLS)
+
+
+def test_a_participant_never_sees_or_changes_another_participants_data(
+    engine: Engine, app_client: TestClient, example_protocol: str,
+) -> None:
+    [invite_a, invite_b] = make_invites(engine, load_study(engine, example_protocol), count=2)
+    alice = enroll_fully(app_client, invite_a, email="alice@example.org", timezone="Europe/Berlin")
+    bob = enroll_fully(app_client, invite_b, email="bob@example.org", timezone="America/Chicago")
+    for (method, path), body in PARTICIPANT_CALLS.items():
+        response = app_client.request(method, path, headers=bob.headers, json=body)
+        assert response.status_code < 400, (method, path, response.text)
+        assert alice.code not in response.text, (method, path)
+        assert "Europe/Berlin" not in response.text, (method, path)
+    # Bob's calls changed only Bob.
+    alice_now = app_client.get("/api/v1/me", headers=alice.headers).json()
+    assert (alice_now["status"], alice_now["timezone"]) == ("enrolled", "Europe/Berlin")
+    with engine.connect() as connection:
+        signers = connection.execute(sa.text(
+            "SELECT p.code, count(*) FROM consent_signatures s JOIN participants p ON p.id = s.participant_id "
+            "GROUP BY p.code")).all()
+    assert dict(signers) == {alice.code: 1, bob.code: 2}
+
+
+def test_cookie_sessions_need_the_csrf_token_for_changes(
+    engine: Engine, app_client: TestClient, example_protocol: str,
+) -> None:
+    [invite] = make_invites(engine, load_study(engine, example_protocol))
+    enrolled = app_client.post("/api/v1/enrollment", json={"invite_code": invite}).json()
+    consent = {"version": "1.0", "confirmations": CONFIRMATIONS, "typed_signature": "C"}
+    assert app_client.get("/api/v1/me").status_code == 200  # the cookie alone reads
+    forged = app_client.post("/api/v1/me/consent", json=consent)
+    assert forged.status_code == 403
+    assert "reload the page" in forged.json()["error"]["message"]
+    wrong = app_client.post("/api/v1/me/consent", json=consent, headers={"X-CSRF-Token": "0" * 64})
+    assert wrong.status_code == 403
+    ok = app_client.post("/api/v1/me/consent", json=consent, headers={"X-CSRF-Token": enrolled["csrf_token"]})
+    assert ok.status_code == 201
+
+
+def test_unknown_or_missing_credentials_are_401(app_client: TestClient) -> None:
+    assert app_client.get("/api/v1/me", headers={"Authorization": "Bearer nonsense"}).status_code == 401
+    assert app_client.get("/api/v1/staff/studies").status_code == 401
+
+
+def test_viewer_sees_aggregates_only_and_researcher_reads_are_audited(
+    engine: Engine, app_client: TestClient, example_protocol: str,
+) -> None:
+    slug = load_study(engine, example_protocol)
+    invites = make_invites(engine, slug, count=3)
+    for invite in invites[:2]:
+        enroll_fully(app_client, invite, email="private@example.org")
+    enroll(app_client, invites[2])
+    viewer = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.VIEWER, 'v@example.org')}"}
+    researcher = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.RESEARCHER, 'r@example.org')}"}
+
+    summary = app_client.get(f"/api/v1/staff/studies/{slug}/summary", headers=viewer)
+    assert summary.status_code == 200
+    assert summary.json()["participants_by_status"] == {"enrolled": 2, "invited": 1}
+    for method, path in (("GET", f"/api/v1/staff/studies/{slug}/participants"),
+                         ("POST", f"/api/v1/staff/studies/{slug}/invites")):
+        denied = app_client.request(method, path, headers=viewer, json={"count": 1})
+        assert denied.status_code == 403
+        assert denied.json()["error"]["code"] == "participant_data_forbidden"
+
+    listed = app_client.get(f"/api/v1/staff/studies/{slug}/participants", headers=researcher)
+    assert listed.status_code == 200
+    assert len(listed.json()) == 3
+    assert "private@example.org" not in listed.text
+    assert "contact" not in listed.text
+    assert {p["consent_version"] for p in listed.json()} == {"1.0", None}
+    with engine.connect() as connection:
+        entry = connection.execute(sa.text(
+            "SELECT actor, detail FROM audit_log WHERE action = 'participants.listed'")).one()
+    assert entry.actor == "r@example.org"
+
+    assert app_client.get("/api/v1/staff/studies/other-study/summary", headers=researcher).status_code == 403
+
+
+def test_staff_login_is_rate_limited(engine: Engine, app_client: TestClient, example_protocol: str) -> None:
+    make_staff(engine, load_study(engine, example_protocol), StaffRole.ADMIN, "a@example.org")
+    good = {"email": "a@example.org", "password": "correct horse battery"}
+    token = app_client.post("/api/v1/staff/login", json=good).json()["token"]
+    mine = app_client.get("/api/v1/staff/studies", headers={"Authorization": f"Bearer {token}"}).json()
+    assert mine[0]["role"] == "admin"
+    for _ in range(5):
+        assert app_client.post("/api/v1/staff/login", json={**good, "password": "guess"}).status_code == 403
+    limited = app_client.post("/api/v1/staff/login", json=good)
+    assert limited.status_code == 429
+    assert int(limited.headers["Retry-After"]) > 0
+    assert limited.json()["error"]["code"] == "too_many_attempts"
