@@ -1,0 +1,13 @@
+# One image for every Afterward process; docker-compose.yml picks the CLI command.
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY study ./study
+COPY api ./api
+COPY migrations ./migrations
+COPY examples ./examples
+RUN pip install --no-cache-dir -e . && useradd --create-home afterward
+USER afterward
+EXPOSE 8000
+CMD ["afterward", "api", "--host", "0.0.0.0"]

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy.engine import Engine
+from typer.testing import CliRunner
+
+from api.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+@pytest.fixture
+def cli_database(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    monkeypatch.setenv("AFTERWARD_DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    return engine
+
+
+def test_every_compose_command_exists_in_the_cli() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    commands = [service["command"] for service in compose["services"].values() if "command" in service]
+    assert len(commands) >= 2
+    for command in commands:
+        assert command[0] == "afterward"
+        words = [w for w in command[1:] if not w.startswith("-")][:2]
+        result = runner.invoke(app, [*words, "--help"])
+        assert result.exit_code == 0, (command, result.output)
+        options = [w.split("=")[0] for w in command[1:] if w.startswith("--")]
+        for option in options:
+            assert option in result.output, (command, option)
+
+
+def test_study_load_reports_field_and_line(cli_database: Engine, tmp_path: Path, example_protocol: str) -> None:
+    broken = tmp_path / "protocol.yaml"
+    broken.write_text(example_protocol.replace("  - name: control\n    mode: default",
+                                               "  - name: control\n    mode: defualt"))
+    line = broken.read_text().splitlines().index("    mode: defualt") + 1
+    result = runner.invoke(app, ["study", "load", str(broken)])
+    assert result.exit_code == 1
+    assert f"arms[1].mode (line {line})" in result.output
+
+
+def test_study_load_versions_and_audit_verify(cli_database: Engine, tmp_path: Path, example_protocol: str) -> None:
+    protocol = tmp_path / "protocol.yaml"
+    protocol.write_text(example_protocol)
+    assert "created study 'wellbeing-pilot'" in runner.invoke(app, ["study", "load", str(protocol)]).output
+    protocol.write_text(example_protocol.replace("weight: 1", "weight: 2", 1))
+    assert "protocol version 2 loaded" in runner.invoke(app, ["study", "load", str(protocol)]).output
+    invites = runner.invoke(app, ["invites", "create", "wellbeing-pilot", "--count", "3"])
+    assert len(invites.output.split()) == 3
+    verified = runner.invoke(app, ["audit", "verify"])
+    assert verified.exit_code == 0
+    assert "audit log intact: 5 entries" in verified.output
