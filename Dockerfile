@@ -5,6 +5,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY study ./study
 COPY api ./api
+COPY surveys ./surveys
 COPY migrations ./migrations
 COPY examples ./examples
 RUN pip install --no-cache-dir -e . && useradd --create-home afterward

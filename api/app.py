@@ -7,7 +7,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from api import errors
-from api.routers import participants, staff
+from api.routers import participants, staff, surveys
 from study.db import get_engine
 
 API_PREFIX = "/api/v1"
@@ -24,6 +24,8 @@ def create_app(engine: Engine | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(participants.router, prefix=API_PREFIX)
     app.include_router(staff.router, prefix=API_PREFIX)
+    app.include_router(surveys.router, prefix=API_PREFIX)
+    app.include_router(surveys.staff_router, prefix=API_PREFIX)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

@@ -17,6 +17,8 @@ from study.errors import DomainError
 from study.models import StaffAccount, StaffRole
 from study.protocol import ProtocolError
 from study.settings import PROJECT_ROOT, get_settings
+from surveys import registry
+from surveys.definitions import InstrumentError
 
 app = typer.Typer(no_args_is_help=True, help="Afterward: longitudinal well-being studies of LLM chat.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
@@ -25,8 +27,9 @@ invites_app = typer.Typer(no_args_is_help=True, help="Invite codes.")
 staff_app = typer.Typer(no_args_is_help=True, help="Staff accounts, roles and API tokens.")
 audit_app = typer.Typer(no_args_is_help=True, help="The audit log.")
 keys_app = typer.Typer(no_args_is_help=True, help="Encryption keys.")
-for sub, name in ((db_app, "db"), (study_app, "study"), (invites_app, "invites"),
-                  (staff_app, "staff"), (audit_app, "audit"), (keys_app, "keys")):
+instruments_app = typer.Typer(no_args_is_help=True, help="Survey instruments.")
+for sub, name in ((db_app, "db"), (study_app, "study"), (invites_app, "invites"), (staff_app, "staff"),
+                  (audit_app, "audit"), (keys_app, "keys"), (instruments_app, "instruments")):
     app.add_typer(sub, name=name)
 
 CLI_ACTOR = audit.Actor.system("cli")
@@ -49,7 +52,8 @@ def study_load(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
     """Create a study from a protocol file, or add a version when the file changed."""
     try:
         with session_scope() as session:
-            result = studies.load_protocol(session, file.read_text(encoding="utf-8"), CLI_ACTOR)
+            result = studies.load_protocol(session, file.read_text(encoding="utf-8"), CLI_ACTOR,
+                                           instrument_exists=lambda name: registry.exists(session, name))
             slug = result.study.slug
     except ProtocolError as exc:
         _fail(f"{file}: {exc}")
@@ -143,6 +147,31 @@ def audit_verify() -> None:
     typer.echo(f"audit log intact: {result.entries} entries")
 
 
+@instruments_app.command("load")
+def instruments_load(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)]) -> None:
+    """Load a custom instrument from YAML (a changed definition needs a new version)."""
+    try:
+        with session_scope() as session:
+            instrument = registry.load_custom(session, file.read_text(encoding="utf-8"), CLI_ACTOR)
+    except InstrumentError as exc:
+        _fail(f"{file}: {exc}")
+    except DomainError as exc:
+        _fail(f"{file}: {exc.message}")
+    typer.echo(f"instrument {instrument.key} loaded ({len(instrument.items)} items)")
+
+
+@instruments_app.command("list")
+def instruments_list() -> None:
+    """Built-in and custom instruments."""
+    from surveys.models import CustomInstrument
+
+    for instrument in registry.builtin().values():
+        typer.echo(f"{instrument.key}\tbuilt in\t{instrument.title}")
+    with session_scope() as session:
+        for row in session.scalars(select(CustomInstrument).order_by(CustomInstrument.instrument_id)):
+            typer.echo(f"{row.instrument_id}@{row.version}\tcustom\t{row.definition['title']}")
+
+
 @keys_app.command("generate")
 def keys_generate() -> None:
     """Print a new Fernet key for AFTERWARD_CONTACT_ENCRYPTION_KEYS."""
@@ -157,7 +186,8 @@ def demo(protocol: Path = PROJECT_ROOT / "examples" / "wellbeing-pilot.yaml") ->
     settings = get_settings()
     migrate(settings.database_url)
     with session_scope() as session:
-        result = studies.load_protocol(session, protocol.read_text(encoding="utf-8"), CLI_ACTOR)
+        result = studies.load_protocol(session, protocol.read_text(encoding="utf-8"), CLI_ACTOR,
+                                       instrument_exists=lambda name: registry.exists(session, name))
         study = result.study
         email = "demo@afterward.local"
         account = session.scalar(select(StaffAccount).where(StaffAccount.email == email))

@@ -52,7 +52,8 @@ def install(app: FastAPI) -> None:
         status = next((s for cls, s in STATUS_BY_ERROR if isinstance(exc, cls)), 400)
         headers = ({"Retry-After": str(exc.retry_after_seconds)}
                    if isinstance(exc, TooManyAttempts) else None)
-        return JSONResponse(error_body(exc.code, exc.message), status_code=status, headers=headers)
+        return JSONResponse(error_body(exc.code, exc.message, getattr(exc, "fields", None)),
+                            status_code=status, headers=headers)
 
     @app.exception_handler(ProtocolError)
     async def _protocol(_: Request, exc: ProtocolError) -> JSONResponse:

@@ -9,6 +9,7 @@ from alembic import context
 from alembic.autogenerate.api import AutogenContext
 
 import study.models  # noqa: F401 - register tables on the metadata
+import surveys.models  # noqa: F401
 from study.db import Base, UTCDateTime, make_engine
 from study.settings import get_settings
 

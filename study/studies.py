@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -12,7 +13,7 @@ from sqlalchemy.orm import Session
 from study import audit
 from study.errors import Conflict, NotFound
 from study.models import ConsentVersion, ProtocolVersion, Study
-from study.protocol import Protocol, parse_protocol
+from study.protocol import Protocol, ProtocolError, parse_protocol
 
 
 def sha256(text: str) -> str:
@@ -27,13 +28,23 @@ class LoadResult:
     changed: bool
 
 
-def load_protocol(session: Session, source_yaml: str, actor: audit.Actor) -> LoadResult:
+def load_protocol(
+    session: Session, source_yaml: str, actor: audit.Actor,
+    instrument_exists: Callable[[str], bool] | None = None,
+) -> LoadResult:
     """Create the study or add a protocol version; an unchanged file is a no-op.
 
-    Raises ProtocolError for an invalid file and Conflict when the consent text changed but its
-    version did not (participants must know which text they signed).
+    Raises ProtocolError for an invalid file or an instrument ``instrument_exists`` does not
+    know, and Conflict when the consent text changed but its version did not (participants must
+    know which text they signed).
     """
     protocol = parse_protocol(source_yaml)
+    if instrument_exists is not None:
+        unknown = sorted(i for i in protocol.instruments() if not instrument_exists(i))
+        if unknown:
+            raise ProtocolError([f"unknown instrument '{name}' (built in: perma-profiler, decision-regret, "
+                                 "immediate-rating, decision-clarity, goal-progress; or load a custom one "
+                                 "first with `afterward instruments load FILE`)" for name in unknown])
     study = session.scalar(select(Study).where(Study.slug == protocol.study.id))
     created = study is None
     if study is None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from study import audit, participants, staff, studies
 from study.db import session_scope
-from study.models import StaffRole
+from study.models import Participant, StaffRole
+from surveys import registry
+from surveys import service as survey_service
 
 TEST_ACTOR = audit.Actor.system("tests")
 CONFIRMATIONS = ["read-and-understood", "adult", "voluntary"]
@@ -17,7 +21,8 @@ CONFIRMATIONS = ["read-and-understood", "adult", "voluntary"]
 
 def load_study(engine: Engine, protocol_yaml: str) -> str:
     with session_scope(engine) as session:
-        return studies.load_protocol(session, protocol_yaml, TEST_ACTOR).study.slug
+        return studies.load_protocol(session, protocol_yaml, TEST_ACTOR,
+                                     instrument_exists=lambda name: registry.exists(session, name)).study.slug
 
 
 def make_invites(engine: Engine, slug: str, count: int = 1, max_uses: int = 1) -> list[str]:
@@ -67,3 +72,12 @@ def enroll_fully(client: TestClient, invite: str, email: str | None = "someone@e
                           json={"timezone": timezone, "contact_email": email})
     assert response.status_code == 200, response.text
     return who
+
+
+def assign_survey(engine: Engine, participant_code: str, instrument: str, *, purpose: str = "followup",
+                  closes_at: dt.datetime | None = None, context: dict[str, str] | None = None) -> int:
+    """What the follow-up planner does: give a participant a survey to answer."""
+    with session_scope(engine) as session:
+        participant = session.scalars(select(Participant).where(Participant.code == participant_code)).one()
+        return survey_service.assign(session, participant, instrument, purpose=purpose,
+                                     closes_at=closes_at, context=context).id

@@ -27,6 +27,8 @@ from study.schemas import (
 )
 from study.security import csrf_token_for
 from study.settings import get_settings
+from study.studies import current_protocol
+from surveys import service as survey_service
 
 router = APIRouter(tags=["participant"])
 Token = Annotated[str, Depends(participant_token)]
@@ -118,9 +120,14 @@ def signed_consent(
 @router.put("/me/profile")
 def update_profile(body: ProfileUpdate, session: SessionDep, participant: CurrentParticipant,
                    token: Token) -> ParticipantRead:
-    """Time zone and contact email; the first time, this completes enrollment (arm assigned)."""
+    """Time zone and contact email; the first time, this completes enrollment (arm assigned,
+    baseline surveys assigned)."""
+    was_enrolled = participant.enrolled_at is not None
     service.update_profile(session, participant, timezone=body.timezone,
                            contact_email=str(body.contact_email) if body.contact_email else None)
+    if not was_enrolled:
+        survey_service.assign_baseline(session, participant,
+                                       current_protocol(session, participant.study_id).baseline)
     return _participant_read(session, participant, token)
 
 

@@ -47,7 +47,7 @@ StudyAccess = Annotated[service.StudyAccess, Depends(study_access)]
 ParticipantLevelAccess = Annotated[service.StudyAccess, Depends(participant_level_access)]
 
 
-def _staff_actor(staff: CurrentStaff) -> audit.Actor:
+def staff_actor(staff: CurrentStaff) -> audit.Actor:
     return audit.Actor("staff", staff.email)
 
 
@@ -94,7 +94,7 @@ def list_participants(session: SessionDep, access: ParticipantLevelAccess,
         .outerjoin(ConsentSignature, ConsentSignature.id == latest.c.sig_id)
         .outerjoin(ConsentVersion, ConsentVersion.id == ConsentSignature.consent_version_id)
         .where(Participant.study_id == access.study.id).order_by(Participant.id)).all()
-    audit.record(session, _staff_actor(staff), "participants.listed", study_id=access.study.id,
+    audit.record(session, staff_actor(staff), "participants.listed", study_id=access.study.id,
                  count=len(rows))
     return [StaffParticipantRead(participant_code=p.code, status=p.status, arm=p.arm,
                                  consent_version=version, enrolled_at=p.enrolled_at,
@@ -106,6 +106,6 @@ def list_participants(session: SessionDep, access: ParticipantLevelAccess,
 def create_invites(body: InviteCreate, session: SessionDep, access: ParticipantLevelAccess,
                    staff: CurrentStaff) -> InvitesRead:
     codes = participant_service.create_invites(
-        session, access.study, _staff_actor(staff), count=body.count, max_uses=body.max_uses,
+        session, access.study, staff_actor(staff), count=body.count, max_uses=body.max_uses,
         label=body.label, expires_at=body.expires_at)
     return InvitesRead(codes=codes, max_uses=body.max_uses)

@@ -5,7 +5,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from study.models import StaffRole
-from tests.builders import CONFIRMATIONS, enroll, enroll_fully, load_study, make_invites, make_staff
+from tests.builders import CONFIRMATIONS, assign_survey, enroll, enroll_fully, load_study, make_invites, make_staff
 
 # Every participant endpoint, with a request body that would succeed for its owner. A new
 # endpoint under /api/v1/me fails test_every_participant_endpoint_is_checked until added here.
@@ -15,6 +15,10 @@ PARTICIPANT_CALLS: dict[tuple[str, str], dict | None] = {
     ("POST", "/api/v1/me/consent"): {"version": "1.0", "confirmations": CONFIRMATIONS, "typed_signature": "B"},
     ("GET", "/api/v1/me/consent/signed"): None,
     ("PUT", "/api/v1/me/profile"): {"timezone": "Asia/Tokyo"},
+    ("GET", "/api/v1/me/surveys"): None,
+    ("GET", "/api/v1/me/surveys/{assignment_id}"): None,
+    ("PUT", "/api/v1/me/surveys/{assignment_id}/answers"): {"answers": {"progress": 4}},
+    ("POST", "/api/v1/me/surveys/{assignment_id}/submit"): {"answers": {"progress": 4}, "submission_id": "bob-00001"},
     ("POST", "/api/v1/me/withdrawal"): {"level": "stop_contact", "confirm": True},
 }
 
@@ -32,7 +36,14 @@ def test_a_participant_never_sees_or_changes_another_participants_data(
     [invite_a, invite_b] = make_invites(engine, load_study(engine, example_protocol), count=2)
     alice = enroll_fully(app_client, invite_a, email="alice@example.org", timezone="Europe/Berlin")
     bob = enroll_fully(app_client, invite_b, email="bob@example.org", timezone="America/Chicago")
+    alices_survey = assign_survey(engine, alice.code, "goal-progress")
+    bobs_survey = assign_survey(engine, bob.code, "goal-progress")
     for (method, path), body in PARTICIPANT_CALLS.items():
+        if "{assignment_id}" in path:
+            stolen = app_client.request(method, path.format(assignment_id=alices_survey), headers=bob.headers,
+                                        json=body)
+            assert stolen.status_code == 404, (method, path, stolen.text)
+            path = path.format(assignment_id=bobs_survey)
         response = app_client.request(method, path, headers=bob.headers, json=body)
         assert response.status_code < 400, (method, path, response.text)
         assert alice.code not in response.text, (method, path)
@@ -40,6 +51,8 @@ def test_a_participant_never_sees_or_changes_another_participants_data(
     # Bob's calls changed only Bob.
     alice_now = app_client.get("/api/v1/me", headers=alice.headers).json()
     assert (alice_now["status"], alice_now["timezone"]) == ("enrolled", "Europe/Berlin")
+    alices = app_client.get(f"/api/v1/me/surveys/{alices_survey}", headers=alice.headers).json()
+    assert (alices["status"], alices["saved_answers"]) == ("open", {})
     with engine.connect() as connection:
         signers = connection.execute(sa.text(
             "SELECT p.code, count(*) FROM consent_signatures s JOIN participants p ON p.id = s.participant_id "

@@ -76,7 +76,9 @@ def test_delete_data_removes_research_data_and_keeps_the_audit_trail(
     response = app_client.post("/api/v1/me/withdrawal", headers=who.headers,
                                json={"level": "delete_data", "confirm": True})
     assert response.status_code == 200, response.text
-    assert response.json()["deleted_rows"]["test_diary"] == 2
+    deleted = response.json()["deleted_rows"]
+    assert deleted["test_diary"] == 2
+    assert deleted["survey_assignments"] == 1  # the baseline PERMA assigned at enrollment
     with engine.connect() as connection:
         remaining = connection.execute(sa.text(
             "SELECT p.code FROM test_diary d JOIN participants p ON p.id = d.participant_id")).scalars().all()

@@ -1,0 +1,149 @@
+"""Survey endpoints: for the signed-in participant (``/me/surveys``) and by signed one-time link
+(``/survey-links/{token}``), plus staff reads of definitions and responses."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from sqlalchemy import select
+
+from api.deps import ConsentedParticipant, CurrentStaff, SessionDep, current_participant, participant_token
+from api.routers.staff import ParticipantLevelAccess, staff_actor
+from study import audit
+from study.models import Participant
+from surveys import registry, service
+from surveys.definitions import Instrument
+from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
+from surveys.schemas import (
+    AnswersUpdate,
+    SavedRead,
+    ScoreRead,
+    StaffResponseRead,
+    SubmittedRead,
+    SurveyRead,
+    SurveySubmit,
+    SurveySummaryRead,
+)
+
+router = APIRouter(tags=["surveys"])
+staff_router = APIRouter(prefix="/staff", tags=["staff"])
+
+
+def _summary(session: SessionDep, assignment: SurveyAssignment) -> SurveySummaryRead:
+    instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+    return SurveySummaryRead(assignment_id=assignment.id, instrument=instrument.id, title=instrument.title,
+                             purpose=assignment.purpose, intended_at=assignment.intended_at,
+                             closes_at=assignment.closes_at)
+
+
+def _survey_read(session: SessionDep, assignment: SurveyAssignment) -> SurveyRead:
+    rendered = service.render(session, assignment)
+    return SurveyRead(**_summary(session, assignment).model_dump(), instrument_version=assignment.instrument_version,
+                      source=rendered.instrument.source, instructions=rendered.instructions,
+                      blocks=[b.model_dump(mode="json") for b in rendered.instrument.blocks],
+                      items=rendered.items, saved_answers=rendered.saved_answers, status=assignment.status)
+
+
+def _submitted(session: SessionDep, response: SurveyResponse) -> SubmittedRead:
+    assert response.submitted_at is not None
+    scores = session.scalars(select(SurveyScore).where(SurveyScore.response_id == response.id)
+                             .order_by(SurveyScore.id)).all()
+    return SubmittedRead(assignment_id=response.assignment_id, instrument=response.instrument_id,
+                         instrument_version=response.instrument_version, submitted_at=response.submitted_at,
+                         scores=[ScoreRead(name=s.name, value=s.value, n_items=s.n_items, n_expected=s.n_expected)
+                                 for s in scores])
+
+
+def _saved(response: SurveyResponse) -> SavedRead:
+    return SavedRead(assignment_id=response.assignment_id, saved_answers=response.answers,
+                     updated_at=response.updated_at)
+
+
+# The signed-in participant
+
+
+@router.get("/me/surveys")
+def my_pending_surveys(session: SessionDep, participant: ConsentedParticipant) -> list[SurveySummaryRead]:
+    return [_summary(session, a) for a in service.pending(session, participant)]
+
+
+@router.get("/me/surveys/{assignment_id}")
+def my_survey(assignment_id: int, session: SessionDep, participant: ConsentedParticipant) -> SurveyRead:
+    return _survey_read(session, service.owned_assignment(session, participant, assignment_id))
+
+
+@router.put("/me/surveys/{assignment_id}/answers")
+def save_my_answers(assignment_id: int, body: AnswersUpdate, session: SessionDep,
+                    participant: ConsentedParticipant) -> SavedRead:
+    assignment = service.owned_assignment(session, participant, assignment_id)
+    return _saved(service.save_partial(session, participant, assignment, body.answers))
+
+
+@router.post("/me/surveys/{assignment_id}/submit")
+def submit_my_survey(assignment_id: int, body: SurveySubmit, session: SessionDep,
+                     participant: ConsentedParticipant) -> SubmittedRead:
+    assignment = service.owned_assignment(session, participant, assignment_id)
+    return _submitted(session, service.submit(session, participant, assignment, body.answers, body.submission_id))
+
+
+# By signed link (from an email); refused if someone else is signed in
+
+
+def _optional_participant(request: Request, session: SessionDep) -> Participant | None:
+    if not request.headers.get("Authorization") and not request.cookies.get("afterward_session"):
+        return None
+    return current_participant(session, participant_token(request))
+
+
+LinkCaller = Annotated[Participant | None, Depends(_optional_participant)]
+
+
+@router.get("/survey-links/{token}")
+def linked_survey(token: str, session: SessionDep, caller: LinkCaller) -> SurveyRead:
+    assignment, _ = service.assignment_for_link(session, token, caller)
+    return _survey_read(session, assignment)
+
+
+@router.put("/survey-links/{token}/answers")
+def save_linked_answers(token: str, body: AnswersUpdate, session: SessionDep, caller: LinkCaller) -> SavedRead:
+    assignment, participant = service.assignment_for_link(session, token, caller)
+    return _saved(service.save_partial(session, participant, assignment, body.answers))
+
+
+@router.post("/survey-links/{token}/submit")
+def submit_linked_survey(token: str, body: SurveySubmit, session: SessionDep, caller: LinkCaller) -> SubmittedRead:
+    assignment, participant = service.assignment_for_link(session, token, caller)
+    return _submitted(session, service.submit(session, participant, assignment, body.answers, body.submission_id))
+
+
+# Staff
+
+
+@staff_router.get("/instruments/{instrument_id}")
+def instrument_definition(instrument_id: str, session: SessionDep, staff: CurrentStaff) -> Instrument:
+    """An instrument's items, anchors and scoring rules (newest version)."""
+    return registry.get(session, instrument_id)
+
+
+@staff_router.get("/studies/{slug}/responses")
+def study_responses(session: SessionDep, access: ParticipantLevelAccess, staff: CurrentStaff,
+                    instrument: str | None = None) -> list[StaffResponseRead]:
+    query = (select(SurveyResponse, SurveyAssignment, Participant.code)
+             .join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id)
+             .join(Participant, Participant.id == SurveyResponse.participant_id)
+             .where(Participant.study_id == access.study.id).order_by(SurveyResponse.id))
+    if instrument:
+        query = query.where(SurveyResponse.instrument_id == instrument)
+    rows = session.execute(query).all()
+    scores: dict[int, dict[str, float | None]] = {}
+    for score in session.scalars(select(SurveyScore).where(
+            SurveyScore.response_id.in_([r[0].id for r in rows]))):
+        scores.setdefault(score.response_id, {})[score.name] = score.value
+    audit.record(session, staff_actor(staff), "responses.read", study_id=access.study.id,
+                 instrument=instrument, count=len(rows))
+    return [StaffResponseRead(participant_code=code, assignment_id=a.id, instrument=r.instrument_id,
+                              instrument_version=r.instrument_version, purpose=a.purpose,
+                              followup_key=a.followup_key, intended_at=a.intended_at,
+                              submitted_at=r.submitted_at, answers=r.answers, scores=scores.get(r.id, {}))
+            for r, a, code in rows]

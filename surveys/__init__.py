@@ -1,0 +1,1 @@
+"""Survey instruments (published and custom), validation, scoring and responses."""

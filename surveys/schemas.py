@@ -1,0 +1,73 @@
+"""What crosses the HTTP edge for surveys."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SurveySummaryRead(BaseModel):
+    assignment_id: int
+    instrument: str
+    title: str
+    purpose: str
+    intended_at: dt.datetime
+    closes_at: dt.datetime | None
+
+
+class SurveyRead(SurveySummaryRead):
+    instrument_version: str
+    source: str
+    instructions: str
+    blocks: list[dict[str, Any]]
+    items: list[dict[str, Any]]
+    saved_answers: dict[str, Any]
+    status: str
+
+
+class AnswersUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    answers: dict[str, Any] = Field(max_length=500, description="item id -> answer; null clears one")
+
+
+class SurveySubmit(AnswersUpdate):
+    answers: dict[str, Any] = Field(default_factory=dict, max_length=500)
+    submission_id: str = Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+                               description="Chosen by the client once per submission; a retry with the "
+                                           "same id stores nothing new")
+
+
+class ScoreRead(BaseModel):
+    name: str
+    value: float | None
+    n_items: int
+    n_expected: int
+
+
+class SubmittedRead(BaseModel):
+    assignment_id: int
+    instrument: str
+    instrument_version: str
+    submitted_at: dt.datetime
+    scores: list[ScoreRead]
+
+
+class SavedRead(BaseModel):
+    assignment_id: int
+    saved_answers: dict[str, Any]
+    updated_at: dt.datetime
+
+
+class StaffResponseRead(BaseModel):
+    participant_code: str
+    assignment_id: int
+    instrument: str
+    instrument_version: str
+    purpose: str
+    followup_key: str | None
+    intended_at: dt.datetime
+    submitted_at: dt.datetime | None
+    answers: dict[str, Any]
+    scores: dict[str, float | None]

@@ -1,0 +1,228 @@
+"""Survey operations: assign, render (with piping), save partial answers, submit and score, and
+signed one-time survey links. Services flush; the caller commits."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from study.clock import now
+from study.errors import Conflict, Forbidden, Gone, Invalid, NotFound
+from study.models import Participant
+from study.participants import require_current_consent, withdrawal_hooks
+from study.settings import get_settings
+from surveys import registry
+from surveys.definitions import Instrument
+from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
+
+
+class AnswerError(Invalid):
+    """Answers that do not fit the instrument; ``problems`` is a list of (item id, message)."""
+
+    code = "invalid_answers"
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.fields = [{"field": item, "message": problem} for item, problem in problems]
+        super().__init__("; ".join(f"{item}: {problem}" for item, problem in problems))
+
+
+def assign(
+    session: Session, participant: Participant, instrument_id: str, *, purpose: str,
+    intended_at: dt.datetime | None = None, closes_at: dt.datetime | None = None,
+    followup_key: str | None = None, context: dict[str, str] | None = None,
+) -> SurveyAssignment:
+    instrument = registry.get(session, instrument_id)
+    missing = set(instrument.context) - set(context or {})
+    if missing:
+        raise Conflict(f"{instrument_id} needs {', '.join(sorted(missing))} to be piped in")
+    assignment = SurveyAssignment(
+        participant_id=participant.id, instrument_id=instrument.id, instrument_version=instrument.version,
+        purpose=purpose, followup_key=followup_key, context=context or {},
+        intended_at=intended_at or now(), closes_at=closes_at, status="open")
+    session.add(assignment)
+    session.flush()
+    return assignment
+
+
+def assign_baseline(session: Session, participant: Participant, instrument_ids: list[str]) -> list[SurveyAssignment]:
+    """Baseline surveys, once, when enrollment completes."""
+    already = set(session.scalars(select(SurveyAssignment.instrument_id).where(
+        SurveyAssignment.participant_id == participant.id, SurveyAssignment.purpose == "baseline")))
+    return [assign(session, participant, i, purpose="baseline") for i in instrument_ids if i not in already]
+
+
+def pending(session: Session, participant: Participant) -> list[SurveyAssignment]:
+    """Open surveys the participant can answer now, oldest first."""
+    rows = session.scalars(select(SurveyAssignment).where(
+        SurveyAssignment.participant_id == participant.id, SurveyAssignment.status == "open",
+        SurveyAssignment.intended_at <= now()).order_by(SurveyAssignment.intended_at, SurveyAssignment.id))
+    return [a for a in rows if a.closes_at is None or a.closes_at > now()]
+
+
+def owned_assignment(session: Session, participant: Participant, assignment_id: int) -> SurveyAssignment:
+    assignment = session.get(SurveyAssignment, assignment_id)
+    # Someone else's survey looks exactly like a missing one.
+    if assignment is None or assignment.participant_id != participant.id:
+        raise NotFound("there is no such survey for you")
+    return assignment
+
+
+def _require_answerable(assignment: SurveyAssignment) -> None:
+    if assignment.status == "completed":
+        raise Conflict("you have already completed this survey, thank you", code="already_completed")
+    if assignment.status == "cancelled":
+        raise Gone("this survey was cancelled", code="survey_cancelled")
+    if assignment.status == "expired" or (assignment.closes_at is not None and assignment.closes_at <= now()):
+        closed = f" on {assignment.closes_at:%Y-%m-%d %H:%M} UTC" if assignment.closes_at else ""
+        raise Gone(f"this survey closed{closed}; answers can no longer be accepted", code="survey_closed")
+    if assignment.intended_at > now():
+        raise Conflict("this survey is not open yet", code="survey_not_open")
+
+
+@dataclass(frozen=True)
+class RenderedSurvey:
+    assignment: SurveyAssignment
+    instrument: Instrument
+    instructions: str
+    items: list[dict[str, Any]]
+    saved_answers: dict[str, Any]
+
+
+def render(session: Session, assignment: SurveyAssignment) -> RenderedSurvey:
+    instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+    response = _response(session, assignment)
+    items = []
+    for item in instrument.items:
+        rendered = item.model_dump(mode="json", exclude={"reverse"})
+        rendered["text"] = instrument.pipe(item.text, assignment.context)
+        items.append(rendered)
+    return RenderedSurvey(assignment, instrument, instrument.pipe(instrument.instructions, assignment.context),
+                          items, dict(response.answers) if response else {})
+
+
+def _response(session: Session, assignment: SurveyAssignment) -> SurveyResponse | None:
+    return session.scalar(select(SurveyResponse).where(SurveyResponse.assignment_id == assignment.id))
+
+
+def _response_for_update(session: Session, assignment: SurveyAssignment) -> SurveyResponse:
+    response = _response(session, assignment)
+    if response is None:
+        response = SurveyResponse(assignment_id=assignment.id, participant_id=assignment.participant_id,
+                                  instrument_id=assignment.instrument_id,
+                                  instrument_version=assignment.instrument_version, answers={})
+        session.add(response)
+    return response
+
+
+def save_partial(session: Session, participant: Participant, assignment: SurveyAssignment,
+                 answers: dict[str, Any]) -> SurveyResponse:
+    """Merge answers into the saved ones (resume later, from any device); ``None`` clears one."""
+    require_current_consent(session, participant)
+    _require_answerable(assignment)
+    instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+    clean, problems = instrument.check_answers(answers, complete=False)
+    if problems:
+        raise AnswerError(problems)
+    response = _response_for_update(session, assignment)
+    cleared = {k for k, v in answers.items() if v is None or v == "" or v == []}
+    response.answers = {k: v for k, v in {**response.answers, **clean}.items() if k not in cleared}
+    response.updated_at = now()
+    session.flush()
+    return response
+
+
+def submit(session: Session, participant: Participant, assignment: SurveyAssignment,
+           answers: dict[str, Any], submission_id: str) -> SurveyResponse:
+    """Validate the whole survey, score it and close the assignment. Submitting the same
+    ``submission_id`` again returns the stored response instead of storing another."""
+    require_current_consent(session, participant)
+    existing = _response(session, assignment)
+    if existing is not None and existing.submitted_at is not None and existing.submission_id == submission_id:
+        return existing
+    _require_answerable(assignment)
+    instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+    response = _response_for_update(session, assignment)
+    merged = {**response.answers, **answers}
+    clean, problems = instrument.check_answers(merged, complete=True)
+    if problems:
+        raise AnswerError(problems)
+    response.answers = clean
+    response.submission_id = submission_id
+    response.updated_at = response.submitted_at = now()
+    assignment.status = "completed"
+    assignment.completed_at = response.submitted_at
+    session.flush()
+    for name, (value, n_items, n_expected) in instrument.score(clean).items():
+        session.add(SurveyScore(response_id=response.id, participant_id=participant.id,
+                                instrument_version=instrument.version, name=name, value=value,
+                                n_items=n_items, n_expected=n_expected))
+    session.flush()
+    return response
+
+
+def recompute_scores(session: Session, response: SurveyResponse) -> list[SurveyScore]:
+    """Scores again from the raw answers (e.g. after a scoring fix); replaces the stored ones."""
+    instrument = registry.get(session, response.instrument_id, response.instrument_version)
+    for old in session.scalars(select(SurveyScore).where(SurveyScore.response_id == response.id)):
+        session.delete(old)
+    session.flush()
+    scores = [SurveyScore(response_id=response.id, participant_id=response.participant_id,
+                          instrument_version=instrument.version, name=name, value=value,
+                          n_items=n_items, n_expected=n_expected)
+              for name, (value, n_items, n_expected) in instrument.score(response.answers).items()]
+    session.add_all(scores)
+    session.flush()
+    return scores
+
+
+# Signed one-time links: the link names one assignment of one participant; it stops working
+# when the survey is completed, closed or the participant withdraws.
+
+def _sign(payload: bytes) -> str:
+    key = get_settings().secret_key.get_secret_value().encode()
+    return base64.urlsafe_b64encode(hmac.new(key, b"survey-link:" + payload, hashlib.sha256).digest()[:18]).decode()
+
+
+def link_token(assignment: SurveyAssignment) -> str:
+    payload = f"{assignment.id}.{assignment.participant_id}".encode()
+    return base64.urlsafe_b64encode(payload).decode().rstrip("=") + "." + _sign(payload)
+
+
+def assignment_for_link(
+    session: Session, token: str, caller: Participant | None,
+) -> tuple[SurveyAssignment, Participant]:
+    """The link's assignment and participant; refused for a forged link, a participant other
+    than the signed-in one, a withdrawn participant or one without current consent."""
+    body, _, signature = token.partition(".")
+    try:
+        payload = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        assignment_id, participant_id = (int(part) for part in payload.decode().split("."))
+    except ValueError:
+        raise NotFound("this survey link is not valid; use the newest email or open the app") from None
+    if not hmac.compare_digest(_sign(payload), signature):
+        raise NotFound("this survey link is not valid; use the newest email or open the app")
+    if caller is not None and caller.id != participant_id:
+        raise Forbidden("this survey link belongs to another participant", code="link_other_participant")
+    assignment = session.get(SurveyAssignment, assignment_id)
+    participant = session.get(Participant, participant_id)
+    if assignment is None or participant is None or assignment.participant_id != participant.id:
+        raise NotFound("this survey no longer exists")
+    require_current_consent(session, participant)
+    return assignment, participant
+
+
+def cancel_open_assignments(session: Session, participant: Participant, _level: object) -> None:
+    """Withdrawal hook: nothing stays pending for a withdrawn participant."""
+    session.execute(update(SurveyAssignment).where(
+        SurveyAssignment.participant_id == participant.id, SurveyAssignment.status == "open",
+    ).values(status="cancelled"))
+
+
+withdrawal_hooks.append(cancel_open_assignments)
