@@ -123,8 +123,8 @@ def _response_for_update(session: Session, assignment: SurveyAssignment) -> Surv
 
 def save_partial(session: Session, participant: Participant, assignment: SurveyAssignment,
                  answers: dict[str, Any]) -> SurveyResponse:
-    """Merge answers into the saved ones (resume later, from any device); ``None`` clears one."""
-    require_current_consent(session, participant)
+    """Merge answers into the saved ones (resume later, from any device); ``None`` clears one.
+    The caller has checked consent (the API's ConsentedParticipant or ``assignment_for_link``)."""
     _require_answerable(assignment)
     instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
     clean, problems = instrument.check_answers(answers, complete=False)
@@ -141,14 +141,13 @@ def save_partial(session: Session, participant: Participant, assignment: SurveyA
 def submit(session: Session, participant: Participant, assignment: SurveyAssignment,
            answers: dict[str, Any], submission_id: str) -> SurveyResponse:
     """Validate the whole survey, score it and close the assignment. Submitting the same
-    ``submission_id`` again returns the stored response instead of storing another."""
-    require_current_consent(session, participant)
-    existing = _response(session, assignment)
-    if existing is not None and existing.submitted_at is not None and existing.submission_id == submission_id:
-        return existing
+    ``submission_id`` again returns the stored response instead of storing another. The caller
+    has checked consent."""
+    response = _response_for_update(session, assignment)
+    if response.submitted_at is not None and response.submission_id == submission_id:
+        return response
     _require_answerable(assignment)
     instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
-    response = _response_for_update(session, assignment)
     merged = {**response.answers, **answers}
     clean, problems = instrument.check_answers(merged, complete=True)
     if problems:
