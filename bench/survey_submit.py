@@ -30,7 +30,6 @@ from api.app import create_app  # noqa: E402
 from study import audit, participants, studies  # noqa: E402
 from study.clock import now  # noqa: E402
 from study.db import make_engine, migrate, session_scope  # noqa: E402
-from study.models import Participant  # noqa: E402
 from surveys import registry  # noqa: E402
 from surveys import service as survey_service  # noqa: E402
 

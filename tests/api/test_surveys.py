@@ -188,3 +188,20 @@ def test_staff_read_responses_audited_and_viewer_refused(
     with engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM audit_log WHERE action = 'responses.read'")
                                   ).scalar_one() == 1
+
+
+def test_scores_can_be_recomputed_from_raw_answers(
+    engine: Engine, app_client: TestClient, example_protocol: str,
+) -> None:
+    who = _participant(engine, app_client, example_protocol)
+    survey_id = assign_survey(engine, who.code, "decision-regret", context={"decision": "x"})
+    app_client.post(f"/api/v1/me/surveys/{survey_id}/submit", headers=who.headers,
+                    json={"answers": DRS_ANSWERS, "submission_id": "recompute-1"})
+    with engine.begin() as connection:  # a stored score gone wrong (say, an old scoring bug)
+        connection.execute(sa.text("UPDATE survey_scores SET value = 99, n_items = 1"))
+    with session_scope(engine) as session:
+        response = session.scalars(sa.select(service.SurveyResponse)).one()
+        scores = service.recompute_scores(session, response)
+        assert [(s.name, s.value, s.n_items, s.instrument_version) for s in scores] == [("regret", 15.0, 5, "2003")]
+    with engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT value FROM survey_scores")).scalars().all() == [15.0]
