@@ -5,7 +5,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from study.security import decrypt_contact
-from tests.builders import CONFIRMATIONS, enroll, enroll_fully, load_study, make_invites, sign_consent
+from tests.builders import (
+    CONFIRMATIONS,
+    ParticipantHandle,
+    enroll,
+    enroll_fully,
+    load_study,
+    make_invites,
+    sign_consent,
+)
 
 
 def test_invite_consent_profile_enrolls_and_assigns_an_arm(
@@ -24,7 +32,6 @@ def test_invite_consent_profile_enrolls_and_assigns_an_arm(
 
     assert app_client.get("/api/v1/me", headers=headers).json()["status"] == "invited"
     app_client.cookies.clear()
-    from tests.builders import ParticipantHandle
     who = ParticipantHandle(body["participant_code"], body["token"])
     sign_consent(app_client, who)
     profile = app_client.put("/api/v1/me/profile", headers=headers,
