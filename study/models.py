@@ -16,7 +16,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, mapped_column
 
 from study.clock import now
 from study.db import Base, UTCDateTime
@@ -50,10 +50,6 @@ class Study(Base):
     allocation_count: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
-    versions: Mapped[list[ProtocolVersion]] = relationship(
-        back_populates="study", lazy="raise", order_by="ProtocolVersion.version"
-    )
-
 
 class ProtocolVersion(Base):
     __tablename__ = "protocol_versions"
@@ -67,8 +63,6 @@ class ProtocolVersion(Base):
     source_sha256: Mapped[str] = mapped_column(String(64))
     consent_version_id: Mapped[int] = mapped_column(ForeignKey("consent_versions.id"))
     loaded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
-
-    study: Mapped[Study] = relationship(back_populates="versions", lazy="raise")
 
 
 class ConsentVersion(Base):

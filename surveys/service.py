@@ -10,7 +10,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from study.clock import now
@@ -60,10 +60,12 @@ def assign_baseline(session: Session, participant: Participant, instrument_ids: 
 
 def pending(session: Session, participant: Participant) -> list[SurveyAssignment]:
     """Open surveys the participant can answer now, oldest first."""
-    rows = session.scalars(select(SurveyAssignment).where(
+    at = now()
+    return list(session.scalars(select(SurveyAssignment).where(
         SurveyAssignment.participant_id == participant.id, SurveyAssignment.status == "open",
-        SurveyAssignment.intended_at <= now()).order_by(SurveyAssignment.intended_at, SurveyAssignment.id))
-    return [a for a in rows if a.closes_at is None or a.closes_at > now()]
+        SurveyAssignment.intended_at <= at,
+        or_(SurveyAssignment.closes_at.is_(None), SurveyAssignment.closes_at > at),
+    ).order_by(SurveyAssignment.intended_at, SurveyAssignment.id)))
 
 
 def owned_assignment(session: Session, participant: Participant, assignment_id: int) -> SurveyAssignment:

@@ -30,8 +30,9 @@ router = APIRouter(tags=["surveys"])
 staff_router = APIRouter(prefix="/staff", tags=["staff"])
 
 
-def _summary(session: SessionDep, assignment: SurveyAssignment) -> SurveySummaryRead:
-    instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+def _summary(session: SessionDep, assignment: SurveyAssignment,
+             instrument: Instrument | None = None) -> SurveySummaryRead:
+    instrument = instrument or registry.get(session, assignment.instrument_id, assignment.instrument_version)
     return SurveySummaryRead(assignment_id=assignment.id, instrument=instrument.id, title=instrument.title,
                              purpose=assignment.purpose, intended_at=assignment.intended_at,
                              closes_at=assignment.closes_at)
@@ -39,7 +40,8 @@ def _summary(session: SessionDep, assignment: SurveyAssignment) -> SurveySummary
 
 def _survey_read(session: SessionDep, assignment: SurveyAssignment) -> SurveyRead:
     rendered = service.render(session, assignment)
-    return SurveyRead(**_summary(session, assignment).model_dump(), instrument_version=assignment.instrument_version,
+    summary = _summary(session, assignment, rendered.instrument)
+    return SurveyRead(**summary.model_dump(), instrument_version=assignment.instrument_version,
                       source=rendered.instrument.source, instructions=rendered.instructions,
                       blocks=[b.model_dump(mode="json") for b in rendered.instrument.blocks],
                       items=rendered.items, saved_answers=rendered.saved_answers, status=assignment.status)
