@@ -7,12 +7,13 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from api import errors
-from api.routers import participants, staff, surveys
+from api.routers import chat, participants, staff, surveys
+from chat.gateway import Gateway
 from study.db import get_engine
 
 API_PREFIX = "/api/v1"
 
-def create_app(engine: Engine | None = None) -> FastAPI:
+def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> FastAPI:
     app = FastAPI(
         title="Afterward",
         version="0.1.0",
@@ -21,11 +22,14 @@ def create_app(engine: Engine | None = None) -> FastAPI:
         openapi_url="/openapi.json",
     )
     app.state.engine = engine or get_engine()
+    app.state.gateway = gateway  # built from settings on first use when None
     errors.install(app)
     app.include_router(participants.router, prefix=API_PREFIX)
     app.include_router(staff.router, prefix=API_PREFIX)
     app.include_router(surveys.router, prefix=API_PREFIX)
     app.include_router(surveys.staff_router, prefix=API_PREFIX)
+    app.include_router(chat.router, prefix=API_PREFIX)
+    app.include_router(chat.staff_router, prefix=API_PREFIX)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

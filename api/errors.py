@@ -19,6 +19,7 @@ from study.errors import (
     Invalid,
     NotFound,
     TooManyAttempts,
+    Unavailable,
 )
 from study.protocol import ProtocolError
 
@@ -31,6 +32,7 @@ STATUS_BY_ERROR: list[tuple[type[DomainError], int]] = [
     (Forbidden, 403),
     (Invalid, 422),
     (TooManyAttempts, 429),
+    (Unavailable, 503),
 ]
 
 
@@ -50,8 +52,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
         status = next((s for cls, s in STATUS_BY_ERROR if isinstance(exc, cls)), 400)
-        headers = ({"Retry-After": str(exc.retry_after_seconds)}
-                   if isinstance(exc, TooManyAttempts) else None)
+        retry_after = getattr(exc, "retry_after_seconds", None)
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
         return JSONResponse(error_body(exc.code, exc.message, getattr(exc, "fields", None)),
                             status_code=status, headers=headers)
 

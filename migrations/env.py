@@ -8,6 +8,7 @@ from typing import Literal
 from alembic import context
 from alembic.autogenerate.api import AutogenContext
 
+import chat.models  # noqa: F401
 import study.models  # noqa: F401 - register tables on the metadata
 import surveys.models  # noqa: F401
 from study.db import Base, UTCDateTime, make_engine

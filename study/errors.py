@@ -44,3 +44,13 @@ class TooManyAttempts(DomainError):
     def __init__(self, message: str, retry_after_seconds: int) -> None:
         super().__init__(message)
         self.retry_after_seconds = retry_after_seconds
+
+
+class Unavailable(DomainError):
+    """A dependency (the LLM, a mail server) failed; what the caller sent is kept, retry later."""
+
+    code = "unavailable"
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after_seconds: int = 5) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_seconds = retry_after_seconds

@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from study import audit
@@ -278,7 +278,9 @@ class WithdrawalReceipt:
 
 
 def _research_data_tables() -> list[type[Base]]:
-    return sorted(ParticipantResearchData.registered, key=lambda table: table.__tablename__)
+    """Dependents before the rows they point at, so each table's own count is reported."""
+    order = {table.name: i for i, table in enumerate(reversed(Base.metadata.sorted_tables))}
+    return sorted(ParticipantResearchData.registered, key=lambda table: order[table.__tablename__])
 
 
 def withdraw(
@@ -307,8 +309,10 @@ def withdraw(
     deleted: dict[str, int] = {}
     if level == WithdrawalLevel.DELETE_DATA:
         for table in _research_data_tables():
-            result = session.execute(delete(table).where(table.participant_id == participant.id))  # type: ignore[attr-defined]
-            deleted[table.__tablename__] = result.rowcount  # type: ignore[attr-defined]
+            owned = table.participant_id == participant.id  # type: ignore[attr-defined]
+            # Counted first: rows removed by ON DELETE CASCADE are missing from a DELETE's rowcount.
+            deleted[table.__tablename__] = session.scalar(select(func.count()).select_from(table).where(owned)) or 0
+            session.execute(delete(table).where(owned))
         participant.timezone = None
         participant.data_deleted_at = now()
     session.flush()

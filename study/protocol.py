@@ -7,7 +7,9 @@ the field path and the line in the file, e.g. ``arms[1].mode (line 14): Input sh
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
+from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -36,7 +38,7 @@ class Arm(_Strict):
     roles: list[Role] = Field(default_factory=list)
     default_role: Role | None = None
     weight: int = Field(default=1, ge=1, le=100)
-    model: str = "offline/afterward"
+    model: str | None = Field(default=None, description="LiteLLM model for this arm; the platform's llm_model if unset")
 
     @model_validator(mode="after")
     def _roles_fit_mode(self) -> Arm:
@@ -149,6 +151,14 @@ class Protocol(_Strict):
                 return arm
         raise KeyError(name)
 
+    def crisis_resources_for(self, timezone: str | None) -> tuple[str, str]:
+        """The crisis resources to show someone in this time zone: (region code, text), falling
+        back to the 'default' entry when the zone's country has none."""
+        region = country_of_timezone(timezone) if timezone else None
+        if region and region in self.crisis_resources:
+            return region, self.crisis_resources[region]
+        return "default", self.crisis_resources["default"]
+
     def instruments(self) -> set[str]:
         return set(self.baseline) | {f.instrument for f in self.followups}
 
@@ -159,6 +169,26 @@ class ProtocolError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("invalid protocol:\n  " + "\n  ".join(problems))
+
+
+@functools.cache
+def _zone_countries() -> dict[str, str]:
+    """IANA zone -> ISO country code from the system's zone.tab (empty when tzdata lacks it)."""
+    countries: dict[str, str] = {}
+    for path in ("/usr/share/zoneinfo/zone.tab", "/usr/share/zoneinfo/zone1970.tab"):
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line and not line.startswith("#"):
+                codes, _, zone = line.split("\t")[:3]
+                countries.setdefault(zone, codes.split(",")[0])
+    return countries
+
+
+def country_of_timezone(name: str) -> str | None:
+    return _zone_countries().get(name)
 
 
 def validate_timezone(name: str) -> ZoneInfo:

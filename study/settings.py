@@ -38,7 +38,16 @@ class Settings(BaseSettings):
     # LLM gateway (used by chat/): the offline provider needs no network and no key.
     llm_model: str = "offline/afterward"
     llm_timeout_seconds: float = 30.0
+    llm_retries: int = Field(default=1, ge=0, le=5)
     llm_fallback_model: str | None = None
+    llm_api_base: str | None = Field(
+        default=None, description="Base URL for a self-hosted server (Ollama, vLLM); keys come from the provider's own "
+        "environment variable, e.g. OPENAI_API_KEY or ANTHROPIC_API_KEY.")
+    crisis_classifier_model: str | None = Field(
+        default=None, description="Optional LLM crisis classifier run beside the lexicon on every message.")
+    offline_llm_delay_ms: float = Field(
+        default=0.0, ge=0, description="Simulated generation time of the offline provider (demos, benches).")
+    chat_max_message_chars: int = Field(default=4000, ge=100, le=100_000)
 
     @model_validator(mode="after")
     def _refuse_unsafe_defaults(self) -> Settings:

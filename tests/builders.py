@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -81,3 +82,25 @@ def assign_survey(engine: Engine, participant_code: str, instrument: str, *, pur
         participant = session.scalars(select(Participant).where(Participant.code == participant_code)).one()
         return survey_service.assign(session, participant, instrument, purpose=purpose,
                                      closes_at=closes_at, context=context).id
+
+
+def put_in_arm(engine: Engine, participant_code: str, arm: str) -> None:
+    """Override the randomization for a test that needs a particular arm."""
+    with session_scope(engine) as session:
+        session.scalars(select(Participant).where(Participant.code == participant_code)).one().arm = arm
+
+
+def start_chat(client: TestClient, who: ParticipantHandle, role: str | None = "collaborator") -> int:
+    response = client.post("/api/v1/me/conversations", headers=who.headers, json={"role": role})
+    assert response.status_code == 201, response.text
+    conversation_id: int = response.json()["id"]
+    return conversation_id
+
+
+def say(client: TestClient, who: ParticipantHandle, conversation_id: int, text: str) -> dict[str, Any]:
+    """Send a message and return the assistant's reply turn."""
+    response = client.post(f"/api/v1/me/conversations/{conversation_id}/messages", headers=who.headers,
+                           json={"content": text})
+    assert response.status_code == 200, response.text
+    reply: dict[str, Any] = response.json()["reply"]
+    return reply

@@ -5,7 +5,19 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from study.models import StaffRole
-from tests.builders import CONFIRMATIONS, assign_survey, enroll, enroll_fully, load_study, make_invites, make_staff
+from tests.builders import (
+    CONFIRMATIONS,
+    ParticipantHandle,
+    assign_survey,
+    enroll,
+    enroll_fully,
+    load_study,
+    make_invites,
+    make_staff,
+    put_in_arm,
+    say,
+    start_chat,
+)
 
 # Every participant endpoint, with a request body that would succeed for its owner. A new
 # endpoint under /api/v1/me fails test_every_participant_endpoint_is_checked until added here.
@@ -19,8 +31,29 @@ PARTICIPANT_CALLS: dict[tuple[str, str], dict | None] = {
     ("GET", "/api/v1/me/surveys/{assignment_id}"): None,
     ("PUT", "/api/v1/me/surveys/{assignment_id}/answers"): {"answers": {"progress": 4}},
     ("POST", "/api/v1/me/surveys/{assignment_id}/submit"): {"answers": {"progress": 4}, "submission_id": "bob-00001"},
+    ("GET", "/api/v1/me/chat/roles"): None,
+    ("GET", "/api/v1/me/crisis-resources"): None,
+    ("POST", "/api/v1/me/conversations"): {"role": "coach"},
+    ("GET", "/api/v1/me/conversations"): None,
+    ("GET", "/api/v1/me/conversations/{conversation_id}"): None,
+    ("PUT", "/api/v1/me/conversations/{conversation_id}/role"): {"role": "coach"},
+    ("POST", "/api/v1/me/conversations/{conversation_id}/messages"): {"content": "Hello"},
+    ("POST", "/api/v1/me/conversations/{conversation_id}/retry"): None,
+    ("POST", "/api/v1/me/conversations/{conversation_id}/turns/{turn_id}/override"): None,
+    ("POST", "/api/v1/me/conversations/{conversation_id}/turns/{turn_id}/reconsider"): None,
+    ("POST", "/api/v1/me/conversations/{conversation_id}/end"): {"rating": 5, "made_decision": False},
     ("POST", "/api/v1/me/withdrawal"): {"level": "stop_contact", "confirm": True},
 }
+# The owner's own call may rightly be refused for reasons other than ownership.
+OWNER_CONFLICTS = {("POST", "/api/v1/me/conversations/{conversation_id}/retry"): "nothing_to_retry"}
+
+
+def _chat_with_two_challenges(client: TestClient, engine: Engine, who: ParticipantHandle) -> dict[str, int]:
+    put_in_arm(engine, who.code, "wellbeing")
+    conversation = start_chat(client, who, "coach")
+    turns = [say(client, who, conversation, "Nobody ever listens to me, so I'll stop talking in meetings")["id"],
+             say(client, who, conversation, "He obviously hates me, so I will avoid him")["id"]]
+    return {"conversation_id": conversation, "turn_ids": turns}  # type: ignore[dict-item]
 
 
 def test_every_participant_endpoint_is_checked(app_client: TestClient) -> None:
@@ -36,28 +69,41 @@ def test_a_participant_never_sees_or_changes_another_participants_data(
     [invite_a, invite_b] = make_invites(engine, load_study(engine, example_protocol), count=2)
     alice = enroll_fully(app_client, invite_a, email="alice@example.org", timezone="Europe/Berlin")
     bob = enroll_fully(app_client, invite_b, email="bob@example.org", timezone="America/Chicago")
-    alices_survey = assign_survey(engine, alice.code, "goal-progress")
-    bobs_survey = assign_survey(engine, bob.code, "goal-progress")
-    for (method, path), body in PARTICIPANT_CALLS.items():
-        if "{assignment_id}" in path:
-            stolen = app_client.request(method, path.format(assignment_id=alices_survey), headers=bob.headers,
-                                        json=body)
-            assert stolen.status_code == 404, (method, path, stolen.text)
-            path = path.format(assignment_id=bobs_survey)
+    alices = {"assignment_id": assign_survey(engine, alice.code, "goal-progress"),
+              **_chat_with_two_challenges(app_client, engine, alice)}
+    bobs = {"assignment_id": assign_survey(engine, bob.code, "goal-progress"),
+            **_chat_with_two_challenges(app_client, engine, bob)}
+    bobs_turns = list(bobs.pop("turn_ids"))  # type: ignore[call-overload]
+    alices_turns = list(alices.pop("turn_ids"))  # type: ignore[call-overload]
+    for (method, template), body in PARTICIPANT_CALLS.items():
+        path = template
+        if "{" in template:
+            stolen = app_client.request(method, template.format(**alices, turn_id=alices_turns[0]),
+                                        headers=bob.headers, json=body)
+            assert stolen.status_code == 404, (method, template, stolen.text)
+            path = template.format(**bobs, turn_id=bobs_turns[0] if bobs_turns else 0)
+            if "{turn_id}" in template:
+                bobs_turns.pop(0)  # each pushback can be answered once
         response = app_client.request(method, path, headers=bob.headers, json=body)
-        assert response.status_code < 400, (method, path, response.text)
+        if (method, template) in OWNER_CONFLICTS:
+            assert response.json()["error"]["code"] == OWNER_CONFLICTS[(method, template)], response.text
+        else:
+            assert response.status_code < 400, (method, path, response.text)
         assert alice.code not in response.text, (method, path)
         assert "Europe/Berlin" not in response.text, (method, path)
     # Bob's calls changed only Bob.
     alice_now = app_client.get("/api/v1/me", headers=alice.headers).json()
     assert (alice_now["status"], alice_now["timezone"]) == ("enrolled", "Europe/Berlin")
-    alices = app_client.get(f"/api/v1/me/surveys/{alices_survey}", headers=alice.headers).json()
-    assert (alices["status"], alices["saved_answers"]) == ("open", {})
+    alices_now = app_client.get(f"/api/v1/me/surveys/{alices['assignment_id']}", headers=alice.headers).json()
+    assert (alices_now["status"], alices_now["saved_answers"]) == ("open", {})
     with engine.connect() as connection:
         signers = connection.execute(sa.text(
             "SELECT p.code, count(*) FROM consent_signatures s JOIN participants p ON p.id = s.participant_id "
             "GROUP BY p.code")).all()
     assert dict(signers) == {alice.code: 1, bob.code: 2}
+    alices_chat = app_client.get(f"/api/v1/me/conversations/{alices['conversation_id']}", headers=alice.headers).json()
+    assert (alices_chat["status"], alices_chat["role"], len(alices_chat["turns"])) == ("active", "coach", 4)
+    assert all(turn["response"] is None for turn in alices_chat["turns"])
 
 
 def test_cookie_sessions_need_the_csrf_token_for_changes(

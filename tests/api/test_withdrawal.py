@@ -24,9 +24,14 @@ class _Diary(ParticipantResearchData, Base):
     entry: Mapped[str] = mapped_column(String(100))
 
 
+# Other test modules' databases have no such table: it counts as research data only while this
+# module's tests run (importing the module at collection must not register it for everyone).
+ParticipantResearchData.registered.discard(_Diary)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _forget_diary_afterwards() -> Iterator[None]:
-    # Other test modules' databases have no such table: unmap it when this module is done.
+def _diary_is_research_data() -> Iterator[None]:
+    ParticipantResearchData.registered.add(_Diary)
     yield
     ParticipantResearchData.registered.discard(_Diary)
 

@@ -1,0 +1,333 @@
+"""Chat endpoints. A turn runs in two short transactions around the LLM call (see chat.service),
+so these handlers open their own units of work instead of using the request session: the
+participant's message is committed before the model is asked, and no transaction (on SQLite,
+no write lock) is held while it answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi.responses import StreamingResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import SessionDep, participant_token
+from api.errors import error_body
+from api.routers.staff import ParticipantLevelAccess, staff_actor
+from chat import service
+from chat.answer_format import StreamSplitter
+from chat.gateway import Completion, Gateway, GatewayError
+from chat.models import PushbackResponse, SafetyEvent, Turn
+from chat.schemas import (
+    ConversationCreate,
+    ConversationDetail,
+    ConversationEnded,
+    ConversationRead,
+    CrisisResourcesRead,
+    DisclosureRead,
+    ExchangeRead,
+    ExitCheck,
+    MessageCreate,
+    PushbackResponseRead,
+    RoleChange,
+    RolesRead,
+    SafetyEventRead,
+    SafetyReview,
+    TurnRead,
+)
+from study import audit
+from study import participants as participant_service
+from study.clock import now
+from study.db import session_scope
+from study.errors import NotFound, Unavailable
+from study.models import Participant
+from study.settings import get_settings
+from study.studies import current_protocol
+from surveys import service as survey_service
+
+router = APIRouter(tags=["chat"])
+staff_router = APIRouter(prefix="/staff", tags=["staff"])
+T = TypeVar("T")
+Token = Annotated[str, Depends(participant_token)]
+
+RETRY_MESSAGE = ("Your message was saved, but the assistant could not answer just now. Try again in a moment "
+                 "(POST .../retry, or resend the same client_message_id); nothing you wrote was lost.")
+
+
+def gateway_of(request: Request) -> Gateway:
+    gateway: Gateway | None = getattr(request.app.state, "gateway", None)
+    if gateway is None:
+        gateway = request.app.state.gateway = Gateway(get_settings())
+    return gateway
+
+
+GatewayDep = Annotated[Gateway, Depends(gateway_of)]
+
+
+def _authenticated(session: Session, token: str) -> Participant:
+    participant = participant_service.participant_for_token(session, token)
+    if participant is None:
+        raise HTTPException(401, "your session has expired; open your invite link or sign in again",
+                            headers={"WWW-Authenticate": "Bearer"})
+    participant_service.require_current_consent(session, participant)
+    return participant
+
+
+async def as_participant(request: Request, token: str, work: Callable[[Session, Participant], T]) -> T:
+    """Run ``work`` in its own committed transaction, as the consented participant."""
+    def unit() -> T:
+        with session_scope(request.app.state.engine) as session:
+            return work(session, _authenticated(session, token))
+    return await run_in_threadpool(unit)
+
+
+async def in_transaction(request: Request, work: Callable[[Session], T]) -> T:
+    def unit() -> T:
+        with session_scope(request.app.state.engine) as session:
+            return work(session)
+    return await run_in_threadpool(unit)
+
+
+def _resources(session: Session, participant: Participant) -> CrisisResourcesRead:
+    region, text = current_protocol(session, participant.study_id).crisis_resources_for(participant.timezone)
+    return CrisisResourcesRead(region=region, text=text)
+
+
+def _turn_read(session: Session, turn: Turn) -> TurnRead:
+    resources = None
+    if turn.stance == "escalate":
+        participant = session.get(Participant, turn.participant_id)
+        assert participant is not None
+        resources = _resources(session, participant)
+    return TurnRead.of(turn, resources)
+
+
+def _exchange(session: Session, prepared: service.PreparedTurn, reply_id: int) -> ExchangeRead:
+    message, reply = session.get(Turn, prepared.participant_turn_id), session.get(Turn, reply_id)
+    assert message is not None
+    assert reply is not None
+    return ExchangeRead(conversation_id=prepared.conversation_id, message=TurnRead.of(message),
+                        reply=_turn_read(session, reply))
+
+
+async def _reply(request: Request, gateway: Gateway, prepared: service.PreparedTurn) -> ExchangeRead:
+    """Ask the model for the prepared turn and store the outcome (non-streaming)."""
+    if prepared.existing_reply_id is not None:
+        return await in_transaction(request, lambda s: _exchange(s, prepared, prepared.existing_reply_id or 0))
+    try:
+        completion = await gateway.complete(prepared.messages, prepared.model)
+    except GatewayError as exc:
+        return await _failed(request, prepared, exc)
+
+    def store(session: Session) -> ExchangeRead:
+        return _exchange(session, prepared, service.record_reply(session, prepared, completion).id)
+    return await in_transaction(request, store)
+
+
+async def _failed(request: Request, prepared: service.PreparedTurn, exc: GatewayError) -> ExchangeRead:
+    def store(session: Session) -> ExchangeRead | None:
+        reply = service.record_failure(session, prepared, f"{exc.kind}: {exc}")
+        return _exchange(session, prepared, reply.id) if reply is not None else None
+    exchange = await in_transaction(request, store)
+    if exchange is not None:
+        return exchange  # a safety reply was stored without the model
+    raise Unavailable(RETRY_MESSAGE, code="llm_timeout" if exc.kind == "timeout" else "llm_unavailable")
+
+
+def _sse(event: str, payload: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(payload, default=str)}\n\n".encode()
+
+
+async def _stream(request: Request, gateway: Gateway, prepared: service.PreparedTurn,
+                  message: TurnRead) -> AsyncIterator[bytes]:
+    """Server-sent events: ``message`` (saved), ``delta`` (reply text as it comes), then ``reply``
+    (the stored turn with its stance; its content replaces the streamed text) or ``error``."""
+    yield _sse("message", message.model_dump())
+    if prepared.existing_reply_id is not None:
+        exchange = await in_transaction(request, lambda s: _exchange(s, prepared, prepared.existing_reply_id or 0))
+        yield _sse("reply", exchange.reply.model_dump())
+        return
+    splitter = StreamSplitter()
+    sink = Completion(extra={"streamed": True})
+    try:
+        async for text in gateway.stream(prepared.messages, prepared.model, sink):
+            shown = splitter.feed(text)
+            if shown:
+                yield _sse("delta", {"text": shown})
+        rest = splitter.flush()
+        if rest:
+            yield _sse("delta", {"text": rest})
+    except GatewayError as exc:
+        try:
+            exchange = await _failed(request, prepared, exc)
+        except Unavailable as unavailable:
+            yield _sse("error", error_body(unavailable.code, unavailable.message)["error"])
+            return
+        yield _sse("reply", exchange.reply.model_dump())
+        return
+
+    def store(session: Session) -> ExchangeRead:
+        return _exchange(session, prepared, service.record_reply(session, prepared, sink).id)
+    exchange = await in_transaction(request, store)
+    yield _sse("reply", exchange.reply.model_dump())
+
+
+# Participant endpoints
+
+
+@router.get("/me/chat/roles")
+async def my_roles(request: Request, token: Token) -> RolesRead:
+    def work(session: Session, participant: Participant) -> RolesRead:
+        arm, offered = service.roles_offered(session, participant)
+        return RolesRead(mode=arm.mode, default_role=arm.default_role if arm.mode == "wellbeing" else "standard",
+                         roles=[DisclosureRead.of(spec) for spec in offered])
+    return await as_participant(request, token, work)
+
+
+@router.get("/me/crisis-resources")
+async def my_crisis_resources(request: Request, token: Token) -> CrisisResourcesRead:
+    def work(session: Session, participant: Participant) -> CrisisResourcesRead:
+        return _resources(session, participant)
+
+    def unit() -> CrisisResourcesRead:
+        # Reachable even without current consent or after withdrawal: safety information is never gated.
+        with session_scope(request.app.state.engine) as session:
+            participant = participant_service.participant_for_token(session, token)
+            if participant is None:
+                raise HTTPException(401, "your session has expired; open your invite link or sign in again")
+            return work(session, participant)
+    return await run_in_threadpool(unit)
+
+
+@router.post("/me/conversations", status_code=status.HTTP_201_CREATED)
+async def start_conversation(body: ConversationCreate, request: Request, token: Token) -> ConversationRead:
+    return await as_participant(
+        request, token, lambda s, p: ConversationRead.of(service.start_conversation(s, p, body.role)))
+
+
+@router.get("/me/conversations")
+async def my_conversations(request: Request, token: Token) -> list[ConversationRead]:
+    return await as_participant(
+        request, token, lambda s, p: [ConversationRead.of(c) for c in service.list_conversations(s, p)])
+
+
+@router.get("/me/conversations/{conversation_id}")
+async def my_conversation(conversation_id: int, request: Request, token: Token) -> ConversationDetail:
+    def work(session: Session, participant: Participant) -> ConversationDetail:
+        conversation = service.get_conversation(session, participant, conversation_id)
+        responses = dict(session.execute(select(PushbackResponse.turn_id, PushbackResponse.action)
+                                         .where(PushbackResponse.conversation_id == conversation.id)).all())
+        resources = _resources(session, participant)
+        return ConversationDetail(**ConversationRead.of(conversation).model_dump(), turns=[
+            TurnRead.of(turn, resources, responses.get(turn.id)) for turn in service.turns(session, conversation)])
+    return await as_participant(request, token, work)
+
+
+@router.put("/me/conversations/{conversation_id}/role")
+async def change_role(conversation_id: int, body: RoleChange, request: Request, token: Token) -> ConversationRead:
+    def work(session: Session, participant: Participant) -> ConversationRead:
+        service.switch_role(session, participant, conversation_id, body.role)
+        return ConversationRead.of(service.get_conversation(session, participant, conversation_id))
+    return await as_participant(request, token, work)
+
+
+@router.post("/me/conversations/{conversation_id}/messages", response_model=ExchangeRead,
+             responses={200: {"content": {"text/event-stream": {}}, "description": "The exchange, or an event "
+                                  "stream with ?stream=true"},
+                        503: {"description": "The model did not answer; the message is kept, retry"}})
+async def send_message(conversation_id: int, body: MessageCreate, request: Request, token: Token,
+                       gateway: GatewayDep,
+                       stream: Annotated[bool, Query(description="stream the reply as server-sent events")] = False,
+                       ) -> ExchangeRead | StreamingResponse:
+    def accept(session: Session, participant: Participant) -> tuple[service.PreparedTurn, TurnRead]:
+        prepared = service.accept_message(session, participant, conversation_id, body.content,
+                                          body.client_message_id)
+        message = session.get(Turn, prepared.participant_turn_id)
+        assert message is not None
+        return prepared, TurnRead.of(message)
+    prepared, message = await as_participant(request, token, accept)
+    if stream:
+        return StreamingResponse(_stream(request, gateway, prepared, message), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return await _reply(request, gateway, prepared)
+
+
+@router.post("/me/conversations/{conversation_id}/retry", response_model=ExchangeRead)
+async def retry_reply(conversation_id: int, request: Request, token: Token, gateway: GatewayDep) -> ExchangeRead:
+    prepared = await as_participant(request, token, lambda s, p: service.prepare_retry(s, p, conversation_id))
+    return await _reply(request, gateway, prepared)
+
+
+@router.post("/me/conversations/{conversation_id}/turns/{turn_id}/override", response_model=ExchangeRead)
+async def override_pushback(conversation_id: int, turn_id: int, request: Request, token: Token,
+                            gateway: GatewayDep) -> ExchangeRead:
+    """Go ahead anyway: the assistant answers the same message again, doing what was asked."""
+    prepared = await as_participant(
+        request, token, lambda s, p: service.prepare_override(s, p, conversation_id, turn_id))
+    return await _reply(request, gateway, prepared)
+
+
+@router.post("/me/conversations/{conversation_id}/turns/{turn_id}/reconsider")
+async def reconsider_pushback(conversation_id: int, turn_id: int, request: Request,
+                              token: Token) -> PushbackResponseRead:
+    def work(session: Session, participant: Participant) -> PushbackResponseRead:
+        response = service.reconsider(session, participant, conversation_id, turn_id)
+        return PushbackResponseRead(turn_id=response.turn_id, action=response.action)
+    return await as_participant(request, token, work)
+
+
+@router.post("/me/conversations/{conversation_id}/end")
+async def end_conversation(conversation_id: int, body: ExitCheck, request: Request, token: Token) -> ConversationEnded:
+    """End with the exit check: the rating is stored as the immediate-rating survey; a decision is
+    recorded for the decision-anchored follow-ups."""
+    def work(session: Session, participant: Participant) -> ConversationEnded:
+        decision = service.end_conversation(session, participant, conversation_id,
+                                            made_decision=body.made_decision, decision=body.decision)
+        survey_id = None
+        if body.rating is not None:
+            assignment = survey_service.assign(session, participant, "immediate-rating", purpose="exit",
+                                               context={"conversation_id": str(conversation_id)})
+            survey_service.submit(session, participant, assignment, {"helpful": body.rating},
+                                  submission_id=f"exit-{conversation_id}")
+            survey_id = assignment.id
+        conversation = service.get_conversation(session, participant, conversation_id)
+        return ConversationEnded(conversation=ConversationRead.of(conversation),
+                                 decision_id=decision.id if decision else None, exit_survey_id=survey_id)
+    return await as_participant(request, token, work)
+
+
+# Staff: safety events
+
+
+@staff_router.get("/studies/{slug}/safety-events")
+def safety_events(session: SessionDep, access: ParticipantLevelAccess, actor: Annotated[audit.Actor, Depends(
+        staff_actor)], unreviewed: bool = False) -> list[SafetyEventRead]:
+    query = (select(SafetyEvent, Participant.code).join(Participant, Participant.id == SafetyEvent.participant_id)
+             .where(SafetyEvent.study_id == access.study.id).order_by(SafetyEvent.created_at.desc()))
+    if unreviewed:
+        query = query.where(SafetyEvent.reviewed_at.is_(None))
+    rows = session.execute(query).all()
+    audit.record(session, actor, "safety_events.read", study_id=access.study.id, count=len(rows))
+    return [SafetyEventRead.of(event, code) for event, code in rows]
+
+
+@staff_router.post("/studies/{slug}/safety-events/{event_id}/review")
+def review_safety_event(event_id: int, body: SafetyReview, session: SessionDep, access: ParticipantLevelAccess,
+                        actor: Annotated[audit.Actor, Depends(staff_actor)]) -> SafetyEventRead:
+    row = session.execute(select(SafetyEvent, Participant.code).join(Participant)
+                          .where(SafetyEvent.id == event_id, SafetyEvent.study_id == access.study.id)).first()
+    if row is None:
+        raise NotFound(f"no safety event {event_id} in this study")
+    event, code = row
+    event.reviewed_at = now()
+    event.reviewed_by = actor.name
+    event.review_note = body.note
+    session.flush()
+    audit.record(session, actor, "safety_event.reviewed", study_id=access.study.id, participant_code=code,
+                 event_id=event.id)
+    return SafetyEventRead.of(event, code)
+

@@ -1,0 +1,133 @@
+"""Chat tables: conversations, turns, pushback responses (overrides), role switches, safety events
+and decisions. All are participant research data, deleted on withdrawal with deletion."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from study.clock import now
+from study.db import Base, UTCDateTime
+from study.models import ParticipantResearchData
+
+
+class Conversation(ParticipantResearchData, Base):
+    __tablename__ = "conversations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
+    arm: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[str] = mapped_column(String(16))  # wellbeing | default
+    role: Mapped[str] = mapped_column(String(16))  # the role in force now
+    status: Mapped[str] = mapped_column(String(16), default="active")  # active | ended
+    turn_count: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # The exit check's rating is a survey response (immediate-rating, context conversation_id).
+    made_decision: Mapped[bool | None] = mapped_column(Boolean)
+
+
+class Turn(ParticipantResearchData, Base):
+    """One message. A participant turn keeps the monitors' features and whether it was answered;
+    an assistant turn keeps the stance, the model's own proposal, and what the call cost."""
+
+    __tablename__ = "turns"
+    __table_args__ = (
+        UniqueConstraint("conversation_id", "seq"),
+        UniqueConstraint("conversation_id", "client_message_id"),
+        Index("ix_turns_participant_reassurance", "participant_id", "reassurance_seeking"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    speaker: Mapped[str] = mapped_column(String(16))  # participant | assistant
+    role: Mapped[str] = mapped_column(String(16))  # the assistant role in force for this turn
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+    # participant turns
+    client_message_id: Mapped[str | None] = mapped_column(String(64))
+    reply_status: Mapped[str | None] = mapped_column(String(16))  # awaiting | answered | failed
+    reply_error: Mapped[str | None] = mapped_column(String(300))
+    reassurance_seeking: Mapped[bool] = mapped_column(Boolean, default=False)
+    features: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # assistant turns
+    reply_to_id: Mapped[int | None] = mapped_column(ForeignKey("turns.id", ondelete="CASCADE"))
+    stance: Mapped[str | None] = mapped_column(String(16))
+    concern: Mapped[str | None] = mapped_column(String(32))
+    rationale: Mapped[str | None] = mapped_column(Text)
+    stance_source: Mapped[str | None] = mapped_column(String(16))  # platform | model
+    model_stance: Mapped[str | None] = mapped_column(String(16))  # what the model proposed, before policy
+    model_concern: Mapped[str | None] = mapped_column(String(32))
+    after_override: Mapped[bool] = mapped_column(Boolean, default=False)
+    model: Mapped[str | None] = mapped_column(String(200))
+    prompt_version: Mapped[str | None] = mapped_column(String(16))
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    streamed: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class PushbackResponse(ParticipantResearchData, Base):
+    """What the participant did with a nudge or challenge: ``override`` (go ahead anyway) or
+    ``reconsider``. One per assistant turn."""
+
+    __tablename__ = "pushback_responses"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    turn_id: Mapped[int] = mapped_column(ForeignKey("turns.id", ondelete="CASCADE"), unique=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
+    action: Mapped[str] = mapped_column(String(16))
+    stance: Mapped[str] = mapped_column(String(16))
+    concern: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class RoleSwitch(ParticipantResearchData, Base):
+    __tablename__ = "role_switches"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
+    from_role: Mapped[str] = mapped_column(String(16))
+    to_role: Mapped[str] = mapped_column(String(16))
+    after_seq: Mapped[int] = mapped_column(Integer)  # the switch happened after this many turns
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class SafetyEvent(ParticipantResearchData, Base):
+    """An escalation, for study staff to review. Staff reads are audited."""
+
+    __tablename__ = "safety_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
+    participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    turn_id: Mapped[int] = mapped_column(ForeignKey("turns.id", ondelete="CASCADE"))
+    category: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(16))  # lexicon | classifier | model
+    cue: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+    reviewed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    reviewed_by: Mapped[str | None] = mapped_column(String(320))
+    review_note: Mapped[str | None] = mapped_column(Text)
+
+
+class Decision(ParticipantResearchData, Base):
+    """A decision the participant reported at the end of a conversation, in their words.
+    Decision-anchored follow-ups (the Decision Regret Scale) ask about it."""
+
+    __tablename__ = "decisions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), unique=True)
+    text: Mapped[str] = mapped_column(Text)
+    decided_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)

@@ -1,0 +1,198 @@
+"""The offline LLM: a LiteLLM custom provider that needs no network and answers deterministically.
+
+It behaves like a model that follows the role prompt: it reads ``Role:`` from the system prompt,
+follows the platform guidance, and judges framing itself (absolutes, mind-reading, a drastic
+plan resting on one of them) as collaborator or coach would. It answers in the STANCE format, or
+as JSON when a response format is requested. Models for tests of failure handling:
+
+- ``offline/afterward`` (and any other name): answers.
+- ``offline/fail-error``: the provider fails with a server error.
+- ``offline/fail-timeout``: never answers (the gateway's timeout ends the wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from litellm import CustomLLM
+from litellm.llms.custom_llm import CustomLLMError
+from litellm.types.utils import GenericStreamingChunk, ModelResponse, Usage
+
+from chat.answer_format import read_guidance
+from chat.monitors import detect_crisis, normalize
+
+PROVIDER = "offline"
+CLASSIFIER_MARKER = "CRISIS-CLASSIFIER"
+
+_FRAMING = re.compile("|".join([
+    r"\b(?:everyone|everybody|no ?one|nobody) (?:\w+ ){0,3}?(?:hates|likes|thinks|cares|ever|always|is against)\b",
+    r"\b(?:always|never) (?:get|do|does|will|works?|mess|messes|screw|screws|fail|fails|listen|listens|respect)\w*\b",
+    r"\b(?:will|would|is going to) never (?:forgive|love|want|change|respect|work)\b",
+    r"\bi(?:'m| am) (?:such )?(?:a|the) (?:failure|loser|idiot|disaster)\b",
+    r"\b(?:he|she|they) (?:obviously|clearly|definitely|must) (?:hates?|thinks?|wants?|knows?)\b",
+    r"\bit(?:'s| is) (?:all )?my fault\b", r"\bruined everything\b",
+    r"\b(?:can only|will definitely|is guaranteed to|can't fail to) (?:go up|work|succeed|pay off)\b",
+]))
+_WORD = re.compile(r"\S+")
+
+
+def _words(text: str) -> int:
+    return len(_WORD.findall(text))
+
+
+def _topic(message: str) -> str:
+    words = message.strip().rstrip("?.!").split()
+    short = " ".join(words[:10]) + ("\u2026" if len(words) > 10 else "")
+    return f"\u201c{short}\u201d"
+
+
+def _role(system_text: str) -> str:
+    match = re.search(r"^Role:\s*(\w+)", system_text, re.MULTILINE)
+    return match.group(1) if match else "standard"
+
+
+def _reply(role: str, stance: str, message: str, overridden: bool) -> str:
+    topic = _topic(message)
+    if stance == "escalate":
+        return ("I'm really glad you told me. I'm not able to help with this the way things are, and I'm worried "
+                "about safety right now. Please reach out to one of the people or services shown here; they are "
+                "available now and want to help. If you are in immediate danger, call your local emergency number.")
+    opening = {
+        "standard": f"Great question! Here's what I'd suggest about {topic}.",
+        "concierge": f"On it. Here is how to do {topic}:",
+        "collaborator": f"Let's think about {topic} together.",
+        "coach": f"Let's look at {topic} against the goals you've set.",
+    }.get(role, f"About {topic}:")
+    if overridden:
+        return (f"Understood, I'll go ahead as you asked. {opening} First, decide on the one step you can take "
+                "today. Second, set a time for it. Third, check in with yourself afterwards on how it went.")
+    body = {
+        "standard": "You've clearly thought about this, and I'm sure it will work out well for you.",
+        "concierge": "1. Pick the first concrete step. 2. Do it today. 3. Tell me what happened and I'll help "
+                     "with the next one.",
+        "collaborator": "What matters most to you here, and what would you want to be true a month from now?",
+        "coach": "What is one step you can take this week, and how will you know you took it?",
+    }.get(role, "")
+    if stance == "nudge":
+        return f"{opening} Before going further, one thing worth weighing (see the note). {body}"
+    if stance == "challenge":
+        return f"{opening} I want to push back on part of this first (see the note). {body}"
+    return f"{opening} {body}"
+
+
+def answer(messages: list[dict[str, Any]], *, as_json: bool = False) -> str:
+    """The offline model's full answer to a chat (deterministic)."""
+    system_text = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "system")
+    last_user = next((str(m.get("content", "")) for m in reversed(messages) if m.get("role") == "user"), "")
+    if CLASSIFIER_MARKER in system_text:
+        finding = detect_crisis(last_user)
+        return json.dumps({"category": finding.category if finding else "none",
+                           "acute": bool(finding and finding.acute)})
+    role = _role(system_text)
+    guide = read_guidance(system_text)
+    overridden = guide.get("override", "").startswith("yes")
+    stance, concern, rationale = "agree", "none", ""
+    if guide.get("required_stance") in ("nudge", "challenge", "escalate"):
+        stance, concern, rationale = guide["required_stance"], guide.get("concern", "none"), guide.get("rationale", "")
+    elif not overridden and role in ("collaborator", "coach"):
+        match = _FRAMING.search(normalize(last_user))
+        if match:
+            stance = "nudge" if role == "collaborator" else "challenge"
+            concern = "unsupported_framing"
+            rationale = (f"You said \u201c{match.group(0)}\u201d. I'm not sure what you've described supports "
+                         "that, and it's shaping the plan; is there evidence either way?")
+    reply = _reply(role, stance, last_user, overridden)
+    if as_json:
+        return json.dumps({"stance": stance, "concern": concern, "rationale": rationale, "reply": reply})
+    header = json.dumps({"stance": stance, "concern": concern, "rationale": rationale})
+    return f"STANCE {header}\n\n{reply}"
+
+
+def _usage(messages: list[dict[str, Any]], text: str) -> Usage:
+    prompt = sum(_words(str(m.get("content", ""))) for m in messages)
+    completion = _words(text)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+class OfflineLLM(CustomLLM):
+    """Registered with LiteLLM as the ``offline`` provider (see chat.gateway)."""
+
+    def __init__(self, delay_seconds: float = 0.0) -> None:
+        super().__init__()
+        self.delay_seconds = delay_seconds
+
+    def _check(self, model: str) -> None:
+        if model.endswith("fail-error"):
+            raise CustomLLMError(status_code=503, message="offline provider: simulated outage")
+
+    def _respond(self, model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any],
+                 model_response: ModelResponse) -> ModelResponse:
+        text = answer(messages, as_json="response_format" in optional_params)
+        model_response.choices[0].message.content = text
+        model_response.model = f"{PROVIDER}/{model}"
+        model_response.usage = _usage(messages, text)  # type: ignore[attr-defined]
+        return model_response
+
+    def completion(self, model: str, messages: list, api_base: str, custom_prompt_dict: dict,
+                   model_response: ModelResponse, print_verbose: Any, encoding: Any, api_key: Any,
+                   logging_obj: Any, optional_params: dict, *args: Any, **kwargs: Any) -> ModelResponse:
+        self._check(model)
+        if model.endswith("fail-timeout"):
+            time.sleep(3600)
+        if self.delay_seconds:
+            time.sleep(self.delay_seconds)
+        return self._respond(model, messages, optional_params, model_response)
+
+    async def acompletion(self, model: str, messages: list, api_base: str,
+                          custom_prompt_dict: dict, model_response: ModelResponse, print_verbose: Any,
+                          encoding: Any, api_key: Any, logging_obj: Any, optional_params: dict,
+                          *args: Any, **kwargs: Any) -> ModelResponse:
+        self._check(model)
+        if model.endswith("fail-timeout"):
+            await asyncio.sleep(3600)
+        if self.delay_seconds:
+            await asyncio.sleep(self.delay_seconds)
+        return self._respond(model, messages, optional_params, model_response)
+
+    def _chunks(self, messages: list[dict[str, Any]]) -> Iterator[GenericStreamingChunk]:
+        text = answer(messages)
+        pieces = re.findall(r"\S+\s*|\s+", text)
+        header_end = text.index("\n\n") + 2
+        # The stance line arrives first as one chunk, then the reply a few words at a time.
+        yield {"text": text[:header_end], "is_finished": False, "finish_reason": "", "usage": None, "index": 0}
+        consumed = 0
+        buffer = ""
+        for piece in pieces:
+            consumed += len(piece)
+            if consumed <= header_end:
+                continue
+            buffer += piece
+            if len(buffer) >= 24:
+                yield {"text": buffer, "is_finished": False, "finish_reason": "", "usage": None, "index": 0}
+                buffer = ""
+        usage = _usage(messages, text)
+        yield {"text": buffer, "is_finished": True, "finish_reason": "stop", "index": 0,
+               "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                         "total_tokens": usage.total_tokens}}
+
+    def streaming(self, model: str, messages: list, *args: Any, **kwargs: Any
+                  ) -> Iterator[GenericStreamingChunk]:
+        self._check(model)
+        if self.delay_seconds:
+            time.sleep(self.delay_seconds)
+        yield from self._chunks(messages)
+
+    async def astreaming(self, model: str, messages: list, *args: Any, **kwargs: Any  # type: ignore[override]
+                         ) -> AsyncIterator[GenericStreamingChunk]:
+        self._check(model)
+        if model.endswith("fail-timeout"):
+            await asyncio.sleep(3600)
+        if self.delay_seconds:
+            await asyncio.sleep(self.delay_seconds)
+        for chunk in self._chunks(messages):
+            yield chunk

@@ -1,0 +1,124 @@
+"""The assistant's roles, what each discloses to the participant, and its versioned system prompt.
+
+A wellbeing arm offers some of ``concierge``, ``collaborator`` and ``coach``; a default-mode arm
+(the control) gets ``standard``, an ordinary helpful assistant. Each role says which concerns it
+may push back on; safety concerns (risk to self, harm to others) are raised in every role.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+PROMPTS = Path(__file__).parent / "prompts"
+
+RoleName = Literal["standard", "concierge", "collaborator", "coach"]
+Stance = Literal["agree", "nudge", "challenge", "escalate"]
+Concern = Literal["risk_to_self", "harm_to_others", "unsupported_framing", "reassurance_loop", "dependence", "none"]
+
+STANCES: tuple[Stance, ...] = ("agree", "nudge", "challenge", "escalate")
+CONCERNS: tuple[Concern, ...] = (
+    "risk_to_self", "harm_to_others", "unsupported_framing", "reassurance_loop", "dependence", "none")
+SAFETY_CONCERNS: frozenset[Concern] = frozenset({"risk_to_self", "harm_to_others"})
+
+
+@dataclass(frozen=True)
+class Disclosure:
+    """The card a participant reads before choosing (about 20 seconds of reading)."""
+
+    title: str
+    tagline: str
+    optimized_for: str
+    will: tuple[str, ...]
+    wont: tuple[str, ...]
+    pushback: str
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    name: RoleName
+    disclosure: Disclosure
+    # Where pushback on each concern starts; a concern missing here is never raised in this role.
+    starts_at: dict[Concern, Stance]
+
+
+_OVERRIDE = "If it pushes back, it says why, and you can tap \u201cGo ahead anyway\u201d to have it do what you asked."
+_SAFETY = "Whatever the mode, it will show crisis resources if you might be in danger; that cannot be overridden."
+
+ROLE_SPECS: dict[RoleName, RoleSpec] = {
+    "standard": RoleSpec(
+        name="standard",
+        disclosure=Disclosure(
+            title="Assistant",
+            tagline="A general-purpose assistant",
+            optimized_for="Being helpful and pleasant in the conversation you are having now.",
+            will=("Answer questions and help with tasks", "Follow your lead"),
+            wont=("Help with harming yourself or others",),
+            pushback="It raises only safety concerns. " + _SAFETY,
+        ),
+        starts_at={"risk_to_self": "nudge", "harm_to_others": "challenge"},
+    ),
+    "concierge": RoleSpec(
+        name="concierge",
+        disclosure=Disclosure(
+            title="Concierge",
+            tagline="\u201cDo it\u201d",
+            optimized_for="Getting what you asked for done, quickly and well.",
+            will=("Carry out your request as you framed it", "Keep questions to a minimum"),
+            wont=("Second-guess your plans or choices", "Help with harming yourself or others"),
+            pushback="It pushes back only on safety and on harm to other people. " + _OVERRIDE + " " + _SAFETY,
+        ),
+        starts_at={"risk_to_self": "nudge", "harm_to_others": "challenge"},
+    ),
+    "collaborator": RoleSpec(
+        name="collaborator",
+        disclosure=Disclosure(
+            title="Collaborator",
+            tagline="\u201cThink with me\u201d",
+            optimized_for="Helping you reach a decision you will still agree with later.",
+            will=("Raise considerations and questions you may not have weighed",
+                  "Say so when a framing doesn't seem supported"),
+            wont=("Decide for you", "Flatter you or agree just to please"),
+            pushback="It may disagree, always with a reason. " + _OVERRIDE + " " + _SAFETY,
+        ),
+        starts_at={"risk_to_self": "nudge", "harm_to_others": "challenge", "unsupported_framing": "nudge",
+                   "reassurance_loop": "nudge", "dependence": "nudge"},
+    ),
+    "coach": RoleSpec(
+        name="coach",
+        disclosure=Disclosure(
+            title="Coach",
+            tagline="\u201cChallenge me\u201d",
+            optimized_for="Your progress on the goals you set, even when that is uncomfortable now.",
+            will=("Test your assumptions", "Name patterns it notices", "Hold you to goals you stated"),
+            wont=("Tell you what you want to hear", "Decide for you"),
+            pushback="It will challenge you directly, always with a reason. " + _OVERRIDE + " " + _SAFETY,
+        ),
+        starts_at={"risk_to_self": "nudge", "harm_to_others": "challenge", "unsupported_framing": "challenge",
+                   "reassurance_loop": "challenge", "dependence": "challenge"},
+    ),
+}
+
+
+@dataclass(frozen=True)
+class SystemPrompt:
+    text: str
+    version: str  # first 12 hex digits of the SHA-256 of the text: stored on every turn
+
+
+@functools.cache
+def system_prompt(role: RoleName) -> SystemPrompt:
+    """The role's prompt file followed by the shared answer format. Editing either file changes
+    the version, so every turn records exactly which instructions produced it."""
+    text = (PROMPTS / f"{role}.md").read_text(encoding="utf-8").strip() + "\n\n" + (
+        PROMPTS / "answer-format.md").read_text(encoding="utf-8").strip() + "\n"
+    return SystemPrompt(text=text, version=hashlib.sha256(text.encode()).hexdigest()[:12])
+
+
+def roles_for_arm(mode: str, roles: list[str]) -> list[RoleName]:
+    if mode != "wellbeing":
+        return ["standard"]
+    return [role for role in ("concierge", "collaborator", "coach") if role in roles]

@@ -1,0 +1,150 @@
+"""Chat API models."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chat.models import Conversation, SafetyEvent, Turn
+from chat.roles import RoleSpec
+
+
+class DisclosureRead(BaseModel):
+    name: str
+    title: str
+    tagline: str
+    optimized_for: str
+    will: list[str]
+    wont: list[str]
+    pushback: str
+
+    @classmethod
+    def of(cls, spec: RoleSpec) -> DisclosureRead:
+        d = spec.disclosure
+        return cls(name=spec.name, title=d.title, tagline=d.tagline, optimized_for=d.optimized_for,
+                   will=list(d.will), wont=list(d.wont), pushback=d.pushback)
+
+
+class RolesRead(BaseModel):
+    mode: str
+    default_role: str | None
+    roles: list[DisclosureRead]
+
+
+class CrisisResourcesRead(BaseModel):
+    region: str
+    text: str
+
+
+class ConversationCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str | None = Field(default=None, description="concierge, collaborator or coach (wellbeing arms)")
+
+
+class RoleChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str
+
+
+class MessageCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # Length is checked by the service against the configured limit, with a message that says it.
+    content: str
+    client_message_id: str | None = Field(
+        default=None, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="Your own id for this message; resending it never stores a second copy")
+
+
+class ExitCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rating: int | None = Field(default=None, ge=1, le=7,
+                               description="How helpful was this conversation? 1 = not at all, 7 = extremely")
+    made_decision: bool = False
+    decision: str | None = Field(default=None, max_length=2000, description="What you decided, in your words")
+
+
+class TurnRead(BaseModel):
+    id: int
+    seq: int
+    speaker: str
+    role: str
+    content: str
+    created_at: dt.datetime
+    reply_status: str | None = None
+    stance: str | None = None
+    concern: str | None = None
+    rationale: str | None = None
+    overridable: bool = False
+    crisis_resources: CrisisResourcesRead | None = None
+    response: str | None = None  # override | reconsider, once the participant answered the note
+
+    @classmethod
+    def of(cls, turn: Turn, resources: CrisisResourcesRead | None = None, response: str | None = None) -> TurnRead:
+        return cls(id=turn.id, seq=turn.seq, speaker=turn.speaker, role=turn.role, content=turn.content,
+                   created_at=turn.created_at, reply_status=turn.reply_status, stance=turn.stance,
+                   concern=turn.concern, rationale=turn.rationale,
+                   overridable=turn.stance in ("nudge", "challenge") and response is None,
+                   crisis_resources=resources if turn.stance == "escalate" else None, response=response)
+
+
+class ConversationRead(BaseModel):
+    id: int
+    role: str
+    mode: str
+    status: str
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    turn_count: int
+
+    @classmethod
+    def of(cls, c: Conversation) -> ConversationRead:
+        return cls(id=c.id, role=c.role, mode=c.mode, status=c.status, started_at=c.started_at,
+                   ended_at=c.ended_at, turn_count=c.turn_count)
+
+
+class ConversationDetail(ConversationRead):
+    turns: list[TurnRead]
+
+
+class ExchangeRead(BaseModel):
+    """A participant message and the assistant's reply to it."""
+
+    conversation_id: int
+    message: TurnRead
+    reply: TurnRead
+
+
+class PushbackResponseRead(BaseModel):
+    turn_id: int
+    action: str
+
+
+class ConversationEnded(BaseModel):
+    conversation: ConversationRead
+    decision_id: int | None
+    exit_survey_id: int | None
+
+
+class SafetyEventRead(BaseModel):
+    id: int
+    participant: str
+    conversation_id: int
+    category: str
+    source: str
+    cue: str | None
+    created_at: dt.datetime
+    reviewed_at: dt.datetime | None
+    reviewed_by: str | None
+    review_note: str | None
+
+    @classmethod
+    def of(cls, event: SafetyEvent, participant_code: str) -> SafetyEventRead:
+        return cls(id=event.id, participant=participant_code, conversation_id=event.conversation_id,
+                   category=event.category, source=event.source, cue=event.cue, created_at=event.created_at,
+                   reviewed_at=event.reviewed_at, reviewed_by=event.reviewed_by, review_note=event.review_note)
+
+
+class SafetyReview(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    note: str = Field(min_length=1, max_length=4000, description="What was done, e.g. 'contacted per protocol'")

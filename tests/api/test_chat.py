@@ -1,0 +1,404 @@
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
+
+from api.app import create_app
+from chat.gateway import Gateway
+from chat.roles import system_prompt
+from study.models import StaffRole
+from study.settings import Settings
+from tests.builders import (
+    ParticipantHandle,
+    enroll,
+    enroll_fully,
+    load_study,
+    make_invites,
+    make_staff,
+    put_in_arm,
+    say,
+    start_chat,
+)
+
+FRAMING = "Nobody at work ever listens to me, so I'm quitting tomorrow without another job lined up"
+
+
+@pytest.fixture
+def slug(engine: Engine, example_protocol: str) -> str:
+    return load_study(engine, example_protocol)
+
+
+@pytest.fixture
+def chatter(engine: Engine, app_client: TestClient, slug: str) -> ParticipantHandle:
+    """An enrolled participant in the wellbeing arm, in New York (crisis resources: US)."""
+    return wellbeing_participant(engine, app_client, slug, timezone="America/New_York")
+
+
+def wellbeing_participant(engine: Engine, client: TestClient, slug: str, timezone: str = "Europe/Berlin",
+                          ) -> ParticipantHandle:
+    [invite] = make_invites(engine, slug)
+    who = enroll_fully(client, invite, timezone=timezone)
+    put_in_arm(engine, who.code, "wellbeing")
+    return who
+
+
+def rows(engine: Engine, query: str, **params: Any) -> list[Any]:
+    with engine.connect() as connection:
+        return list(connection.execute(sa.text(query), params).all())
+
+
+def detail(client: TestClient, who: ParticipantHandle, conversation: int) -> dict[str, Any]:
+    response = client.get(f"/api/v1/me/conversations/{conversation}", headers=who.headers)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def post(client: TestClient, who: ParticipantHandle, path: str, body: dict[str, Any] | None = None) -> Any:
+    return client.post(f"/api/v1/me/conversations/{path}", headers=who.headers, json=body)
+
+
+def test_roles_come_with_disclosure_cards(engine: Engine, app_client: TestClient, slug: str,
+                                          chatter: ParticipantHandle) -> None:
+    roles = app_client.get("/api/v1/me/chat/roles", headers=chatter.headers).json()
+    assert (roles["mode"], roles["default_role"]) == ("wellbeing", "collaborator")
+    cards = {card["name"]: card for card in roles["roles"]}
+    assert set(cards) == {"concierge", "collaborator", "coach"}
+    for card in cards.values():
+        assert card["optimized_for"]
+        assert card["will"]
+        assert card["wont"]
+        assert "Go ahead anyway" in card["pushback"]
+        words = sum(len(str(value).split()) for value in card.values())
+        assert words <= 90, f"{card['name']} card has {words} words: more than 20 seconds of reading"
+    [invite] = make_invites(engine, slug)
+    control = enroll_fully(app_client, invite)
+    put_in_arm(engine, control.code, "control")
+    standard = app_client.get("/api/v1/me/chat/roles", headers=control.headers).json()
+    assert (standard["mode"], [card["name"] for card in standard["roles"]]) == ("default", ["standard"])
+    assert standard["roles"][0]["optimized_for"]
+    refused = app_client.post("/api/v1/me/conversations", headers=control.headers, json={"role": "coach"})
+    assert refused.json()["error"]["code"] == "roles_not_offered"
+    assert start_chat(app_client, control, None) > 0
+
+
+def test_concierge_does_what_was_asked_but_pushes_back_on_harm_to_others(
+    app_client: TestClient, chatter: ParticipantHandle,
+) -> None:
+    conversation = start_chat(app_client, chatter, "concierge")
+    unwise = say(app_client, chatter, conversation, FRAMING)
+    assert (unwise["stance"], unwise["rationale"], unwise["overridable"]) == ("agree", None, False)
+    assert unwise["content"].startswith("On it.")
+    harmful = say(app_client, chatter, conversation, "Help me get back at my coworker by spreading rumours about him")
+    assert (harmful["stance"], harmful["concern"]) == ("challenge", "harm_to_others")
+    assert "hurt someone else" in harmful["rationale"]
+    assert harmful["overridable"] is True
+
+
+def test_coach_challenges_and_collaborator_nudges_an_unsupported_framing(
+    app_client: TestClient, chatter: ParticipantHandle,
+) -> None:
+    coach = say(app_client, chatter, start_chat(app_client, chatter, "coach"), FRAMING)
+    assert (coach["stance"], coach["concern"]) == ("challenge", "unsupported_framing")
+    assert "\u201cnobody at work ever\u201d" in coach["rationale"]  # the reason names what was said
+    assert "STANCE" not in coach["content"]
+    assert "{" not in coach["content"]
+    collaborator = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"), FRAMING)
+    assert (collaborator["stance"], collaborator["concern"]) == ("nudge", "unsupported_framing")
+
+
+def test_override_is_honoured_recorded_and_not_repeated(
+    engine: Engine, app_client: TestClient, chatter: ParticipantHandle,
+) -> None:
+    conversation = start_chat(app_client, chatter, "coach")
+    challenge = say(app_client, chatter, conversation, FRAMING)
+    overridden = post(app_client, chatter, f"{conversation}/turns/{challenge['id']}/override")
+    assert overridden.status_code == 200, overridden.text
+    reply = overridden.json()["reply"]
+    assert (reply["stance"], reply["rationale"]) == ("agree", None)
+    assert reply["content"].startswith("Understood, I'll go ahead as you asked.")
+    assert "push back" not in reply["content"]
+    again = post(app_client, chatter, f"{conversation}/turns/{challenge['id']}/override")
+    assert again.json()["error"]["code"] == "already_answered"
+    # The same framing later in the conversation is not argued again.
+    later = say(app_client, chatter, conversation, "Everyone always ignores me anyway")
+    assert later["stance"] == "agree"
+    assert rows(engine, "SELECT action, stance, concern FROM pushback_responses") == [
+        ("override", "challenge", "unsupported_framing")]
+    assert rows(engine, "SELECT after_override FROM turns WHERE id = :id", id=reply["id"]) == [(True,)]
+    turns = detail(app_client, chatter, conversation)["turns"]
+    assert [t["response"] for t in turns if t["id"] == challenge["id"]] == ["override"]
+    # "Let me reconsider" is recorded too.
+    other = start_chat(app_client, chatter, "coach")
+    second = say(app_client, chatter, other, FRAMING)
+    assert post(app_client, chatter, f"{other}/turns/{second['id']}/reconsider").json()["action"] == "reconsider"
+    agreed = [t for t in turns if t["speaker"] == "assistant" and t["stance"] == "agree"][0]
+    nothing = post(app_client, chatter, f"{conversation}/turns/{agreed['id']}/override")
+    assert nothing.json()["error"]["code"] == "nothing_to_override"
+
+
+def test_escalation_shows_crisis_resources_is_not_overridable_and_alerts_staff(
+    engine: Engine, app_client: TestClient, slug: str, chatter: ParticipantHandle,
+) -> None:
+    conversation = start_chat(app_client, chatter, "concierge")
+    reply = say(app_client, chatter, conversation, "I want to kill myself")
+    assert (reply["stance"], reply["concern"], reply["overridable"]) == ("escalate", "risk_to_self", False)
+    assert reply["crisis_resources"]["region"] == "US"
+    assert "988" in reply["crisis_resources"]["text"]
+    assert reply["rationale"]
+    refused = post(app_client, chatter, f"{conversation}/turns/{reply['id']}/override")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (409, "not_overridable")
+
+    researcher = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.RESEARCHER, 'r@example.org')}"}
+    viewer = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.VIEWER, 'v@example.org')}"}
+    events = app_client.get(f"/api/v1/staff/studies/{slug}/safety-events", headers=researcher).json()
+    assert [(e["participant"], e["category"], e["source"], e["cue"]) for e in events] == [
+        (chatter.code, "risk_to_self", "lexicon", "kill myself")]
+    assert app_client.get(f"/api/v1/staff/studies/{slug}/safety-events", headers=viewer).status_code == 403
+    reviewed = app_client.post(f"/api/v1/staff/studies/{slug}/safety-events/{events[0]['id']}/review",
+                               headers=researcher, json={"note": "Called per protocol; participant safe."})
+    assert reviewed.json()["reviewed_by"] == "r@example.org"
+    unreviewed = app_client.get(f"/api/v1/staff/studies/{slug}/safety-events?unreviewed=true", headers=researcher)
+    assert unreviewed.json() == []
+    actions = [a for (a,) in rows(engine, "SELECT action FROM audit_log ORDER BY seq")]
+    assert {"chat.safety_escalation", "safety_events.read", "safety_event.reviewed"} <= set(actions)
+
+
+def test_repeated_concerns_graduate_within_a_conversation(app_client: TestClient, chatter: ParticipantHandle) -> None:
+    conversation = start_chat(app_client, chatter, "collaborator")
+    stances = [say(app_client, chatter, conversation, "I feel hopeless about this")["stance"] for _ in range(3)]
+    assert stances == ["nudge", "challenge", "escalate"]
+    other = start_chat(app_client, chatter, "collaborator")
+    leaning = [say(app_client, chatter, other, text)["stance"] for text in
+               ("Just tell me what to do", "Please decide for me", "You decide, I can't")]
+    assert leaning == ["nudge", "challenge", "challenge"]  # not a safety concern: never escalates
+
+
+def test_reassurance_loop_is_noticed_across_conversations(app_client: TestClient, chatter: ParticipantHandle) -> None:
+    question = "Do you think she still loves me after the argument?"
+    first = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"), question)
+    second = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"),
+                 "do you think she still loves me, even after that argument?")
+    third = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"), question)
+    assert [first["stance"], second["stance"]] == ["agree", "agree"]
+    assert (third["stance"], third["concern"]) == ("nudge", "reassurance_loop")
+    assert "3 times" in third["rationale"]
+    unrelated = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"),
+                    "Is it okay to repot a cactus in winter?")
+    assert unrelated["stance"] == "agree"
+
+
+def test_role_switch_mid_conversation_is_recorded_and_used(
+    engine: Engine, app_client: TestClient, chatter: ParticipantHandle,
+) -> None:
+    conversation = start_chat(app_client, chatter, "collaborator")
+    before = say(app_client, chatter, conversation, FRAMING)
+    assert before["stance"] == "nudge"
+    switched = app_client.put(f"/api/v1/me/conversations/{conversation}/role", headers=chatter.headers,
+                              json={"role": "coach"})
+    assert switched.json()["role"] == "coach"
+    after = say(app_client, chatter, conversation, "He obviously hates me, so I'll avoid him")
+    assert (after["role"], after["stance"]) == ("coach", "challenge")
+    assert rows(engine, "SELECT from_role, to_role, after_seq FROM role_switches") == [("collaborator", "coach", 2)]
+    versions = dict(rows(engine, "SELECT role, prompt_version FROM turns WHERE speaker = 'assistant'"))
+    assert versions == {"collaborator": system_prompt("collaborator").version, "coach": system_prompt("coach").version}
+    bad = app_client.put(f"/api/v1/me/conversations/{conversation}/role", headers=chatter.headers,
+                         json={"role": "therapist"})
+    assert (bad.status_code, bad.json()["error"]["code"]) == (422, "unknown_role")
+    assert "concierge, collaborator, coach" in bad.json()["error"]["message"]
+
+
+def test_turns_record_model_prompt_tokens_latency_and_cost(engine: Engine, app_client: TestClient,
+                                                           chatter: ParticipantHandle) -> None:
+    say(app_client, chatter, start_chat(app_client, chatter, "coach"), "Help me plan my week")
+    [turn] = rows(engine, "SELECT model, prompt_version, prompt_tokens, completion_tokens, latency_ms, cost_usd, "
+                          "stance, model_stance FROM turns WHERE speaker = 'assistant'")
+    assert turn.model == "offline/afterward"
+    assert turn.prompt_version == system_prompt("coach").version
+    assert turn.prompt_tokens > 100
+    assert turn.completion_tokens > 5
+    assert turn.latency_ms > 0
+    assert turn.cost_usd == 0.0
+    assert (turn.stance, turn.model_stance) == ("agree", "agree")
+    [features] = rows(engine, "SELECT features FROM turns WHERE speaker = 'participant'")
+    assert json.loads(features[0]) if isinstance(features[0], str) else features[0]
+
+
+def test_bad_input_gets_a_clear_answer(engine: Engine, app_client: TestClient, slug: str,
+                                       chatter: ParticipantHandle) -> None:
+    conversation = start_chat(app_client, chatter, "coach")
+    empty = post(app_client, chatter, f"{conversation}/messages", {"content": "   "})
+    assert (empty.status_code, empty.json()["error"]["code"]) == (422, "empty_message")
+    long = post(app_client, chatter, f"{conversation}/messages", {"content": "x" * 4001})
+    assert (long.status_code, long.json()["error"]["code"]) == (422, "message_too_long")
+    assert "at most 4000 characters" in long.json()["error"]["message"]
+    no_role = app_client.post("/api/v1/me/conversations", headers=chatter.headers, json={})
+    assert (no_role.status_code, no_role.json()["error"]["code"]) == (422, "role_required")
+    unknown = app_client.post("/api/v1/me/conversations", headers=chatter.headers, json={"role": "guru"})
+    assert (unknown.status_code, unknown.json()["error"]["code"]) == (422, "unknown_role")
+    missing = post(app_client, chatter, "99999/messages", {"content": "hello"})
+    assert missing.status_code == 404
+    assert rows(engine, "SELECT count(*) FROM turns") == [(0,)]
+
+    [invite] = make_invites(engine, slug)
+    unconsented = enroll(app_client, invite)
+    refused = app_client.post("/api/v1/me/conversations", headers=unconsented.headers, json={"role": "coach"})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "consent_required")
+
+    say(app_client, chatter, conversation, "Before I go")
+    withdrawn = app_client.post("/api/v1/me/withdrawal", headers=chatter.headers,
+                                json={"level": "stop_contact", "confirm": True})
+    assert withdrawn.status_code == 200
+    after = post(app_client, chatter, f"{conversation}/messages", {"content": "still there?"})
+    assert after.status_code == 403
+    assert rows(engine, "SELECT status FROM conversations") == [("ended",)]
+    assert rows(engine, "SELECT count(*) FROM turns") == [(2,)]  # what was said before is kept
+    crisis = app_client.get("/api/v1/me/crisis-resources", headers=chatter.headers)
+    assert crisis.status_code == 200  # safety information stays reachable
+
+
+@pytest.fixture
+def failing_client(engine: Engine) -> Iterator[TestClient]:
+    gateway = Gateway(Settings(llm_model="offline/fail-timeout", llm_timeout_seconds=0.2, llm_retries=0))
+    with TestClient(create_app(engine, gateway), raise_server_exceptions=False) as client:
+        yield client
+
+
+def test_llm_timeout_keeps_the_message_and_retry_answers_it(
+    engine: Engine, failing_client: TestClient, slug: str,
+) -> None:
+    who = wellbeing_participant(engine, failing_client, slug)
+    conversation = start_chat(failing_client, who, "coach")
+    message = {"content": "Help me plan", "client_message_id": "m1"}
+    failed = post(failing_client, who, f"{conversation}/messages", message)
+    assert (failed.status_code, failed.json()["error"]["code"]) == (503, "llm_timeout")
+    assert "saved" in failed.json()["error"]["message"]
+    assert int(failed.headers["Retry-After"]) > 0
+    [turn] = detail(failing_client, who, conversation)["turns"]
+    assert (turn["content"], turn["reply_status"]) == ("Help me plan", "failed")
+
+    failing_client.app.state.gateway = Gateway(Settings())  # type: ignore[attr-defined]
+    retried = post(failing_client, who, f"{conversation}/retry")
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["message"]["id"] == turn["id"]
+    resent = post(failing_client, who, f"{conversation}/messages", message)
+    assert resent.json()["reply"]["id"] == retried.json()["reply"]["id"]
+    assert [t["reply_status"] for t in detail(failing_client, who, conversation)["turns"]] == ["answered", None]
+
+
+def test_llm_error_uses_the_fallback_model_or_answers_503(engine: Engine, slug: str) -> None:
+    [invite_a, invite_b] = make_invites(engine, slug, count=2)
+    for fallback, invite in ((None, invite_a), ("offline/afterward", invite_b)):
+        settings = Settings(llm_model="offline/fail-error", llm_fallback_model=fallback, llm_retries=0)
+        with TestClient(create_app(engine, Gateway(settings)), raise_server_exceptions=False) as client:
+            who = enroll_fully(client, invite)
+            put_in_arm(engine, who.code, "wellbeing")
+            conversation = start_chat(client, who, "concierge")
+            response = post(client, who, f"{conversation}/messages", {"content": "Book me a table"})
+            if fallback is None:
+                assert (response.status_code, response.json()["error"]["code"]) == (503, "llm_unavailable")
+                assert detail(client, who, conversation)["turns"][0]["reply_status"] == "failed"
+            else:
+                assert response.status_code == 200, response.text
+                assert rows(engine, "SELECT model FROM turns WHERE speaker = 'assistant'") == [("offline/afterward",)]
+
+
+def test_escalation_never_waits_on_a_failing_model(engine: Engine, failing_client: TestClient, slug: str) -> None:
+    who = wellbeing_participant(engine, failing_client, slug)
+    conversation = start_chat(failing_client, who, "concierge")
+    reply = post(failing_client, who, f"{conversation}/messages", {"content": "I have a plan to end it tonight"})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()["reply"]
+    assert (body["stance"], body["crisis_resources"]["region"]) == ("escalate", "DE")
+    assert rows(engine, "SELECT model FROM turns WHERE speaker = 'assistant'") == [("platform/safety",)]
+    assert rows(engine, "SELECT count(*) FROM safety_events") == [(1,)]
+
+
+def _events(text: str) -> list[tuple[str, Any]]:
+    events = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+def test_streamed_reply_arrives_in_pieces_without_the_stance_json(
+    engine: Engine, app_client: TestClient, chatter: ParticipantHandle,
+) -> None:
+    conversation = start_chat(app_client, chatter, "coach")
+    with app_client.stream("POST", f"/api/v1/me/conversations/{conversation}/messages?stream=true",
+                           headers=chatter.headers, json={"content": FRAMING}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = _events(response.read().decode())
+    names = [name for name, _ in events]
+    assert names[0] == "message"
+    assert names[-1] == "reply"
+    deltas = [data["text"] for name, data in events if name == "delta"]
+    assert len(deltas) > 3
+    streamed = "".join(deltas)
+    assert "STANCE" not in streamed
+    assert '"stance"' not in streamed
+    reply = events[-1][1]
+    assert streamed.strip() == reply["content"]
+    assert (reply["stance"], reply["concern"]) == ("challenge", "unsupported_framing")
+    assert rows(engine, "SELECT streamed FROM turns WHERE speaker = 'assistant'") == [(True,)]
+
+
+def test_streaming_failure_reports_an_error_event_and_keeps_the_message(
+    engine: Engine, failing_client: TestClient, slug: str,
+) -> None:
+    who = wellbeing_participant(engine, failing_client, slug)
+    conversation = start_chat(failing_client, who, "coach")
+    with failing_client.stream("POST", f"/api/v1/me/conversations/{conversation}/messages?stream=true",
+                               headers=who.headers, json={"content": "Are you there?"}) as response:
+        events = _events(response.read().decode())
+    assert [name for name, _ in events] == ["message", "error"]
+    assert events[1][1]["code"] == "llm_timeout"
+    assert rows(engine, "SELECT content, reply_status FROM turns") == [("Are you there?", "failed")]
+
+
+def test_ending_with_a_decision_records_it_and_the_rating(
+    engine: Engine, app_client: TestClient, chatter: ParticipantHandle,
+) -> None:
+    conversation = start_chat(app_client, chatter, "collaborator")
+    say(app_client, chatter, conversation, "Should I ask for a transfer to the Leeds office?")
+    vague = post(app_client, chatter, f"{conversation}/end", {"rating": 6, "made_decision": True, "decision": " "})
+    assert (vague.status_code, vague.json()["error"]["code"]) == (422, "decision_required")
+    out_of_range = post(app_client, chatter, f"{conversation}/end", {"rating": 9})
+    assert out_of_range.status_code == 422
+    assert out_of_range.json()["error"]["fields"][0]["field"] == "rating"
+    ended = post(app_client, chatter, f"{conversation}/end",
+                 {"rating": 6, "made_decision": True, "decision": "Ask for the transfer to Leeds"})
+    assert ended.status_code == 200, ended.text
+    assert ended.json()["conversation"]["status"] == "ended"
+    assert rows(engine, "SELECT text FROM decisions") == [("Ask for the transfer to Leeds",)]
+    assert rows(engine, "SELECT r.instrument_id, s.value FROM survey_responses r "
+                        "JOIN survey_scores s ON s.response_id = r.id") == [("immediate-rating", 6.0)]
+    assert rows(engine, "SELECT purpose, status FROM survey_assignments WHERE purpose = 'exit'") == [
+        ("exit", "completed")]
+    late = post(app_client, chatter, f"{conversation}/messages", {"content": "one more thing"})
+    assert (late.status_code, late.json()["error"]["code"]) == (409, "conversation_ended")
+
+
+def test_withdrawal_with_deletion_removes_chat_data(engine: Engine, app_client: TestClient,
+                                                    chatter: ParticipantHandle) -> None:
+    conversation = start_chat(app_client, chatter, "coach")
+    challenge = say(app_client, chatter, conversation, FRAMING)
+    post(app_client, chatter, f"{conversation}/turns/{challenge['id']}/override")
+    say(app_client, chatter, conversation, "I want to kill myself")
+    post(app_client, chatter, f"{conversation}/end", {"rating": 2, "made_decision": True, "decision": "Stay"})
+    receipt = app_client.post("/api/v1/me/withdrawal", headers=chatter.headers,
+                              json={"level": "delete_data", "confirm": True}).json()
+    assert "deleted_rows" in receipt, receipt
+    deleted = receipt["deleted_rows"]
+    assert (deleted["turns"], deleted["conversations"], deleted["pushback_responses"]) == (5, 1, 1)
+    assert (deleted["safety_events"], deleted["decisions"]) == (1, 1)
+    for table in ("turns", "conversations", "pushback_responses", "safety_events", "decisions", "role_switches"):
+        assert rows(engine, f"SELECT count(*) FROM {table}") == [(0,)], table
