@@ -6,6 +6,7 @@ COPY pyproject.toml README.md ./
 COPY study ./study
 COPY api ./api
 COPY surveys ./surveys
+COPY chat ./chat
 COPY migrations ./migrations
 COPY examples ./examples
 RUN pip install --no-cache-dir -e . && useradd --create-home afterward

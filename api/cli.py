@@ -208,12 +208,12 @@ def demo(protocol: Path = PROJECT_ROOT / "examples" / "wellbeing-pilot.yaml") ->
 
 
 @app.command("api")
-def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
+def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, access_log: bool = True) -> None:
     """Serve the HTTP API (and the participant pages) with uvicorn."""
     import uvicorn
 
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level="info")
+                log_level="info", access_log=access_log)
 
 
 def main() -> None:

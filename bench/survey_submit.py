@@ -12,52 +12,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
-os.environ.setdefault("AFTERWARD_ENVIRONMENT", "test")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import sqlalchemy as sa
+from common import enrolled, postgres_schema  # first: sets the environment and sys.path
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
 
-import sqlalchemy as sa  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
+from api.app import create_app
+from study.clock import now
+from study.db import make_engine, migrate
+from study.models import Participant
+from surveys import service as survey_service
 
-from api.app import create_app  # noqa: E402
-from study import audit, participants, studies  # noqa: E402
-from study.clock import now  # noqa: E402
-from study.db import make_engine, migrate, session_scope  # noqa: E402
-from surveys import registry  # noqa: E402
-from surveys import service as survey_service  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-ACTOR = audit.Actor.system("bench")
 ANSWERS = {"drs1": 2, "drs2": 4, "drs3": 1, "drs4": 5, "drs5": 2}
 
 
 def prepare(engine: sa.Engine, n: int) -> list[tuple[str, int]]:
     """n enrolled participants, each with one open Decision Regret survey; (token, assignment)."""
-    protocol = (ROOT / "examples" / "wellbeing-pilot.yaml").read_text()
-    out = []
-    with session_scope(engine) as session:
-        study = studies.load_protocol(session, protocol, ACTOR,
-                                      instrument_exists=lambda i: registry.exists(session, i)).study
-        codes = participants.create_invites(session, study, ACTOR, count=n)
-    for code in codes:
-        with session_scope(engine) as session:
-            enrollment = participants.enroll(session, code)
-            who = enrollment.participant
-            participants.sign_consent(session, who, version="1.0",
-                                      confirmations=["read-and-understood", "adult", "voluntary"],
-                                      typed_signature="bench")
-            participants.update_profile(session, who, timezone="Europe/Berlin", contact_email=None)
-            assignment = survey_service.assign(session, who, "decision-regret", purpose="followup",
-                                               context={"decision": "to benchmark"})
-            out.append((enrollment.token, assignment.id))
-    return out
+    def survey(session: Session, who: Participant) -> int:
+        return survey_service.assign(session, who, "decision-regret", purpose="followup",
+                                     context={"decision": "to benchmark"}).id
+    return enrolled(engine, n, then=survey)
 
 
 def run_api(engine: sa.Engine, work: list[tuple[str, int]]) -> list[float]:
@@ -133,17 +112,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         print(f"SQLite ({args.n} submits each)")
         bench("SQLite", f"sqlite:///{tmp}/bench.db", args.n)
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(args.postgres)
-    with admin.begin() as connection:
-        connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        url = sa.engine.make_url(args.postgres).update_query_dict({"options": f"-csearch_path={schema}"})
+    with postgres_schema(args.postgres) as url:
         print(f"PostgreSQL ({args.n} submits each)")
-        bench("PostgreSQL", url.render_as_string(hide_password=False), args.n)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        bench("PostgreSQL", url, args.n)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@ both report tokens, latency and cost.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
 
@@ -24,9 +26,11 @@ from litellm import Router  # noqa: E402
 
 from chat.answer_format import STANCE_SCHEMA  # noqa: E402
 from chat.offline import PROVIDER, OfflineLLM  # noqa: E402
+from chat.roles import PROMPTS  # noqa: E402
 from study.settings import Settings  # noqa: E402
 
 log = logging.getLogger("afterward.chat.gateway")
+CLASSIFIER_PROMPT = PROMPTS / "crisis-classifier.md"
 litellm.telemetry = False
 litellm.suppress_debug_info = True
 
@@ -52,6 +56,7 @@ class Completion:
 
 
 _offline = OfflineLLM()
+_routers: dict[tuple[object, ...], Router] = {}
 
 
 def _register_offline(delay_seconds: float) -> None:
@@ -78,15 +83,21 @@ class Gateway:
             if extra:
                 names.add(extra)
         self._api_base = settings.llm_api_base
-        self.router = Router(
-            model_list=[self._deployment(name) for name in sorted(names)],
-            num_retries=settings.llm_retries,
-            timeout=settings.llm_timeout_seconds,
-            fallbacks=([{name: [settings.llm_fallback_model]} for name in sorted(names)
-                        if name != settings.llm_fallback_model] if settings.llm_fallback_model else []),
-            retry_after=0,
-        )
-        self._known = names
+        key = (tuple(sorted(names)), settings.llm_retries, settings.llm_timeout_seconds,
+               settings.llm_fallback_model, settings.llm_api_base)
+        if key not in _routers:
+            # One Router per configuration for the process: every Router LiteLLM builds adds
+            # process-wide work to all later calls (measured: a second Router doubles call cost).
+            _routers[key] = Router(
+                model_list=[self._deployment(name) for name in sorted(names)],
+                num_retries=settings.llm_retries,
+                timeout=settings.llm_timeout_seconds,
+                fallbacks=([{name: [settings.llm_fallback_model]} for name in sorted(names)
+                            if name != settings.llm_fallback_model] if settings.llm_fallback_model else []),
+                retry_after=0,
+            )
+        self.router = _routers[key]
+        self._known = {d["model_name"] for d in self.router.registry().all()}
 
     def _deployment(self, name: str) -> dict[str, Any]:
         params: dict[str, Any] = {"model": name, "timeout": self.timeout}
@@ -116,7 +127,7 @@ class Gateway:
         started = time.perf_counter()
         try:
             response = await asyncio.wait_for(
-                self.router.acompletion(model=model, messages=messages, **kwargs),
+                self.router.acompletion(model=model, messages=cast(Any, messages), **kwargs),
                 timeout=self.timeout * (1 + self.router.num_retries) + 1)
         except Exception as exc:
             raise self._error(exc, model) from exc
@@ -131,10 +142,10 @@ class Gateway:
         started = time.perf_counter()
         try:
             response = await asyncio.wait_for(
-                self.router.acompletion(model=model, messages=messages, stream=True,
+                self.router.acompletion(model=model, messages=cast(Any, messages), stream=True,
                                         stream_options={"include_usage": True}),
                 timeout=self.timeout * (1 + self.router.num_retries) + 1)
-            iterator = response.__aiter__()
+            iterator = cast(Any, response).__aiter__()
             while True:
                 try:
                     chunk = await asyncio.wait_for(iterator.__anext__(), timeout=self.timeout)
@@ -182,6 +193,27 @@ class Gateway:
             return float(prompt_cost + completion_cost)
         except Exception:  # no price known for this model: record None, not a guess
             return None
+
+    async def classify_crisis(self, text: str) -> tuple[str, bool] | None:
+        """The optional LLM crisis classifier: (category, acute), or None when it is not configured
+        or gave no usable answer (the lexicon still runs either way)."""
+        if not self.classifier_model:
+            return None
+        messages = [{"role": "system", "content": CLASSIFIER_PROMPT.read_text(encoding="utf-8")},
+                    {"role": "user", "content": text}]
+        try:
+            completion = await self.complete(messages, self.classifier_model, structured=False)
+        except GatewayError:
+            return None
+        match = re.search(r"\{.*\}", completion.text, re.DOTALL)
+        try:
+            verdict = json.loads(match.group(0)) if match else None
+        except ValueError:
+            verdict = None
+        if not isinstance(verdict, dict) or verdict.get("category") not in ("risk_to_self", "harm_to_others", "none"):
+            log.warning("crisis classifier gave no usable verdict: %.200s", completion.text)
+            return None
+        return str(verdict["category"]), bool(verdict.get("acute"))
 
     def _error(self, exc: BaseException, model: str) -> GatewayError:
         kind = "timeout" if _is_timeout(exc) else "error"

@@ -24,6 +24,11 @@ class Conversation(ParticipantResearchData, Base):
     role: Mapped[str] = mapped_column(String(16))  # the role in force now
     status: Mapped[str] = mapped_column(String(16), default="active")  # active | ended
     turn_count: Mapped[int] = mapped_column(Integer, default=0)
+    # Kept with the conversation so a turn needs no extra queries (derivable from turns and
+    # pushback_responses): when a reply started being awaited, pushbacks per concern, overrides.
+    awaiting_reply_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    concern_counts: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
+    overridden_concerns: Mapped[list[str]] = mapped_column(JSON, default=list)
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     # The exit check's rating is a survey response (immediate-rating, context conversation_id).

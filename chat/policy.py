@@ -11,7 +11,7 @@ keep graduating. Escalation is never overridable and its reason is the platform'
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from chat.monitors import CrisisFinding
 from chat.roles import SAFETY_CONCERNS, STANCES, Concern, RoleSpec, Stance
@@ -40,6 +40,19 @@ class Assessment:
             "dependence_signal": self.dependence_cue is not None,
             "dependence_cue": self.dependence_cue,
         }
+
+
+def with_classifier(assessment: Assessment, verdict: tuple[str, bool] | None) -> Assessment:
+    """Add the LLM classifier's verdict: it can raise a finding the lexicon missed (or make it
+    acute), never lower one."""
+    if verdict is None or verdict[0] == "none":
+        return assessment
+    category, acute = verdict
+    current = assessment.crisis
+    if current is not None and (current.acute or not acute):
+        return assessment
+    finding = CrisisFinding(category=category, acute=acute, cue="classifier", source="classifier")  # type: ignore[arg-type]
+    return replace(assessment, crisis=finding)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -20,7 +21,7 @@ from chat import monitors
 from chat.answer_format import guidance, parse_answer
 from chat.gateway import Completion
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn
-from chat.policy import Assessment, History, StanceDecision, decide, directive
+from chat.policy import Assessment, History, StanceDecision, decide, directive, with_classifier
 from chat.roles import ROLE_SPECS, RoleName, RoleSpec, roles_for_arm, system_prompt
 from study import audit
 from study.clock import now
@@ -34,6 +35,11 @@ from study.studies import current_protocol
 HISTORY_TURNS = 20  # turns of the conversation sent to the model
 REASSURANCE_LOOKBACK = dt.timedelta(days=30)
 STUCK_AFTER = dt.timedelta(minutes=2)  # an 'awaiting' reply older than this may be retried
+
+
+class Exchange(NamedTuple):
+    message: Turn
+    reply: Turn
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class PreparedTurn:
     history: History
     after_override: bool = False
     existing_reply_id: int | None = None  # the message was already answered (a resend)
+    content: str = ""  # the participant's message
     crisis_source: str | None = None
     features: dict[str, object] = field(default_factory=dict)
 
@@ -88,7 +95,7 @@ def start_conversation(session: Session, participant: Participant, role: str | N
     arm, offered = roles_offered(session, participant)
     conversation = Conversation(
         participant_id=participant.id, arm=arm.name, mode=arm.mode, role=_check_role(arm, offered, role),
-        status="active", turn_count=0, started_at=now())
+        status="active", turn_count=0, concern_counts={}, overridden_concerns=[], started_at=now())
     session.add(conversation)
     session.flush()
     return conversation
@@ -140,13 +147,9 @@ def _next_seq(session: Session, conversation: Conversation) -> int:
     return conversation.turn_count
 
 
-def _history(session: Session, conversation_id: int) -> History:
-    rows = session.execute(
-        select(Turn.concern, Turn.stance).where(Turn.conversation_id == conversation_id, Turn.speaker == "assistant",
-                                                Turn.stance.in_(("nudge", "challenge", "escalate")))).all()
-    overridden = session.scalars(select(PushbackResponse.concern).where(
-        PushbackResponse.conversation_id == conversation_id, PushbackResponse.action == "override")).all()
-    return History(raised=Counter(concern for concern, _ in rows if concern), overridden=frozenset(overridden))
+def _history(conversation: Conversation) -> History:
+    return History(raised=Counter(conversation.concern_counts or {}),
+                   overridden=frozenset(conversation.overridden_concerns or ()))
 
 
 def _assess(session: Session, participant: Participant, content: str, before_turn_id: int | None) -> Assessment:
@@ -185,7 +188,7 @@ def _prepare(session: Session, conversation: Conversation, participant_turn: Tur
     participant = session.get(Participant, conversation.participant_id)
     assert participant is not None
     model = current_protocol(session, participant.study_id).arm(conversation.arm).model
-    history = _history(session, conversation.id)
+    history = _history(conversation)
     required = directive(ROLE_SPECS[role], assessment, history)
     if overridden and required.stance != "escalate":
         required = StanceDecision("agree")
@@ -193,12 +196,25 @@ def _prepare(session: Session, conversation: Conversation, participant_turn: Tur
         conversation_id=conversation.id, participant_turn_id=participant_turn.id, role=role,
         model=model, prompt_version=system_prompt(role).version,
         messages=_messages(session, conversation, role, required, overridden=overridden),
-        required=required, history=history, after_override=overridden,
+        required=required, history=history, after_override=overridden, content=participant_turn.content,
         crisis_source=assessment.crisis.source if assessment.crisis else None, features=assessment.features())
 
 
+def reassess(session: Session, prepared: PreparedTurn, verdict: tuple[str, bool] | None) -> PreparedTurn:
+    """Fold the LLM crisis classifier's verdict into the turn's features and directive."""
+    turn = session.get(Turn, prepared.participant_turn_id)
+    conversation = session.get(Conversation, prepared.conversation_id)
+    participant = session.get(Participant, turn.participant_id) if turn else None
+    if turn is None or conversation is None or participant is None:
+        raise NotFound("this conversation no longer exists")
+    assessment = with_classifier(_assess(session, participant, turn.content, turn.id), verdict)
+    turn.features = {**assessment.features(), "crisis_classifier": "error" if verdict is None else
+                     f"{verdict[0]}{' (acute)' if verdict[1] else ''}"}
+    return _prepare(session, conversation, turn, assessment, overridden=prepared.after_override)
+
+
 def accept_message(session: Session, participant: Participant, conversation_id: int, content: str,
-                   client_message_id: str | None = None) -> PreparedTurn:
+                   client_message_id: str | None = None) -> tuple[PreparedTurn, Turn]:
     """Store the participant's message and prepare the reply. Sending the same
     ``client_message_id`` again never stores a second copy."""
     text = content.strip()
@@ -213,12 +229,10 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
         existing = session.scalar(select(Turn).where(Turn.conversation_id == conversation.id,
                                                      Turn.client_message_id == client_message_id))
         if existing is not None:
-            return _resume(session, conversation, existing)
+            return _resume(session, conversation, existing), existing
     _require_active(conversation)
-    awaiting = session.scalar(select(Turn).where(
-        Turn.conversation_id == conversation.id, Turn.reply_status == "awaiting",
-        Turn.created_at > now() - STUCK_AFTER))
-    if awaiting is not None:
+    since = conversation.awaiting_reply_since
+    if since is not None and since > now() - STUCK_AFTER:
         raise Conflict("the assistant is still answering your previous message; wait for it, then send this one",
                        code="reply_in_progress")
     assessment = _assess(session, participant, text, None)
@@ -228,8 +242,9 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
                 reassurance_seeking=assessment.reassurance_cue is not None, features=assessment.features(),
                 created_at=now())
     session.add(turn)
+    conversation.awaiting_reply_since = now()
     session.flush()
-    return _prepare(session, conversation, turn, assessment)
+    return _prepare(session, conversation, turn, assessment), turn
 
 
 def _resume(session: Session, conversation: Conversation, turn: Turn) -> PreparedTurn:
@@ -258,6 +273,7 @@ def retry_turn(session: Session, conversation: Conversation, turn: Turn) -> Prep
         .values(reply_status="awaiting", reply_error=None)).rowcount  # type: ignore[attr-defined]
     if not claimed and turn.reply_status == "awaiting":
         raise Conflict("the assistant is still answering this message; wait a moment", code="reply_in_progress")
+    conversation.awaiting_reply_since = now()
     participant = session.get(Participant, turn.participant_id)
     assert participant is not None
     assessment = _assess(session, participant, turn.content, turn.id)
@@ -295,6 +311,9 @@ def prepare_override(session: Session, participant: Participant, conversation_id
     if original is None:
         raise Conflict("the message this note answered is gone", code="nothing_to_override")
     original.reply_status = "awaiting"
+    conversation.awaiting_reply_since = now()
+    if pushback.concern and pushback.concern not in conversation.overridden_concerns:
+        conversation.overridden_concerns = [*conversation.overridden_concerns, pushback.concern]
     assessment = _assess(session, participant, original.content, original.id)
     return _prepare(session, conversation, original, assessment, overridden=True)
 
@@ -315,10 +334,10 @@ SAFETY_FALLBACK_REPLY = (
     "of the services shown here. If you are in immediate danger, call your local emergency number.")
 
 
-def record_reply(session: Session, prepared: PreparedTurn, completion: Completion) -> Turn:
+def record_reply(session: Session, prepared: PreparedTurn, completion: Completion) -> Exchange:
     """Store the assistant's turn with the stance the policy settled on."""
-    participant_turn = session.get(Turn, prepared.participant_turn_id, with_for_update=True)
-    conversation = session.get(Conversation, prepared.conversation_id, with_for_update=True)
+    conversation = session.get(Conversation, prepared.conversation_id, with_for_update=True)  # orders seq
+    participant_turn = session.get(Turn, prepared.participant_turn_id)
     if participant_turn is None or conversation is None:
         raise NotFound("this conversation no longer exists")
     parsed = parse_answer(completion.text)
@@ -342,10 +361,15 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
     session.add(turn)
     participant_turn.reply_status = "answered"
     participant_turn.reply_error = None
+    conversation.awaiting_reply_since = None
+    if final.stance != "agree":
+        counts = dict(conversation.concern_counts or {})
+        counts[final.concern] = counts.get(final.concern, 0) + 1
+        conversation.concern_counts = counts  # a new dict, so the JSON column is written
     session.flush()
     if final.stance == "escalate":
         _record_safety_event(session, conversation, turn, final, prepared)
-    return turn
+    return Exchange(participant_turn, turn)
 
 
 def _record_safety_event(session: Session, conversation: Conversation, turn: Turn, final: StanceDecision,
@@ -362,15 +386,17 @@ def _record_safety_event(session: Session, conversation: Conversation, turn: Tur
                  participant_code=participant.code, conversation_id=conversation.id, category=final.concern)
 
 
-def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Turn | None:
+def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Exchange | None:
     """The model did not answer. The message stays, marked for retry; but a safety escalation is
     never left waiting on the model: the platform's own safety reply is stored instead."""
     if prepared.required.stance == "escalate":
         return record_reply(session, prepared, Completion(text=SAFETY_FALLBACK_REPLY, model="platform/safety"))
     participant_turn = session.get(Turn, prepared.participant_turn_id)
-    if participant_turn is not None:
+    conversation = session.get(Conversation, prepared.conversation_id)
+    if participant_turn is not None and conversation is not None:
         participant_turn.reply_status = "failed"
         participant_turn.reply_error = error[:300]
+        conversation.awaiting_reply_since = None
         session.flush()
     return None
 

@@ -22,6 +22,7 @@ from study.models import (
     ParticipantResearchData,
     ParticipantSession,
     ParticipantStatus,
+    ProtocolVersion,
     Study,
     WithdrawalLevel,
 )
@@ -147,14 +148,19 @@ def require_active(participant: Participant) -> None:
                         code="withdrawn")
 
 
-def require_current_consent(session: Session, participant: Participant) -> ConsentStatus:
+def require_current_consent(session: Session, participant: Participant) -> None:
+    """Refuse unless the participant is active and signed the consent version in force. One
+    query on the common path: this runs on every participant request."""
     require_active(participant)
+    in_force = (select(ProtocolVersion.consent_version_id).where(ProtocolVersion.study_id == participant.study_id)
+                .order_by(ProtocolVersion.version.desc()).limit(1).scalar_subquery())
+    signed = select(ConsentSignature.id).where(ConsentSignature.participant_id == participant.id,
+                                               ConsentSignature.consent_version_id == in_force)
+    if session.scalar(select(signed.exists())):
+        return
     status = consent_status(session, participant)
-    if status.needs_consent:
-        what = "signed" if status.signed is None else "re-signed (the consent was revised)"
-        raise ConsentRequired(
-            f"the study's consent (version {status.current.version}) must be {what} first")
-    return status
+    what = "signed" if status.signed is None else "re-signed (the consent was revised)"
+    raise ConsentRequired(f"the study's consent (version {status.current.version}) must be {what} first")
 
 
 def sign_consent(

@@ -109,8 +109,20 @@ def current_version(session: Session, study_id: int) -> ProtocolVersion:
     return version
 
 
+_parsed: dict[tuple[int, str], Protocol] = {}
+
+
 def current_protocol(session: Session, study_id: int) -> Protocol:
-    return Protocol.model_validate(current_version(session, study_id).protocol)
+    """The protocol in force. Stored versions never change, so the parsed form is kept per
+    (version row, source hash) and a request pays one small query for it."""
+    version = current_version(session, study_id)
+    key = (version.id, version.source_sha256)
+    protocol = _parsed.get(key)
+    if protocol is None:
+        if len(_parsed) > 256:
+            _parsed.clear()
+        protocol = _parsed[key] = Protocol.model_validate(version.protocol)
+    return protocol
 
 
 def current_consent(session: Session, study_id: int) -> ConsentVersion:

@@ -1,7 +1,7 @@
 """Chat endpoints. A turn runs in two short transactions around the LLM call (see chat.service),
 so these handlers open their own units of work instead of using the request session: the
 participant's message is committed before the model is asked, and no transaction (on SQLite,
-no write lock) is held while it answers."""
+no write lock) is held while it answers. The units run inline on the event loop (``_inline``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from api.deps import SessionDep, participant_token
 from api.errors import error_body
@@ -77,19 +76,26 @@ def _authenticated(session: Session, token: str) -> Participant:
     return participant
 
 
+def _inline(unit: Callable[[], T]) -> T:
+    """Units of work run on the event loop thread, not in a thread pool: each is a few short
+    statements that never await, so no two transactions of this process interleave, and measured
+    (bench/chat_turns.py) this beats a thread pool of any size under the GIL."""
+    return unit()
+
+
 async def as_participant(request: Request, token: str, work: Callable[[Session, Participant], T]) -> T:
     """Run ``work`` in its own committed transaction, as the consented participant."""
     def unit() -> T:
         with session_scope(request.app.state.engine) as session:
             return work(session, _authenticated(session, token))
-    return await run_in_threadpool(unit)
+    return _inline(unit)
 
 
 async def in_transaction(request: Request, work: Callable[[Session], T]) -> T:
     def unit() -> T:
         with session_scope(request.app.state.engine) as session:
             return work(session)
-    return await run_in_threadpool(unit)
+    return _inline(unit)
 
 
 def _resources(session: Session, participant: Participant) -> CrisisResourcesRead:
@@ -106,32 +112,46 @@ def _turn_read(session: Session, turn: Turn) -> TurnRead:
     return TurnRead.of(turn, resources)
 
 
-def _exchange(session: Session, prepared: service.PreparedTurn, reply_id: int) -> ExchangeRead:
-    message, reply = session.get(Turn, prepared.participant_turn_id), session.get(Turn, reply_id)
+def _exchange(session: Session, prepared: service.PreparedTurn, exchange: service.Exchange) -> ExchangeRead:
+    return ExchangeRead(conversation_id=prepared.conversation_id, message=TurnRead.of(exchange.message),
+                        reply=_turn_read(session, exchange.reply))
+
+
+def _stored_exchange(session: Session, prepared: service.PreparedTurn) -> ExchangeRead:
+    """The reply already given to a resent message."""
+    message, reply = session.get(Turn, prepared.participant_turn_id), session.get(Turn, prepared.existing_reply_id)
     assert message is not None
     assert reply is not None
-    return ExchangeRead(conversation_id=prepared.conversation_id, message=TurnRead.of(message),
-                        reply=_turn_read(session, reply))
+    return _exchange(session, prepared, service.Exchange(message, reply))
+
+
+async def _screened(request: Request, gateway: Gateway, prepared: service.PreparedTurn) -> service.PreparedTurn:
+    """Run the optional LLM crisis classifier (after the message is stored, before the reply)."""
+    if not gateway.classifier_model or prepared.existing_reply_id is not None or prepared.required.stance == "escalate":
+        return prepared
+    verdict = await gateway.classify_crisis(prepared.content)
+    return await in_transaction(request, lambda s: service.reassess(s, prepared, verdict))
 
 
 async def _reply(request: Request, gateway: Gateway, prepared: service.PreparedTurn) -> ExchangeRead:
     """Ask the model for the prepared turn and store the outcome (non-streaming)."""
     if prepared.existing_reply_id is not None:
-        return await in_transaction(request, lambda s: _exchange(s, prepared, prepared.existing_reply_id or 0))
+        return await in_transaction(request, lambda s: _stored_exchange(s, prepared))
+    prepared = await _screened(request, gateway, prepared)
     try:
         completion = await gateway.complete(prepared.messages, prepared.model)
     except GatewayError as exc:
         return await _failed(request, prepared, exc)
 
     def store(session: Session) -> ExchangeRead:
-        return _exchange(session, prepared, service.record_reply(session, prepared, completion).id)
+        return _exchange(session, prepared, service.record_reply(session, prepared, completion))
     return await in_transaction(request, store)
 
 
 async def _failed(request: Request, prepared: service.PreparedTurn, exc: GatewayError) -> ExchangeRead:
     def store(session: Session) -> ExchangeRead | None:
-        reply = service.record_failure(session, prepared, f"{exc.kind}: {exc}")
-        return _exchange(session, prepared, reply.id) if reply is not None else None
+        stored = service.record_failure(session, prepared, f"{exc.kind}: {exc}")
+        return _exchange(session, prepared, stored) if stored is not None else None
     exchange = await in_transaction(request, store)
     if exchange is not None:
         return exchange  # a safety reply was stored without the model
@@ -148,9 +168,10 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
     (the stored turn with its stance; its content replaces the streamed text) or ``error``."""
     yield _sse("message", message.model_dump())
     if prepared.existing_reply_id is not None:
-        exchange = await in_transaction(request, lambda s: _exchange(s, prepared, prepared.existing_reply_id or 0))
+        exchange = await in_transaction(request, lambda s: _stored_exchange(s, prepared))
         yield _sse("reply", exchange.reply.model_dump())
         return
+    prepared = await _screened(request, gateway, prepared)
     splitter = StreamSplitter()
     sink = Completion(extra={"streamed": True})
     try:
@@ -171,7 +192,7 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
         return
 
     def store(session: Session) -> ExchangeRead:
-        return _exchange(session, prepared, service.record_reply(session, prepared, sink).id)
+        return _exchange(session, prepared, service.record_reply(session, prepared, sink))
     exchange = await in_transaction(request, store)
     yield _sse("reply", exchange.reply.model_dump())
 
@@ -200,7 +221,7 @@ async def my_crisis_resources(request: Request, token: Token) -> CrisisResources
             if participant is None:
                 raise HTTPException(401, "your session has expired; open your invite link or sign in again")
             return work(session, participant)
-    return await run_in_threadpool(unit)
+    return _inline(unit)
 
 
 @router.post("/me/conversations", status_code=status.HTTP_201_CREATED)
@@ -244,10 +265,8 @@ async def send_message(conversation_id: int, body: MessageCreate, request: Reque
                        stream: Annotated[bool, Query(description="stream the reply as server-sent events")] = False,
                        ) -> ExchangeRead | StreamingResponse:
     def accept(session: Session, participant: Participant) -> tuple[service.PreparedTurn, TurnRead]:
-        prepared = service.accept_message(session, participant, conversation_id, body.content,
-                                          body.client_message_id)
-        message = session.get(Turn, prepared.participant_turn_id)
-        assert message is not None
+        prepared, message = service.accept_message(session, participant, conversation_id, body.content,
+                                                   body.client_message_id)
         return prepared, TurnRead.of(message)
     prepared, message = await as_participant(request, token, accept)
     if stream:

@@ -2,7 +2,7 @@
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-11-30 15:15:14.341399
+Create Date: 2026-11-30 15:27:01.420122
 """
 
 from collections.abc import Sequence
@@ -26,6 +26,9 @@ def upgrade() -> None:
         sa.Column("role", sa.String(length=16), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("turn_count", sa.Integer(), nullable=False),
+        sa.Column("awaiting_reply_since", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("concern_counts", sa.JSON(), nullable=False),
+        sa.Column("overridden_concerns", sa.JSON(), nullable=False),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("made_decision", sa.Boolean(), nullable=True),

@@ -402,3 +402,15 @@ def test_withdrawal_with_deletion_removes_chat_data(engine: Engine, app_client: 
     assert (deleted["safety_events"], deleted["decisions"]) == (1, 1)
     for table in ("turns", "conversations", "pushback_responses", "safety_events", "decisions", "role_switches"):
         assert rows(engine, f"SELECT count(*) FROM {table}") == [(0,)], table
+
+
+def test_the_optional_llm_crisis_classifier_runs_on_every_message(engine: Engine, slug: str) -> None:
+    gateway = Gateway(Settings(crisis_classifier_model="offline/crisis-classifier"))
+    with TestClient(create_app(engine, gateway), raise_server_exceptions=False) as client:
+        who = wellbeing_participant(engine, client, slug)
+        conversation = start_chat(client, who, "coach")
+        assert say(client, who, conversation, "This deadline is killing me")["stance"] == "agree"
+        assert say(client, who, conversation, "I feel hopeless")["stance"] == "nudge"
+    verdicts = [json.loads(f)["crisis_classifier"] if isinstance(f, str) else f["crisis_classifier"]
+                for (f,) in rows(engine, "SELECT features FROM turns WHERE speaker = 'participant' ORDER BY id")]
+    assert verdicts == ["none", "risk_to_self"]
