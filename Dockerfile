@@ -7,6 +7,7 @@ COPY study ./study
 COPY api ./api
 COPY surveys ./surveys
 COPY chat ./chat
+COPY scheduler ./scheduler
 COPY migrations ./migrations
 COPY examples ./examples
 RUN pip install --no-cache-dir -e . && useradd --create-home afterward

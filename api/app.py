@@ -7,7 +7,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from api import errors
-from api.routers import chat, participants, staff, surveys
+from api.routers import chat, followups, participants, staff, surveys
 from chat.gateway import Gateway
 from study.db import get_engine
 
@@ -30,6 +30,8 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
     app.include_router(surveys.staff_router, prefix=API_PREFIX)
     app.include_router(chat.router, prefix=API_PREFIX)
     app.include_router(chat.staff_router, prefix=API_PREFIX)
+    app.include_router(followups.router, prefix=API_PREFIX)
+    app.include_router(followups.staff_router, prefix=API_PREFIX)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

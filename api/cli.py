@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import getpass
 import secrets
 import sys
@@ -11,10 +12,12 @@ from typing import Annotated
 import typer
 from sqlalchemy import select
 
+from scheduler import planner
+from scheduler.models import FollowUp
 from study import audit, participants, staff, studies
 from study.db import migrate, session_scope
 from study.errors import DomainError
-from study.models import StaffAccount, StaffRole
+from study.models import Participant, StaffAccount, StaffRole
 from study.protocol import ProtocolError
 from study.settings import PROJECT_ROOT, get_settings
 from surveys import registry
@@ -28,8 +31,10 @@ staff_app = typer.Typer(no_args_is_help=True, help="Staff accounts, roles and AP
 audit_app = typer.Typer(no_args_is_help=True, help="The audit log.")
 keys_app = typer.Typer(no_args_is_help=True, help="Encryption keys.")
 instruments_app = typer.Typer(no_args_is_help=True, help="Survey instruments.")
+followups_app = typer.Typer(no_args_is_help=True, help="Follow-up surveys: what is due, failed or planned.")
 for sub, name in ((db_app, "db"), (study_app, "study"), (invites_app, "invites"), (staff_app, "staff"),
-                  (audit_app, "audit"), (keys_app, "keys"), (instruments_app, "instruments")):
+                  (audit_app, "audit"), (keys_app, "keys"), (instruments_app, "instruments"),
+                  (followups_app, "followups")):
     app.add_typer(sub, name=name)
 
 CLI_ACTOR = audit.Actor.system("cli")
@@ -55,6 +60,7 @@ def study_load(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
             result = studies.load_protocol(session, file.read_text(encoding="utf-8"), CLI_ACTOR,
                                            instrument_exists=lambda name: registry.exists(session, name))
             slug = result.study.slug
+            replanned = planner.replan_study(session, result.study.id) if result.changed else None
     except ProtocolError as exc:
         _fail(f"{file}: {exc}")
     except DomainError as exc:
@@ -63,6 +69,9 @@ def study_load(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
         typer.echo(f"created study '{slug}' (protocol version 1)")
     elif result.changed:
         typer.echo(f"study '{slug}': protocol version {result.version} loaded (older versions kept)")
+        if replanned is not None:
+            typer.echo(f"follow-ups not yet sent: {replanned.updated} re-planned, {replanned.cancelled} cancelled, "
+                       f"{replanned.added} added")
     else:
         typer.echo(f"study '{slug}': unchanged (protocol version {result.version})")
 
@@ -205,6 +214,84 @@ def demo(protocol: Path = PROJECT_ROOT / "examples" / "wellbeing-pilot.yaml") ->
     typer.echo(f"invite codes (single use; redeem with POST {settings.base_url}/api/v1/enrollment):")
     for code in codes:
         typer.echo(f"  {code}")
+
+
+@app.command("scheduler")
+def scheduler_process(name: str | None = None, poll_seconds: float | None = None) -> None:
+    """Run the follow-up dispatcher (its own process; several may run against PostgreSQL)."""
+    import logging
+
+    from scheduler.dispatcher import run
+    from study.db import get_engine
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = get_settings()
+    if poll_seconds is not None:
+        settings = settings.model_copy(update={"scheduler_poll_seconds": poll_seconds})
+    run(get_engine(), settings, name)
+
+
+def _followup_line(f: FollowUp, code: str) -> str:
+    sent = f"sent {f.sent_at:%Y-%m-%d %H:%M} (late {f.lateness_seconds or 0:.0f}s)" if f.sent_at else ""
+    ended = f"{f.end_reason}" if f.end_reason else ""
+    return (f"{f.id:>6}  {code:<10} {f.followup_key:<18} {f.status:<9} due {f.due_at:%Y-%m-%d %H:%M} UTC "
+            f"(local {f.intended_local} {f.timezone})  {sent} {ended}").rstrip()
+
+
+@followups_app.command("due")
+def followups_due(within_hours: float = 24.0) -> None:
+    """Follow-ups due now or within the next hours, and deliveries that failed."""
+    from scheduler.models import Delivery
+    from study.clock import now
+
+    with session_scope() as session:
+        horizon = now() + dt.timedelta(hours=within_hours)
+        rows = session.execute(select(FollowUp, Participant.code).join(Participant)
+                               .where(FollowUp.status == "planned", FollowUp.due_at <= horizon)
+                               .order_by(FollowUp.due_at)).all()
+        typer.echo(f"{len(rows)} follow-up(s) due by {horizon:%Y-%m-%d %H:%M} UTC")
+        for followup, code in rows:
+            typer.echo(_followup_line(followup, code))
+        failed = session.execute(select(Delivery, Participant.code).join(Participant)
+                                 .where(Delivery.status == "failed").order_by(Delivery.id)).all()
+        typer.echo(f"{len(failed)} failed deliver{'y' if len(failed) == 1 else 'ies'}")
+        for delivery, code in failed:
+            typer.echo(f"{delivery.id:>6}  {code:<10} follow-up {delivery.followup_id} {delivery.kind} "
+                       f"{delivery.channel} after {delivery.attempts} attempt(s): {delivery.last_error}")
+
+
+@followups_app.command("send")
+def followups_send(followup_id: int) -> None:
+    """Send one follow-up now (open it if planned; send its invitation on every channel)."""
+    from scheduler.dispatcher import Dispatcher
+    from study.db import get_engine
+
+    try:
+        report = Dispatcher(get_engine(), get_settings(), name="cli").send_now(followup_id)
+    except LookupError as exc:
+        _fail(str(exc))
+    typer.echo(f"opened {report.opened}, sent {report.sent}, failed {report.failed}, expired {report.expired}")
+    for error in report.errors:
+        typer.echo(f"  {error}")
+
+
+@followups_app.command("schedule")
+def followups_schedule(participant_code: str) -> None:
+    """A participant's follow-ups and every delivery attempt."""
+    from scheduler import service as scheduler_service
+
+    with session_scope() as session:
+        participant = session.scalar(select(Participant).where(
+            Participant.code == participant_code.strip().upper()))
+        if participant is None:
+            _fail(f"no participant '{participant_code}'")
+        assert participant is not None
+        for followup in scheduler_service.schedule(session, participant):
+            typer.echo(_followup_line(followup, participant.code))
+            for d in scheduler_service.deliveries(session, followup):
+                when = f"sent {d.sent_at:%Y-%m-%d %H:%M}" if d.sent_at else f"next {d.next_attempt_at:%Y-%m-%d %H:%M}"
+                typer.echo(f"        {d.kind} {d.sequence} {d.channel:<8} {d.status:<9} attempts {d.attempts} "
+                           f"{when} {d.last_error or ''}".rstrip())
 
 
 @app.command("api")

@@ -9,6 +9,7 @@ from alembic import context
 from alembic.autogenerate.api import AutogenContext
 
 import chat.models  # noqa: F401
+import scheduler.models  # noqa: F401
 import study.models  # noqa: F401 - register tables on the metadata
 import surveys.models  # noqa: F401
 from study.db import Base, UTCDateTime, make_engine

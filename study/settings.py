@@ -49,6 +49,23 @@ class Settings(BaseSettings):
         default=0.0, ge=0, description="Simulated generation time of the offline provider (demos, benches).")
     chat_max_message_chars: int = Field(default=4000, ge=100, le=100_000)
 
+    # Follow-up delivery (used by scheduler/). The defaults suit a local test mail server.
+    smtp_host: str = "127.0.0.1"
+    smtp_port: int = 1025
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_starttls: bool = False
+    smtp_timeout_seconds: float = 10.0
+    mail_from: str = "Afterward study <afterward@localhost>"
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+    scheduler_poll_seconds: float = Field(default=5.0, gt=0)
+    scheduler_batch_size: int = Field(default=200, ge=1)
+    delivery_lease_seconds: int = Field(default=120, ge=5)
+    delivery_max_attempts: int = Field(default=10, ge=1)
+    delivery_retry_seconds: int = Field(default=30, ge=1, description="first retry delay; doubles each time")
+    channel_alert_after_failures: int = Field(default=3, ge=1)
+
     @model_validator(mode="after")
     def _refuse_unsafe_defaults(self) -> Settings:
         if self.environment == "production":

@@ -7,6 +7,7 @@ import base64
 import datetime as dt
 import hashlib
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +166,14 @@ def submit(session: Session, participant: Participant, assignment: SurveyAssignm
                                 instrument_version=instrument.version, name=name, value=value,
                                 n_items=n_items, n_expected=n_expected))
     session.flush()
+    for hook in completion_hooks:
+        hook(session, assignment)
     return response
+
+
+CompletionHook = Callable[[Session, SurveyAssignment], None]
+# Called in the submitting transaction (the scheduler stops reminders for the survey here).
+completion_hooks: list[CompletionHook] = []
 
 
 def recompute_scores(session: Session, response: SurveyResponse) -> list[SurveyScore]:

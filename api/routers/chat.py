@@ -38,6 +38,7 @@ from chat.schemas import (
     SafetyReview,
     TurnRead,
 )
+from scheduler import planner
 from study import audit
 from study import participants as participant_service
 from study.clock import now
@@ -306,6 +307,8 @@ async def end_conversation(conversation_id: int, body: ExitCheck, request: Reque
     def work(session: Session, participant: Participant) -> ConversationEnded:
         decision = service.end_conversation(session, participant, conversation_id,
                                             made_decision=body.made_decision, decision=body.decision)
+        if decision is not None:
+            planner.on_decision(session, participant, decision.id, decision.decided_at, decision.text)
         survey_id = None
         if body.rating is not None:
             assignment = survey_service.assign(session, participant, "immediate-rating", purpose="exit",

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, Response, status
 from fastapi.responses import PlainTextResponse
 
 from api.deps import SESSION_COOKIE, CurrentParticipant, SessionDep, participant_token
+from scheduler import planner
 from study import audit
 from study import participants as service
 from study.models import ConsentVersion, Participant, Study
@@ -128,6 +129,7 @@ def update_profile(body: ProfileUpdate, session: SessionDep, participant: Curren
     if not was_enrolled:
         survey_service.assign_baseline(session, participant,
                                        current_protocol(session, participant.study_id).baseline)
+        planner.on_enrollment(session, participant)
     return _participant_read(session, participant, token)
 
 

@@ -42,6 +42,7 @@ PARTICIPANT_CALLS: dict[tuple[str, str], dict | None] = {
     ("POST", "/api/v1/me/conversations/{conversation_id}/turns/{turn_id}/override"): None,
     ("POST", "/api/v1/me/conversations/{conversation_id}/turns/{turn_id}/reconsider"): None,
     ("POST", "/api/v1/me/conversations/{conversation_id}/end"): {"rating": 5, "made_decision": False},
+    ("GET", "/api/v1/me/followups"): None,
     ("POST", "/api/v1/me/withdrawal"): {"level": "stop_contact", "confirm": True},
 }
 # The owner's own call may rightly be refused for reasons other than ownership.

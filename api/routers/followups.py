@@ -1,0 +1,52 @@
+"""Follow-up endpoints: a participant's own schedule; staff views of follow-ups and channel alerts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from sqlalchemy import func, select
+
+from api.deps import ConsentedParticipant, CurrentStaff, SessionDep
+from api.routers.staff import ParticipantLevelAccess, staff_actor
+from scheduler import service
+from scheduler.models import ChannelAlert, Delivery, FollowUp
+from scheduler.schemas import ChannelAlertRead, FollowUpRead, MyFollowUpRead
+from study import audit
+from study.models import Participant
+
+router = APIRouter(tags=["follow-ups"])
+staff_router = APIRouter(prefix="/staff", tags=["staff"])
+
+
+@router.get("/me/followups")
+def my_followups(session: SessionDep, participant: ConsentedParticipant) -> list[MyFollowUpRead]:
+    """Upcoming and past follow-up surveys."""
+    return [MyFollowUpRead.of(f) for f in service.schedule(session, participant)]
+
+
+@staff_router.get("/alerts")
+def channel_alerts(session: SessionDep, staff: CurrentStaff, include_resolved: bool = False) -> list[ChannelAlertRead]:
+    """Delivery channels that keep failing (no participant data: every staff member sees them)."""
+    query = select(ChannelAlert).where(ChannelAlert.raised_at.is_not(None))
+    if not include_resolved:
+        query = query.where(ChannelAlert.resolved_at.is_(None))
+    return [ChannelAlertRead.of(a) for a in session.scalars(query.order_by(ChannelAlert.raised_at.desc()))]
+
+
+@staff_router.get("/studies/{slug}/followups")
+def study_followups(session: SessionDep, access: ParticipantLevelAccess,
+                    actor: Annotated[audit.Actor, Depends(staff_actor)],
+                    status: str | None = None) -> list[FollowUpRead]:
+    """Every follow-up with its timing and delivery record (audited)."""
+    failed = (select(Delivery.followup_id, func.count().label("n")).where(Delivery.status == "failed")
+              .group_by(Delivery.followup_id).subquery())
+    query = (select(FollowUp, Participant.code, func.coalesce(failed.c.n, 0))
+             .join(Participant, Participant.id == FollowUp.participant_id)
+             .outerjoin(failed, failed.c.followup_id == FollowUp.id)
+             .where(FollowUp.study_id == access.study.id).order_by(FollowUp.due_at, FollowUp.id))
+    if status:
+        query = query.where(FollowUp.status == status)
+    rows = session.execute(query).all()
+    audit.record(session, actor, "followups.read", study_id=access.study.id, count=len(rows))
+    return [FollowUpRead.staff_view(f, code, n) for f, code, n in rows]

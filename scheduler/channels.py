@@ -1,0 +1,166 @@
+"""Delivery channels: email (SMTP), webhook (signed JSON POST) and in-app.
+
+A channel either returns (delivered) or raises ``DeliveryError`` naming the problem, so the
+dispatcher can retry, give up on one address, or alert staff about the channel itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import html
+import json
+import smtplib
+import ssl
+from dataclasses import dataclass
+from email.message import EmailMessage
+from email.utils import formatdate
+from typing import Protocol
+
+import httpx
+
+from study.settings import Settings
+
+
+class DeliveryError(Exception):
+    """``problem``: auth_refused | unreachable | bouncing | rejected. ``permanent`` means this
+    message will never go through on this channel (retrying cannot help)."""
+
+    def __init__(self, problem: str, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.problem = problem
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class Invitation:
+    idempotency_key: str
+    kind: str  # invitation | reminder
+    participant_code: str
+    to_email: str | None
+    study_title: str
+    survey_title: str
+    link: str
+    closes_at_text: str
+
+
+class Channel(Protocol):
+    name: str
+
+    def send(self, message: Invitation) -> None: ...
+
+
+def subject(message: Invitation) -> str:
+    prefix = "Reminder: " if message.kind == "reminder" else ""
+    return f"{prefix}{message.survey_title} ({message.study_title})"
+
+
+def text_body(message: Invitation) -> str:
+    opening = ("A reminder: your survey is still open." if message.kind == "reminder"
+               else "It's time for a short follow-up survey in the study you joined.")
+    return (f"Hello,\n\n{opening}\n\n{message.survey_title}\n{message.link}\n\n"
+            f"The link works until {message.closes_at_text} and only for you.\n"
+            "You can stop taking part at any time from the \"My study\" page.\n\n"
+            f"{message.study_title}\n")
+
+
+def html_body(message: Invitation) -> str:
+    e = html.escape
+    return ("<!doctype html><html><body style=\"font-family:sans-serif;line-height:1.5\">"
+            f"<p>Hello,</p><p>{e(text_body(message).split(chr(10))[2])}</p>"
+            f"<p><a href=\"{e(message.link)}\">{e(message.survey_title)}</a></p>"
+            f"<p>The link works until {e(message.closes_at_text)} and only for you.<br>"
+            "You can stop taking part at any time from the &ldquo;My study&rdquo; page.</p>"
+            f"<p>{e(message.study_title)}</p></body></html>")
+
+
+def message_id(idempotency_key: str, domain: str) -> str:
+    return f"<{hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]}@{domain}>"
+
+
+class EmailChannel:
+    name = "email"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def compose(self, message: Invitation) -> EmailMessage:
+        if not message.to_email:
+            raise DeliveryError("bouncing", "the participant has no contact email", permanent=True)
+        sender = self.settings.mail_from
+        email = EmailMessage()
+        email["From"] = sender
+        email["To"] = message.to_email
+        email["Subject"] = subject(message)
+        email["Date"] = formatdate(localtime=False)
+        email["Message-ID"] = message_id(message.idempotency_key, sender.rsplit("@", 1)[-1].strip(">"))
+        email["Auto-Submitted"] = "auto-generated"
+        email.set_content(text_body(message))
+        email.add_alternative(html_body(message), subtype="html")
+        return email
+
+    def send(self, message: Invitation) -> None:
+        email = self.compose(message)
+        s = self.settings
+        try:
+            with smtplib.SMTP(s.smtp_host, s.smtp_port, timeout=s.smtp_timeout_seconds) as smtp:
+                if s.smtp_starttls:
+                    smtp.starttls(context=ssl.create_default_context())
+                if s.smtp_username:
+                    password = s.smtp_password.get_secret_value() if s.smtp_password else ""
+                    smtp.login(s.smtp_username, password)
+                smtp.send_message(email)
+        except smtplib.SMTPAuthenticationError as exc:
+            raise DeliveryError("auth_refused", f"the mail server refused the login: {exc.smtp_code}") from exc
+        except smtplib.SMTPRecipientsRefused as exc:
+            raise DeliveryError("bouncing", "the mail server refused the address", permanent=True) from exc
+        except smtplib.SMTPResponseException as exc:
+            permanent = 500 <= exc.smtp_code < 600
+            raise DeliveryError("rejected", f"the mail server answered {exc.smtp_code}", permanent=permanent) from exc
+        except (OSError, smtplib.SMTPException) as exc:
+            raise DeliveryError("unreachable", f"cannot reach the mail server: {type(exc).__name__}") from exc
+
+
+class WebhookChannel:
+    """POST JSON to the study's own system (an SMS gateway, say), signed with HMAC-SHA256."""
+
+    name = "webhook"
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.webhook_url or settings.webhook_secret is None:
+            raise ValueError("the webhook channel needs AFTERWARD_WEBHOOK_URL and AFTERWARD_WEBHOOK_SECRET")
+        self.url = settings.webhook_url
+        self.secret = settings.webhook_secret.get_secret_value().encode()
+        self.timeout = settings.smtp_timeout_seconds
+
+    def body(self, message: Invitation) -> bytes:
+        return json.dumps({"kind": message.kind, "participant": message.participant_code,
+                           "survey": message.survey_title, "link": message.link,
+                           "closes": message.closes_at_text}, sort_keys=True).encode()
+
+    def signature(self, body: bytes) -> str:
+        return "sha256=" + hmac.new(self.secret, body, hashlib.sha256).hexdigest()
+
+    def send(self, message: Invitation) -> None:
+        body = self.body(message)
+        headers = {"Content-Type": "application/json", "Idempotency-Key": message.idempotency_key,
+                   "X-Afterward-Signature": self.signature(body)}
+        try:
+            response = httpx.post(self.url, content=body, headers=headers, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise DeliveryError("unreachable", f"cannot reach the webhook: {type(exc).__name__}") from exc
+        if response.status_code in (401, 403):
+            raise DeliveryError("auth_refused", f"the webhook refused the signature ({response.status_code})")
+        if 400 <= response.status_code < 500:
+            raise DeliveryError("rejected", f"the webhook answered {response.status_code}", permanent=True)
+        if response.status_code >= 300:
+            raise DeliveryError("unreachable", f"the webhook answered {response.status_code}")
+
+
+class InAppChannel:
+    """Nothing to send: an open survey is listed in the app the next time the participant looks."""
+
+    name = "in_app"
+
+    def send(self, message: Invitation) -> None:
+        return None

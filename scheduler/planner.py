@@ -1,0 +1,198 @@
+"""The planner: follow-up rows from the protocol's schedule, in each participant's local time.
+
+``P7D`` with ``send_at_local: "10:00"`` means 10:00 on the seventh calendar day after the anchor,
+on the participant's wall clock, whatever daylight saving does in between; a time inside quiet
+hours moves to the end of them. A wall time that does not exist (the hour skipped in spring)
+becomes the same time on the shifted clock (02:30 → 03:30); one that exists twice (autumn) is
+the first.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import insert, select
+from sqlalchemy.orm import Session
+
+from scheduler.models import Anchor, FollowUp
+from study.clock import now
+from study.models import Participant, ParticipantStatus
+from study.protocol import FollowUp as FollowUpSpec
+from study.protocol import Protocol, QuietHours
+from study.studies import current_protocol, current_version
+
+UTC = dt.UTC
+
+
+def _clock(value: str) -> dt.time:
+    hours, minutes = value.split(":")
+    return dt.time(int(hours), int(minutes))
+
+
+def in_quiet_hours(wall: dt.datetime, quiet: QuietHours) -> bool:
+    start, end, time = _clock(quiet.start), _clock(quiet.end), wall.time()
+    if start == end:
+        return False
+    return start <= time < end if start < end else (time >= start or time < end)
+
+
+def out_of_quiet_hours(wall: dt.datetime, quiet: QuietHours) -> dt.datetime:
+    """The wall time itself, or the end of the quiet hours it falls in."""
+    if not in_quiet_hours(wall, quiet):
+        return wall
+    end = _clock(quiet.end)
+    moved = wall.replace(hour=end.hour, minute=end.minute, second=0, microsecond=0)
+    return moved if moved > wall else moved + dt.timedelta(days=1)
+
+
+def to_utc(wall: dt.datetime, zone: ZoneInfo) -> dt.datetime:
+    return wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class Timing:
+    intended_local: str  # the wall time the protocol asked for, before quiet hours
+    due_at: dt.datetime
+    closes_at: dt.datetime
+    reminder_offsets: list[int] = field(default_factory=list)  # seconds after due_at
+
+
+def timing(spec: FollowUpSpec, anchored_at: dt.datetime, timezone: str, quiet: QuietHours) -> Timing:
+    zone = ZoneInfo(timezone)
+    anchor_wall = anchored_at.astimezone(zone).replace(tzinfo=None)
+    send = _clock(spec.send_at_local)
+    wall = (anchor_wall + spec.offset).replace(hour=send.hour, minute=send.minute, second=0, microsecond=0)
+    if to_utc(wall, zone) <= anchored_at:
+        wall += dt.timedelta(days=1)  # never before the anchor itself
+    intended = wall
+    due_at = to_utc(out_of_quiet_hours(wall, quiet), zone)
+    closes_at = due_at + spec.window
+    reminders = []
+    for after in spec.reminders:
+        reminder_wall = (due_at + after).astimezone(zone).replace(tzinfo=None)
+        reminder_at = to_utc(out_of_quiet_hours(reminder_wall, quiet), zone)
+        if reminder_at < closes_at:
+            reminders.append(int((reminder_at - due_at).total_seconds()))
+    return Timing(intended.strftime("%Y-%m-%dT%H:%M"), due_at, closes_at, reminders)
+
+
+def record_anchor(session: Session, participant: Participant, kind: str, key: str, at: dt.datetime,
+                  context: dict[str, str] | None = None) -> Anchor:
+    anchor = session.scalar(select(Anchor).where(Anchor.participant_id == participant.id, Anchor.key == key))
+    if anchor is None:
+        anchor = Anchor(participant_id=participant.id, kind=kind, key=key, anchored_at=at, context=context or {})
+        session.add(anchor)
+        session.flush()
+    return anchor
+
+
+def _rows(participant: Participant, anchors: Iterable[Anchor], protocol: Protocol, version: int,
+          existing: set[tuple[str, str]], at: dt.datetime) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    if participant.timezone is None:
+        return rows
+    for anchor in anchors:
+        for spec in protocol.followups:
+            if spec.anchor != anchor.kind or (spec.id, anchor.key) in existing:
+                continue
+            when = timing(spec, anchor.anchored_at, participant.timezone, protocol.quiet_hours)
+            if when.closes_at <= at:
+                continue  # its whole window is already over (a follow-up added late)
+            rows.append(dict(
+                participant_id=participant.id, study_id=participant.study_id, followup_key=spec.id,
+                anchor_key=anchor.key, instrument_id=spec.instrument, protocol_version=version,
+                context=dict(anchor.context), timezone=participant.timezone, intended_local=when.intended_local,
+                due_at=when.due_at, closes_at=when.closes_at, reminder_offsets=when.reminder_offsets,
+                status="planned", reminders_sent=0, created_at=at, updated_at=at))
+    return rows
+
+
+def plan(session: Session, participant: Participant) -> int:
+    """Write every follow-up the participant's anchors call for and that is not planned yet."""
+    if participant.status != ParticipantStatus.ENROLLED:
+        return 0
+    version = current_version(session, participant.study_id)
+    protocol = current_protocol(session, participant.study_id)
+    anchors = session.scalars(select(Anchor).where(Anchor.participant_id == participant.id)).all()
+    existing = {(key, anchor) for key, anchor in session.execute(
+        select(FollowUp.followup_key, FollowUp.anchor_key).where(FollowUp.participant_id == participant.id))}
+    rows = _rows(participant, anchors, protocol, version.version, existing, now())
+    if rows:
+        session.execute(insert(FollowUp), rows)
+    return len(rows)
+
+
+def on_enrollment(session: Session, participant: Participant) -> int:
+    assert participant.enrolled_at is not None
+    record_anchor(session, participant, "enrollment", "enrollment", participant.enrolled_at)
+    return plan(session, participant)
+
+
+def on_decision(session: Session, participant: Participant, decision_id: int, decided_at: dt.datetime,
+                decision_text: str) -> int:
+    record_anchor(session, participant, "decision", f"decision:{decision_id}", decided_at,
+                  {"decision": decision_text})
+    return plan(session, participant)
+
+
+def plan_many(session: Session, participants: list[Participant]) -> int:
+    """``on_enrollment`` for many participants of one study, in one insert (studies, bench)."""
+    if not participants:
+        return 0
+    study_id = participants[0].study_id
+    version = current_version(session, study_id).version
+    protocol = current_protocol(session, study_id)
+    at = now()
+    anchors = [Anchor(participant_id=p.id, kind="enrollment", key="enrollment", anchored_at=p.enrolled_at,
+                      context={}) for p in participants if p.enrolled_at is not None]
+    session.execute(insert(Anchor), [dict(participant_id=a.participant_id, kind=a.kind, key=a.key,
+                                          anchored_at=a.anchored_at, context={}) for a in anchors])
+    rows: list[dict[str, object]] = []
+    for participant, anchor in zip(participants, anchors, strict=True):
+        rows += _rows(participant, [anchor], protocol, version, set(), at)
+    if rows:
+        session.execute(insert(FollowUp), rows)
+    return len(rows)
+
+
+@dataclass
+class Replan:
+    updated: int = 0
+    cancelled: int = 0
+    added: int = 0
+
+
+def replan_study(session: Session, study_id: int) -> Replan:
+    """After a new protocol version: follow-ups not yet sent take the new schedule (or are
+    cancelled if the protocol dropped them); new follow-ups are added. Sent ones are left alone."""
+    version = current_version(session, study_id).version
+    protocol = current_protocol(session, study_id)
+    specs = {spec.id: spec for spec in protocol.followups}
+    report = Replan()
+    at = now()
+    stale = session.scalars(select(FollowUp).where(
+        FollowUp.study_id == study_id, FollowUp.status == "planned", FollowUp.protocol_version != version)).all()
+    anchors = {(a.participant_id, a.key): a for a in session.scalars(
+        select(Anchor).join(Participant, Participant.id == Anchor.participant_id)
+        .where(Participant.study_id == study_id))}
+    for followup in stale:
+        spec = specs.get(followup.followup_key)
+        anchor = anchors.get((followup.participant_id, followup.anchor_key))
+        if spec is None or anchor is None or spec.anchor != anchor.kind:
+            followup.status, followup.ended_at = "cancelled", at
+            followup.end_reason = f"not in protocol version {version}"
+            report.cancelled += 1
+            continue
+        when = timing(spec, anchor.anchored_at, followup.timezone, protocol.quiet_hours)
+        followup.instrument_id, followup.protocol_version = spec.instrument, version
+        followup.intended_local, followup.due_at, followup.closes_at = when.intended_local, when.due_at, when.closes_at
+        followup.reminder_offsets, followup.updated_at = when.reminder_offsets, at
+        report.updated += 1
+    session.flush()
+    for participant in session.scalars(select(Participant).where(
+            Participant.study_id == study_id, Participant.status == ParticipantStatus.ENROLLED)):
+        report.added += plan(session, participant)
+    return report

@@ -1,0 +1,53 @@
+"""Scheduler operations used outside the dispatcher: what a participant has scheduled, and the
+hooks that stop everything pending when a survey is completed or a participant withdraws."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from scheduler.models import Delivery, FollowUp
+from study.clock import now
+from study.models import Participant, WithdrawalLevel
+from study.participants import withdrawal_hooks
+from surveys import service as survey_service
+from surveys.models import SurveyAssignment
+
+
+def cancel_deliveries(session: Session, followup_id: int, reason: str) -> None:
+    session.execute(update(Delivery).where(Delivery.followup_id == followup_id,
+                                           Delivery.status.in_(("pending", "sending")))
+                    .values(status="cancelled", last_error=reason))
+
+
+
+def schedule(session: Session, participant: Participant) -> list[FollowUp]:
+    return list(session.scalars(select(FollowUp).where(FollowUp.participant_id == participant.id)
+                                .order_by(FollowUp.due_at, FollowUp.id)))
+
+
+def deliveries(session: Session, followup: FollowUp) -> list[Delivery]:
+    return list(session.scalars(select(Delivery).where(Delivery.followup_id == followup.id)
+                                .order_by(Delivery.sequence, Delivery.channel)))
+
+
+def _on_completion(session: Session, assignment: SurveyAssignment) -> None:
+    for followup in session.scalars(select(FollowUp).where(FollowUp.assignment_id == assignment.id)):
+        followup.status, followup.ended_at, followup.updated_at = "completed", now(), now()
+        cancel_deliveries(session, followup.id, "the survey was completed")
+
+
+def _on_withdrawal(session: Session, participant: Participant, level: WithdrawalLevel) -> None:
+    at = now()
+    session.execute(update(FollowUp).where(FollowUp.participant_id == participant.id,
+                                           FollowUp.status.in_(("planned", "sent")))
+                    .values(status="cancelled", ended_at=at, updated_at=at, end_reason="participant withdrew"))
+    session.execute(update(Delivery).where(Delivery.participant_id == participant.id,
+                                           Delivery.status.in_(("pending", "sending")))
+                    .values(status="cancelled", last_error="participant withdrew"))
+
+
+survey_service.completion_hooks.append(_on_completion)
+withdrawal_hooks.append(_on_withdrawal)
+
+
