@@ -16,11 +16,11 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select, text, update
+from sqlalchemy import and_, exists, func, insert, or_, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -29,7 +29,7 @@ from scheduler.models import ChannelAlert, Delivery, FollowUp
 from scheduler.planner import replan_study
 from scheduler.service import cancel_deliveries
 from study.clock import now
-from study.db import is_postgres, session_scope
+from study.db import bulk_insert, is_postgres, session_scope
 from study.models import Participant, ParticipantStatus, ProtocolVersion, Study
 from study.security import decrypt_contact
 from study.settings import Settings
@@ -105,74 +105,79 @@ class Dispatcher:
     # Opening follow-ups
 
     def open_due(self, report: TickReport, only: int | None = None) -> None:
+        """Open due follow-ups a batch at a time, each batch in the transaction that claims it: a
+        survey assignment per follow-up (what the in-app channel shows) and its delivery rows.
+        Written as a few set-based statements per batch; a dispatcher's throughput is this loop."""
         while True:
             with session_scope(self.engine) as session:
                 at = now()
-                query = (select(FollowUp).where(FollowUp.status == "planned", FollowUp.due_at <= at)
-                         .order_by(FollowUp.due_at).limit(self.settings.scheduler_batch_size))
+                query = (select(FollowUp.id, FollowUp.participant_id, FollowUp.study_id, FollowUp.instrument_id,
+                                FollowUp.followup_key, FollowUp.context, FollowUp.due_at, FollowUp.closes_at,
+                                FollowUp.reminder_offsets, FollowUp.protocol_version, Participant.status,
+                                Participant.contact_email_encrypted.is_not(None).label("has_email"))
+                         .join(Participant, Participant.id == FollowUp.participant_id))
                 if only is not None:
-                    query = select(FollowUp).where(FollowUp.id == only, FollowUp.status == "planned")
-                batch = list(session.scalars(self._claim(session, query)))
+                    query = query.where(FollowUp.id == only, FollowUp.status == "planned")
+                else:
+                    query = (query.where(FollowUp.status == "planned", FollowUp.due_at <= at)
+                             .order_by(FollowUp.due_at).limit(self.settings.scheduler_batch_size))
+                if is_postgres(session):
+                    query = query.with_for_update(skip_locked=True, of=FollowUp)
+                batch = session.execute(query).all()
                 if not batch:
                     return
                 if self._replan_if_stale(session, batch):
                     continue  # the protocol changed: these rows may have moved; select again
-                participants = {p.id: p for p in session.scalars(
-                    select(Participant).where(Participant.id.in_({f.participant_id for f in batch})))}
-                for followup in batch:
-                    self._open(session, followup, participants[followup.participant_id], at, report)
+                self._open_batch(session, batch, at, report)
             if only is not None:
                 return
 
-    def _replan_if_stale(self, session: Session, batch: list[FollowUp]) -> bool:
+    def _replan_if_stale(self, session: Session, batch: Sequence[Any]) -> bool:
         stale = False
-        for study_id in {f.study_id for f in batch}:
+        for study_id in {row.study_id for row in batch}:
             version = current_version(session, study_id).version
-            if any(f.protocol_version != version for f in batch if f.study_id == study_id):
+            if any(row.protocol_version != version for row in batch if row.study_id == study_id):
                 replanned = replan_study(session, study_id)
                 log.info("protocol of study %s changed: re-planned %s", study_id, replanned)
                 stale = True
         return stale
 
-    def _open(self, session: Session, followup: FollowUp, participant: Participant, at: dt.datetime,
-              report: TickReport) -> None:
-        followup.updated_at = at
-        if participant.status != ParticipantStatus.ENROLLED:
-            followup.status, followup.ended_at, followup.end_reason = "cancelled", at, "participant withdrew"
-            report.cancelled += 1
+    def _open_batch(self, session: Session, batch: Sequence[Any], at: dt.datetime, report: TickReport) -> None:
+        ended: list[dict[str, Any]] = []
+        opening = []
+        for row in batch:
+            if row.status != ParticipantStatus.ENROLLED:
+                ended.append({"id": row.id, "status": "cancelled", "ended_at": at, "updated_at": at,
+                              "end_reason": "participant withdrew"})
+                report.cancelled += 1
+            elif at >= row.closes_at:
+                ended.append({"id": row.id, "status": "expired", "ended_at": at, "updated_at": at, "end_reason": (
+                    f"not sent: due {row.due_at:%Y-%m-%d %H:%M} UTC, but no dispatcher ran before the window "
+                    f"closed at {row.closes_at:%Y-%m-%d %H:%M} UTC")})
+                report.expired += 1
+            else:
+                opening.append(row)
+        if ended:
+            session.execute(update(FollowUp), ended)
+        if not opening:
             return
-        if at >= followup.closes_at:
-            followup.status, followup.ended_at = "expired", at
-            followup.end_reason = (f"not sent: due {followup.due_at:%Y-%m-%d %H:%M} UTC, but no dispatcher ran "
-                                   f"before the window closed at {followup.closes_at:%Y-%m-%d %H:%M} UTC")
-            report.expired += 1
-            return
-        assignment = survey_service.assign(
-            session, participant, followup.instrument_id, purpose="followup", intended_at=followup.due_at,
-            closes_at=followup.closes_at, followup_key=followup.followup_key, context=followup.context)
-        followup.status, followup.sent_at, followup.assignment_id = "sent", at, assignment.id
-        followup.lateness_seconds = (at - followup.due_at).total_seconds()
-        protocol = current_protocol(session, participant.study_id)
-        channels = [c for c in protocol.channels if c in SENDING_CHANNELS and c in self.channels]
-        if "email" in channels and participant.contact_email_encrypted is None:
-            channels.remove("email")
-        key = f"followup-{followup.id}"
-        rows = [Delivery(followup_id=followup.id, participant_id=participant.id, kind="invitation", sequence=0,
-                         channel="in_app", idempotency_key=f"{key}-0-in_app", due_at=followup.due_at,
-                         status="sent", attempts=1, next_attempt_at=at, sent_at=at, created_at=at)]
-        for sequence, after in enumerate([0, *followup.reminder_offsets]):
-            due = followup.due_at + dt.timedelta(seconds=after)
-            # Opened late: a reminder whose time already passed would arrive with the invitation.
-            skipped = sequence > 0 and due <= at
-            rows += [Delivery(followup_id=followup.id, participant_id=participant.id,
-                              kind="reminder" if sequence else "invitation", sequence=sequence, channel=channel,
-                              idempotency_key=f"{key}-{sequence}-{channel}", due_at=due,
-                              status="cancelled" if skipped else "pending", attempts=0, next_attempt_at=max(due, at),
-                              last_error="skipped: its time passed before the invitation went out" if skipped
-                              else None, created_at=at)
-                     for channel in channels]
-        session.add_all(rows)
-        report.opened += 1
+        versions = {row.instrument_id: registry.get(session, row.instrument_id).version for row in opening}
+        assignment_ids = _insert_with_ids(session, SurveyAssignment, [
+            dict(participant_id=row.participant_id, instrument_id=row.instrument_id,
+                 instrument_version=versions[row.instrument_id], purpose="followup", followup_key=row.followup_key,
+                 context=row.context, intended_at=row.due_at, closes_at=row.closes_at, status="open",
+                 created_at=at) for row in opening])
+        _mark_sent(session, [row.id for row in opening], assignment_ids,
+                   [(at - row.due_at).total_seconds() for row in opening], at)
+        channels_of = {study_id: [c for c in current_protocol(session, study_id).channels
+                                  if c in SENDING_CHANNELS and c in self.channels]
+                       for study_id in {row.study_id for row in opening}}
+        deliveries: list[dict[str, Any]] = []
+        for row in opening:
+            channels = [c for c in channels_of[row.study_id] if c != "email" or row.has_email]
+            deliveries += _delivery_rows(row, channels, at)
+        bulk_insert(session, Delivery, deliveries)
+        report.opened += len(opening)
 
     # Expiry
 
@@ -314,6 +319,53 @@ class Dispatcher:
         for delivery_id in ids:
             self.send_due(report, only=delivery_id)
         return report
+
+
+def _mark_sent(session: Session, ids: list[int], assignment_ids: list[int], lateness: list[float],
+               at: dt.datetime) -> None:
+    """Record the opened follow-ups: one statement over arrays on PostgreSQL, one per row elsewhere."""
+    if is_postgres(session):
+        session.execute(text(
+            "UPDATE followups AS f SET status = 'sent', sent_at = :at, updated_at = :at, assignment_id = v.aid, "
+            "lateness_seconds = v.late FROM unnest(CAST(:ids AS integer[]), CAST(:aids AS integer[]), "
+            "CAST(:late AS double precision[])) AS v(id, aid, late) WHERE f.id = v.id"),
+            {"at": at, "ids": ids, "aids": assignment_ids, "late": lateness})
+        return
+    session.execute(update(FollowUp), [
+        {"id": id_, "status": "sent", "sent_at": at, "assignment_id": aid, "updated_at": at, "lateness_seconds": late}
+        for id_, aid, late in zip(ids, assignment_ids, lateness, strict=True)])
+
+
+def _insert_with_ids(session: Session, table: Any, rows: list[dict[str, Any]]) -> list[int]:
+    """Insert rows and return their ids in order. On PostgreSQL the ids are drawn from the
+    sequence first, so the insert is one cached statement run as a pipelined executemany (a
+    multi-row INSERT ... RETURNING costs more to build and parse than the insert itself)."""
+    if not is_postgres(session):
+        return list(session.scalars(insert(table).returning(table.id, sort_by_parameter_order=True), rows))
+    ids = list(session.scalars(text(f"SELECT nextval(pg_get_serial_sequence('{table.__tablename__}', 'id')) "
+                                    "FROM generate_series(1, :n)"), {"n": len(rows)}))
+    bulk_insert(session, table, [{**row, "id": id_} for row, id_ in zip(rows, ids, strict=True)])
+    return ids
+
+
+def _delivery_rows(followup: Any, channels: Sequence[str], at: dt.datetime) -> list[dict[str, Any]]:
+    """The in-app record (delivered by opening) plus the invitation and each reminder per channel.
+    A reminder whose time passed before the follow-up was opened (a late start) is skipped: it
+    would arrive together with the invitation."""
+    key = f"followup-{followup.id}"
+    common = {"followup_id": followup.id, "participant_id": followup.participant_id, "created_at": at,
+              "detail": {}, "claimed_by": None, "lease_until": None, "sent_at": None, "last_error": None}
+    rows = [{**common, "kind": "invitation", "sequence": 0, "channel": "in_app", "idempotency_key": f"{key}-0-in_app",
+             "due_at": followup.due_at, "status": "sent", "attempts": 1, "next_attempt_at": at, "sent_at": at}]
+    for sequence, after in enumerate([0, *followup.reminder_offsets]):
+        due = followup.due_at + dt.timedelta(seconds=after)
+        skipped = sequence > 0 and due <= at
+        rows += [{**common, "kind": "reminder" if sequence else "invitation", "sequence": sequence,
+                  "channel": channel, "idempotency_key": f"{key}-{sequence}-{channel}", "due_at": due,
+                  "status": "cancelled" if skipped else "pending", "attempts": 0, "next_attempt_at": max(due, at),
+                  "last_error": "skipped: its time passed before the invitation went out" if skipped else None}
+                 for channel in channels]
+    return rows
 
 
 def _record_alert(session: Session, channel: str, exc: DeliveryError, threshold: int) -> None:

@@ -10,15 +10,17 @@ the first.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.models import Anchor, FollowUp
 from study.clock import now
+from study.db import bulk_insert
 from study.models import Participant, ParticipantStatus
 from study.protocol import FollowUp as FollowUpSpec
 from study.protocol import Protocol, QuietHours
@@ -27,6 +29,7 @@ from study.studies import current_protocol, current_version
 UTC = dt.UTC
 
 
+@functools.cache
 def _clock(value: str) -> dt.time:
     hours, minutes = value.split(":")
     return dt.time(int(hours), int(minutes))
@@ -121,7 +124,7 @@ def plan(session: Session, participant: Participant) -> int:
         select(FollowUp.followup_key, FollowUp.anchor_key).where(FollowUp.participant_id == participant.id))}
     rows = _rows(participant, anchors, protocol, version.version, existing, now())
     if rows:
-        session.execute(insert(FollowUp), rows)
+        bulk_insert(session, FollowUp, rows)
     return len(rows)
 
 
@@ -146,15 +149,15 @@ def plan_many(session: Session, participants: list[Participant]) -> int:
     version = current_version(session, study_id).version
     protocol = current_protocol(session, study_id)
     at = now()
+    enrolled = [p for p in participants if p.enrolled_at is not None]
     anchors = [Anchor(participant_id=p.id, kind="enrollment", key="enrollment", anchored_at=p.enrolled_at,
-                      context={}) for p in participants if p.enrolled_at is not None]
-    session.execute(insert(Anchor), [dict(participant_id=a.participant_id, kind=a.kind, key=a.key,
-                                          anchored_at=a.anchored_at, context={}) for a in anchors])
+                      context={}) for p in enrolled]
+    bulk_insert(session, Anchor, [dict(participant_id=a.participant_id, kind=a.kind, key=a.key,
+                                       anchored_at=a.anchored_at, context={}) for a in anchors])
     rows: list[dict[str, object]] = []
-    for participant, anchor in zip(participants, anchors, strict=True):
+    for participant, anchor in zip(enrolled, anchors, strict=True):
         rows += _rows(participant, [anchor], protocol, version, set(), at)
-    if rows:
-        session.execute(insert(FollowUp), rows)
+    bulk_insert(session, FollowUp, rows)
     return len(rows)
 
 

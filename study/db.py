@@ -7,13 +7,14 @@ The edge owns the transaction: an HTTP request or a scheduler job opens one sess
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import DateTime, Dialect, MetaData, create_engine, event
+from sqlalchemy import JSON, DateTime, Dialect, MetaData, Table, create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -98,6 +99,31 @@ def get_engine() -> Engine:
 
 def session_factory(engine: Engine | None = None) -> sessionmaker[Session]:
     return sessionmaker(bind=engine or get_engine(), expire_on_commit=False)
+
+
+def table_of(model: type[Base]) -> Table:
+    """The Core table of a mapped class, for set-based statements that skip per-row ORM work."""
+    return cast(Table, model.__table__)
+
+
+def bulk_insert(session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
+    """Insert many rows in the session's transaction: COPY on PostgreSQL (an order of magnitude
+    faster than row-by-row inserts), an executemany elsewhere. Every column must be given."""
+    if not rows:
+        return
+    table = table_of(model)
+    if not is_postgres(session):
+        session.execute(table.insert(), rows)
+        return
+    columns = list(rows[0])
+    json_columns = {c.name for c in table.columns if isinstance(c.type, JSON)}
+    driver = session.connection().connection.driver_connection
+    assert driver is not None
+    names = ", ".join(f'"{name}"' for name in columns)
+    with driver.cursor() as cursor, cursor.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as copy:
+        for row in rows:
+            copy.write_row([json.dumps(row[c]) if c in json_columns and row[c] is not None else row[c]
+                            for c in columns])
 
 
 @contextmanager
