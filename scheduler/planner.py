@@ -64,22 +64,31 @@ class Timing:
 
 
 def timing(spec: FollowUpSpec, anchored_at: dt.datetime, timezone: str, quiet: QuietHours) -> Timing:
+    """When one follow-up is due for one anchor. Offsets and reminders are wall-clock arithmetic
+    in the participant's zone; the results are UTC."""
     zone = ZoneInfo(timezone)
     anchor_wall = anchored_at.astimezone(zone).replace(tzinfo=None)
     send = _clock(spec.send_at_local)
     wall = (anchor_wall + spec.offset).replace(hour=send.hour, minute=send.minute, second=0, microsecond=0)
-    if to_utc(wall, zone) <= anchored_at:
+    if wall <= anchor_wall:
         wall += dt.timedelta(days=1)  # never before the anchor itself
-    intended = wall
-    due_at = to_utc(out_of_quiet_hours(wall, quiet), zone)
+    due_wall = out_of_quiet_hours(wall, quiet)
+    due_at = to_utc(due_wall, zone)
     closes_at = due_at + spec.window
     reminders = []
     for after in spec.reminders:
-        reminder_wall = (due_at + after).astimezone(zone).replace(tzinfo=None)
-        reminder_at = to_utc(out_of_quiet_hours(reminder_wall, quiet), zone)
+        reminder_at = to_utc(out_of_quiet_hours(due_wall + after, quiet), zone)
         if reminder_at < closes_at:
             reminders.append(int((reminder_at - due_at).total_seconds()))
-    return Timing(intended.strftime("%Y-%m-%dT%H:%M"), due_at, closes_at, reminders)
+    return Timing(wall.strftime("%Y-%m-%dT%H:%M"), due_at, closes_at, reminders)
+
+
+@dataclass(frozen=True)
+class _AnchorRow:
+    kind: str
+    key: str
+    anchored_at: dt.datetime
+    context: dict[str, str]
 
 
 def record_anchor(session: Session, participant: Participant, kind: str, key: str, at: dt.datetime,
@@ -92,7 +101,7 @@ def record_anchor(session: Session, participant: Participant, kind: str, key: st
     return anchor
 
 
-def _rows(participant: Participant, anchors: Iterable[Anchor], protocol: Protocol, version: int,
+def _rows(participant: Participant, anchors: Iterable[Anchor | _AnchorRow], protocol: Protocol, version: int,
           existing: set[tuple[str, str]], at: dt.datetime) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     if participant.timezone is None:
@@ -150,12 +159,12 @@ def plan_many(session: Session, participants: list[Participant]) -> int:
     protocol = current_protocol(session, study_id)
     at = now()
     enrolled = [p for p in participants if p.enrolled_at is not None]
-    anchors = [Anchor(participant_id=p.id, kind="enrollment", key="enrollment", anchored_at=p.enrolled_at,
-                      context={}) for p in enrolled]
-    bulk_insert(session, Anchor, [dict(participant_id=a.participant_id, kind=a.kind, key=a.key,
-                                       anchored_at=a.anchored_at, context={}) for a in anchors])
+    bulk_insert(session, Anchor, [dict(participant_id=p.id, kind="enrollment", key="enrollment",
+                                       anchored_at=p.enrolled_at, context={}) for p in enrolled])
     rows: list[dict[str, object]] = []
-    for participant, anchor in zip(enrolled, anchors, strict=True):
+    for participant in enrolled:
+        assert participant.enrolled_at is not None
+        anchor = _AnchorRow("enrollment", "enrollment", participant.enrolled_at, {})
         rows += _rows(participant, [anchor], protocol, version, set(), at)
     bulk_insert(session, FollowUp, rows)
     return len(rows)
