@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from api import errors
+from api import errors, pages
 from api.routers import chat, followups, participants, staff, surveys
 from chat.gateway import Gateway
 from study.db import get_engine
@@ -32,6 +32,8 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
     app.include_router(chat.staff_router, prefix=API_PREFIX)
     app.include_router(followups.router, prefix=API_PREFIX)
     app.include_router(followups.staff_router, prefix=API_PREFIX)
+
+    pages.install(app)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

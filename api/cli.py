@@ -211,9 +211,9 @@ def demo(protocol: Path = PROJECT_ROOT / "examples" / "wellbeing-pilot.yaml") ->
     typer.echo(f"study '{study.slug}' ready (protocol version {result.version})")
     typer.echo(f"staff login: {email}" + (f" / password {password}" if password else " (existing account)"))
     typer.echo(f"staff API token: {token}")
-    typer.echo(f"invite codes (single use; redeem with POST {settings.base_url}/api/v1/enrollment):")
+    typer.echo("invite links for participants (single use; or POST the code to /api/v1/enrollment):")
     for code in codes:
-        typer.echo(f"  {code}")
+        typer.echo(f"  {settings.base_url}/?code={code}")
 
 
 @app.command("scheduler")

@@ -89,6 +89,15 @@ def _require_answerable(assignment: SurveyAssignment) -> None:
         raise Conflict("this survey is not open yet", code="survey_not_open")
 
 
+def closed_reason(assignment: SurveyAssignment) -> str | None:
+    """Why this survey cannot be answered now (for pages), or None."""
+    try:
+        _require_answerable(assignment)
+    except (Conflict, Gone) as exc:
+        return exc.message
+    return None
+
+
 @dataclass(frozen=True)
 class RenderedSurvey:
     assignment: SurveyAssignment

@@ -134,7 +134,7 @@ async def _screened(request: Request, gateway: Gateway, prepared: service.Prepar
     return await in_transaction(request, lambda s: service.reassess(s, prepared, verdict))
 
 
-async def _reply(request: Request, gateway: Gateway, prepared: service.PreparedTurn) -> ExchangeRead:
+async def reply_to(request: Request, gateway: Gateway, prepared: service.PreparedTurn) -> ExchangeRead:
     """Ask the model for the prepared turn and store the outcome (non-streaming)."""
     if prepared.existing_reply_id is not None:
         return await in_transaction(request, lambda s: _stored_exchange(s, prepared))
@@ -241,8 +241,7 @@ async def my_conversations(request: Request, token: Token) -> list[ConversationR
 async def my_conversation(conversation_id: int, request: Request, token: Token) -> ConversationDetail:
     def work(session: Session, participant: Participant) -> ConversationDetail:
         conversation = service.get_conversation(session, participant, conversation_id)
-        responses = dict(session.execute(select(PushbackResponse.turn_id, PushbackResponse.action)
-                                         .where(PushbackResponse.conversation_id == conversation.id)).all())
+        responses = pushback_responses(session, conversation.id)
         resources = _resources(session, participant)
         return ConversationDetail(**ConversationRead.of(conversation).model_dump(), turns=[
             TurnRead.of(turn, resources, responses.get(turn.id)) for turn in service.turns(session, conversation)])
@@ -273,13 +272,13 @@ async def send_message(conversation_id: int, body: MessageCreate, request: Reque
     if stream:
         return StreamingResponse(_stream(request, gateway, prepared, message), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-    return await _reply(request, gateway, prepared)
+    return await reply_to(request, gateway, prepared)
 
 
 @router.post("/me/conversations/{conversation_id}/retry", response_model=ExchangeRead)
 async def retry_reply(conversation_id: int, request: Request, token: Token, gateway: GatewayDep) -> ExchangeRead:
     prepared = await as_participant(request, token, lambda s, p: service.prepare_retry(s, p, conversation_id))
-    return await _reply(request, gateway, prepared)
+    return await reply_to(request, gateway, prepared)
 
 
 @router.post("/me/conversations/{conversation_id}/turns/{turn_id}/override", response_model=ExchangeRead)
@@ -288,7 +287,7 @@ async def override_pushback(conversation_id: int, turn_id: int, request: Request
     """Go ahead anyway: the assistant answers the same message again, doing what was asked."""
     prepared = await as_participant(
         request, token, lambda s, p: service.prepare_override(s, p, conversation_id, turn_id))
-    return await _reply(request, gateway, prepared)
+    return await reply_to(request, gateway, prepared)
 
 
 @router.post("/me/conversations/{conversation_id}/turns/{turn_id}/reconsider")
@@ -305,21 +304,36 @@ async def end_conversation(conversation_id: int, body: ExitCheck, request: Reque
     """End with the exit check: the rating is stored as the immediate-rating survey; a decision is
     recorded for the decision-anchored follow-ups."""
     def work(session: Session, participant: Participant) -> ConversationEnded:
-        decision = service.end_conversation(session, participant, conversation_id,
-                                            made_decision=body.made_decision, decision=body.decision)
-        if decision is not None:
-            planner.on_decision(session, participant, decision.id, decision.decided_at, decision.text)
-        survey_id = None
-        if body.rating is not None:
-            assignment = survey_service.assign(session, participant, "immediate-rating", purpose="exit",
-                                               context={"conversation_id": str(conversation_id)})
-            survey_service.submit(session, participant, assignment, {"helpful": body.rating},
-                                  submission_id=f"exit-{conversation_id}")
-            survey_id = assignment.id
-        conversation = service.get_conversation(session, participant, conversation_id)
-        return ConversationEnded(conversation=ConversationRead.of(conversation),
-                                 decision_id=decision.id if decision else None, exit_survey_id=survey_id)
+        return end_with_exit_check(session, participant, conversation_id, rating=body.rating,
+                                   made_decision=body.made_decision, decision=body.decision)
     return await as_participant(request, token, work)
+
+
+def end_with_exit_check(session: Session, participant: Participant, conversation_id: int, *, rating: int | None,
+                        made_decision: bool, decision: str | None) -> ConversationEnded:
+    """End the conversation; the rating becomes an immediate-rating survey response and a
+    decision is recorded and gets its decision-anchored follow-ups."""
+    record = service.end_conversation(session, participant, conversation_id, made_decision=made_decision,
+                                      decision=decision)
+    if record is not None:
+        planner.on_decision(session, participant, record.id, record.decided_at, record.text)
+    survey_id = None
+    if rating is not None:
+        assignment = survey_service.assign(session, participant, "immediate-rating", purpose="exit",
+                                           context={"conversation_id": str(conversation_id)})
+        survey_service.submit(session, participant, assignment, {"helpful": rating},
+                              submission_id=f"exit-{conversation_id}")
+        survey_id = assignment.id
+    conversation = service.get_conversation(session, participant, conversation_id)
+    return ConversationEnded(conversation=ConversationRead.of(conversation),
+                             decision_id=record.id if record else None, exit_survey_id=survey_id)
+
+
+def pushback_responses(session: Session, conversation_id: int) -> dict[int, str]:
+    """What the participant did with each nudge or challenge: turn id -> override | reconsider."""
+    rows = session.execute(select(PushbackResponse.turn_id, PushbackResponse.action)
+                           .where(PushbackResponse.conversation_id == conversation_id))
+    return {turn_id: action for turn_id, action in rows}
 
 
 # Staff: safety events

@@ -1,0 +1,104 @@
+// Progressive enhancement only: every page works without this file.
+(function () {
+  "use strict";
+
+  // Onboarding: pre-select the browser's time zone; the participant still confirms it.
+  var zoneSelect = document.querySelector("[data-detect-timezone]");
+  if (zoneSelect && !zoneSelect.value) {
+    try {
+      var zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+      if (zone && zoneSelect.querySelector('option[value="' + zone + '"]')) {
+        zoneSelect.value = zone;
+        var note = document.querySelector("[data-tz-detected]");
+        if (note) { note.hidden = false; }
+      }
+    } catch (e) { /* keep the manual choice */ }
+  }
+
+  function csrfOf(form) {
+    var field = form.querySelector('input[name="csrf"]');
+    return field ? field.value : "";
+  }
+
+  // Surveys: save each answer as it is given (the step buttons save too).
+  var survey = document.querySelector("form[data-autosave]");
+  if (survey) {
+    var status = survey.querySelector("[data-save-status]");
+    survey.addEventListener("change", function (event) {
+      var field = event.target;
+      if (!field.name || field.name === "csrf" || field.name === "step" || field.name === "submission_id") { return; }
+      var answers = {};
+      if (field.type === "checkbox") {
+        answers[field.name] = Array.prototype.map.call(
+          survey.querySelectorAll('input[name="' + field.name + '"]:checked'), function (box) { return box.value; });
+      } else {
+        var number = Number(field.value);
+        answers[field.name] = field.value === "" ? null : (field.type === "radio" || field.type === "number") &&
+          !isNaN(number) ? number : field.value;
+      }
+      fetch(survey.getAttribute("data-autosave"), {
+        method: "PUT", credentials: "same-origin",
+        headers: {"Content-Type": "application/json", "X-CSRF-Token": csrfOf(survey)},
+        body: JSON.stringify({answers: answers})
+      }).then(function (response) {
+        if (status) { status.textContent = response.ok ? "Saved." : "Not saved yet; it will be saved when you go on."; }
+      }).catch(function () {
+        if (status) { status.textContent = "Offline: your answers will be saved when you go on."; }
+      });
+    });
+  }
+
+  // Chat: stream the reply as it is written, then show the page with the stored turn.
+  var composer = document.querySelector("form[data-stream]");
+  if (composer && window.fetch && window.TextDecoder) {
+    composer.addEventListener("submit", function (event) {
+      var text = composer.querySelector("textarea").value.trim();
+      if (!text) { return; }
+      event.preventDefault();
+      var button = composer.querySelector('button[type="submit"]');
+      button.disabled = true;
+      var list = document.querySelector("[data-messages]");
+      var mine = document.createElement("li");
+      mine.className = "msg participant";
+      mine.innerHTML = '<p class="who">You</p><div class="bubble"></div>';
+      mine.querySelector(".bubble").textContent = text;
+      var reply = document.createElement("li");
+      reply.className = "msg assistant";
+      reply.innerHTML = '<p class="who">Assistant</p><div class="bubble" aria-live="polite"></div>';
+      list.appendChild(mine);
+      list.appendChild(reply);
+      var bubble = reply.querySelector(".bubble");
+      var id = "m" + Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
+      fetch(composer.getAttribute("data-stream"), {
+        method: "POST", credentials: "same-origin",
+        headers: {"Content-Type": "application/json", "X-CSRF-Token": csrfOf(composer), "Accept": "text/event-stream"},
+        body: JSON.stringify({content: text, client_message_id: id})
+      }).then(function (response) {
+        if (!response.ok || !response.body) { throw new Error("status " + response.status); }
+        var reader = response.body.getReader();
+        var decoder = new TextDecoder();
+        var buffer = "";
+        function pump() {
+          return reader.read().then(function (chunk) {
+            if (chunk.done) { return; }
+            buffer += decoder.decode(chunk.value, {stream: true});
+            var events = buffer.split("\n\n");
+            buffer = events.pop();
+            events.forEach(function (block) {
+              var name = (block.match(/^event: (.*)$/m) || [])[1];
+              var data = (block.match(/^data: (.*)$/m) || [])[1];
+              if (name === "delta" && data) { bubble.textContent += JSON.parse(data).text; }
+            });
+            return pump();
+          });
+        }
+        return pump();
+      }).then(function () {
+        window.location.assign(window.location.pathname + "#latest");
+        window.location.reload();
+      }).catch(function () {
+        composer.submit();  // fall back to the plain form
+      });
+    });
+  }
+})();

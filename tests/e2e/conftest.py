@@ -1,0 +1,83 @@
+"""A live server (uvicorn, in this process, so tests can move the clock) and headless Chromium
+(Debian's package, driven by Playwright with ``executable_path``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from playwright.sync_api import Browser, Page, sync_playwright
+from sqlalchemy.engine import Engine
+
+from api.app import create_app
+from study.settings import get_settings
+from tests.mail import free_port
+
+CHROMIUM = os.environ.get("AFTERWARD_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(__file__).parent / "artifacts"
+AXE = Path(__file__).parent / "node_modules" / "axe-core" / "axe.min.js"
+# Chromium as root in a container, with no background calls to Google's services.
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists() or not AXE.exists():
+        message = (f"browser tests need {CHROMIUM} (Debian package chromium) and axe-core in tests/e2e "
+                   "(npm ci --prefix tests/e2e); `make test` installs both")
+        if os.environ.get("AFTERWARD_REQUIRE_BROWSER"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def live_server(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("AFTERWARD_BASE_URL", base)
+    get_settings.cache_clear()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the live server did not start")
+        time.sleep(0.05)
+    yield base
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+    return ARTIFACTS
+
+
+class Camera:
+    """Screenshots of each step at phone and desktop width."""
+
+    def __init__(self, page: Page, folder: Path, prefix: str) -> None:
+        self.page, self.folder, self.prefix, self.count = page, folder, prefix, 0
+
+    def shot(self, name: str) -> None:
+        self.count += 1
+        for width, height in ((375, 812), (1280, 900)):
+            self.page.set_viewport_size({"width": width, "height": height})
+            path = self.folder / f"{self.prefix}-{self.count:02d}-{name}-{width}.png"
+            self.page.screenshot(path=path, full_page=True)
+        self.page.set_viewport_size({"width": 375, "height": 812})
