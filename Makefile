@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The whole platform on one machine: a development mailbox (var/mail), the follow-up dispatcher
+# and the API with the participant pages; Ctrl-C stops all three.
 run: $(STAMP)
 	$(BIN)/afterward demo
+	$(BIN)/afterward mailbox --port 1025 & mailbox=$$!; \
+	$(BIN)/afterward scheduler & scheduler=$$!; \
+	trap 'kill $$mailbox $$scheduler 2>/dev/null' EXIT INT TERM; \
 	$(BIN)/afterward api --host $(HOST) --port $(PORT)
 
 # The browser tests use Debian's Chromium (installed here when missing) and axe-core from npm.

@@ -7,7 +7,7 @@ import getpass
 import secrets
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from sqlalchemy import select
@@ -225,6 +225,7 @@ def scheduler_process(name: str | None = None, poll_seconds: float | None = None
     from study.db import get_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per tick
     settings = get_settings()
     if poll_seconds is not None:
         settings = settings.model_copy(update={"scheduler_poll_seconds": poll_seconds})
@@ -292,6 +293,32 @@ def followups_schedule(participant_code: str) -> None:
                 when = f"sent {d.sent_at:%Y-%m-%d %H:%M}" if d.sent_at else f"next {d.next_attempt_at:%Y-%m-%d %H:%M}"
                 typer.echo(f"        {d.kind} {d.sequence} {d.channel:<8} {d.status:<9} attempts {d.attempts} "
                            f"{when} {d.last_error or ''}".rstrip())
+
+
+@app.command("mailbox")
+def mailbox(port: int = 1025, folder: Path = PROJECT_ROOT / "var" / "mail") -> None:
+    """A local mail server for development: keeps every message as a .eml file (needs aiosmtpd)."""
+    import time
+
+    from aiosmtpd.controller import Controller
+
+    folder.mkdir(parents=True, exist_ok=True)
+
+    class Keep:
+        async def handle_DATA(self, server: object, session: object, envelope: Any) -> str:  # noqa: N802
+            path = folder / f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S.%f}.eml"
+            path.write_bytes(envelope.content)
+            typer.echo(f"mail to {', '.join(envelope.rcpt_tos)} kept in {path}")
+            return "250 kept"
+
+    controller = Controller(Keep(), hostname="127.0.0.1", port=port)
+    controller.start()
+    typer.echo(f"development mailbox on 127.0.0.1:{port}, messages in {folder}")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        controller.stop()
 
 
 @app.command("api")
