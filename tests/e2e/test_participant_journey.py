@@ -103,7 +103,9 @@ def test_one_participant_from_invite_to_withdrawal(
 
     # A challenge, visible with its reason and both actions; then "Go ahead anyway".
     page.get_by_label("Your message").fill(FRAMING)
-    page.get_by_role("button", name="Send").click()
+    with page.expect_response(lambda response: "stream=true" in response.url) as streamed:
+        page.get_by_role("button", name="Send").click()
+    assert streamed.value.headers["content-type"].startswith("text/event-stream")  # the reply streamed in
     card = page.locator(".pushback.challenge")
     expect(card).to_be_visible()
     expect(card.get_by_role("heading", name="I disagree with part of this")).to_be_visible()
