@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from api.cli import app
+from study.clock import FrozenClock
+from tests.builders import enroll_fully, make_invites
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -54,3 +58,32 @@ def test_study_load_versions_and_audit_verify(cli_database: Engine, tmp_path: Pa
     verified = runner.invoke(app, ["audit", "verify"])
     assert verified.exit_code == 0
     assert "audit log intact: 5 entries" in verified.output
+
+
+def test_followups_due_send_and_schedule(cli_database: Engine, app_client: TestClient, example_protocol: str,
+                                         frozen_clock: FrozenClock, tmp_path: Path) -> None:
+    protocol = tmp_path / "protocol.yaml"
+    protocol.write_text(example_protocol.replace("channels: [email, in_app]", "channels: [in_app]"))
+    assert runner.invoke(app, ["study", "load", str(protocol)]).exit_code == 0
+    [invite] = make_invites(cli_database, "wellbeing-pilot")
+    who = enroll_fully(app_client, invite, email=None, timezone="Europe/Berlin")
+    frozen_clock.set(dt.datetime(2026, 3, 9, 0, 0, tzinfo=dt.UTC))
+    due = runner.invoke(app, ["followups", "due", "--within-hours", "12"])
+    assert due.exit_code == 0, due.output
+    assert "1 follow-up(s) due" in due.output
+    assert "perma-week-1" in due.output
+    followup_id = due.output.splitlines()[1].split()[0]
+    sent = runner.invoke(app, ["followups", "send", followup_id])
+    assert sent.exit_code == 0, sent.output
+    assert "opened 1" in sent.output
+    schedule = runner.invoke(app, ["followups", "schedule", who.code])
+    assert schedule.exit_code == 0, schedule.output
+    lines = schedule.output.splitlines()
+    assert any("perma-week-1" in line and " sent " in line for line in lines)
+    assert any("perma-week-4" in line and "planned" in line for line in lines)
+    assert any("invitation 0 in_app" in line and "sent" in line for line in lines)
+    assert runner.invoke(app, ["followups", "schedule", "PNOBODY"]).exit_code == 1
+    # Changing the protocol from the CLI re-plans what was not sent yet.
+    protocol.write_text(protocol.read_text().replace("offset: P28D", "offset: P21D"))
+    reloaded = runner.invoke(app, ["study", "load", str(protocol)])
+    assert "1 re-planned, 0 cancelled, 0 added" in reloaded.output
