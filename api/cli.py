@@ -271,6 +271,12 @@ def followups_send(followup_id: int) -> None:
         report = Dispatcher(get_engine(), get_settings(), name="cli").send_now(followup_id)
     except LookupError as exc:
         _fail(str(exc))
+    with session_scope() as session:
+        followup = session.get(FollowUp, followup_id)
+        assert followup is not None
+        code = session.scalar(select(Participant.code).where(Participant.id == followup.participant_id))
+        audit.record(session, CLI_ACTOR, "followup.sent_now", study_id=followup.study_id, participant_code=code,
+                     followup_id=followup_id, opened=report.opened, sent=report.sent)
     typer.echo(f"opened {report.opened}, sent {report.sent}, failed {report.failed}, expired {report.expired}")
     for error in report.errors:
         typer.echo(f"  {error}")
@@ -287,6 +293,8 @@ def followups_schedule(participant_code: str) -> None:
         if participant is None:
             _fail(f"no participant '{participant_code}'")
         assert participant is not None
+        audit.record(session, CLI_ACTOR, "followups.schedule_read", study_id=participant.study_id,
+                     participant_code=participant.code)
         for followup in scheduler_service.schedule(session, participant):
             typer.echo(_followup_line(followup, participant.code))
             for d in scheduler_service.deliveries(session, followup):

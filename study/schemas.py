@@ -123,6 +123,9 @@ class StudySummaryRead(BaseModel):
     consent_version: str
     participants_by_status: dict[str, int]
     enrolled_by_arm: dict[str, int]
+    followups_by_status: dict[str, int] = {}
+    safety_events_unreviewed: int = 0
+    channel_alerts_open: int = 0
 
 
 class StaffParticipantRead(BaseModel):

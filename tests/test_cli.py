@@ -4,6 +4,7 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
@@ -83,6 +84,10 @@ def test_followups_due_send_and_schedule(cli_database: Engine, app_client: TestC
     assert any("perma-week-4" in line and "planned" in line for line in lines)
     assert any("invitation 0 in_app" in line and "sent" in line for line in lines)
     assert runner.invoke(app, ["followups", "schedule", "PNOBODY"]).exit_code == 1
+    with cli_database.connect() as connection:
+        actions = connection.execute(sa.text("SELECT action FROM audit_log WHERE participant_code = :c"),
+                                     {"c": who.code}).scalars().all()
+    assert {"followup.sent_now", "followups.schedule_read"} <= set(actions)
     # Changing the protocol from the CLI re-plans what was not sent yet.
     protocol.write_text(protocol.read_text().replace("offset: P28D", "offset: P21D"))
     reloaded = runner.invoke(app, ["study", "load", str(protocol)])

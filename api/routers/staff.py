@@ -11,6 +11,8 @@ from sqlalchemy import func, select
 
 from api.deps import CurrentStaff, SessionDep
 from api.errors import error_body
+from chat.models import SafetyEvent
+from scheduler.models import ChannelAlert, FollowUp
 from study import audit
 from study import participants as participant_service
 from study import staff as service
@@ -78,9 +80,16 @@ def study_summary(session: SessionDep, access: StudyAccess) -> StudySummaryRead:
         select(Participant.arm, func.count())
         .where(Participant.study_id == study_id, Participant.arm.is_not(None))
         .group_by(Participant.arm)).all())
+    followups = dict(session.execute(select(FollowUp.status, func.count()).where(FollowUp.study_id == study_id)
+                                     .group_by(FollowUp.status)).all())
+    unreviewed = session.scalar(select(func.count()).select_from(SafetyEvent).where(
+        SafetyEvent.study_id == study_id, SafetyEvent.reviewed_at.is_(None))) or 0
+    alerts = session.scalar(select(func.count()).select_from(ChannelAlert).where(
+        ChannelAlert.raised_at.is_not(None), ChannelAlert.resolved_at.is_(None))) or 0
     return StudySummaryRead(study=access.study.slug, protocol_version=current_version(session, study_id).version,
                             consent_version=current_consent(session, study_id).version,
-                            participants_by_status=by_status, enrolled_by_arm=by_arm)
+                            participants_by_status=by_status, enrolled_by_arm=by_arm, followups_by_status=followups,
+                            safety_events_unreviewed=unreviewed, channel_alerts_open=alerts)
 
 
 @router.get("/studies/{slug}/participants")

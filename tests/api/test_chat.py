@@ -161,11 +161,15 @@ def test_escalation_shows_crisis_resources_is_not_overridable_and_alerts_staff(
     assert [(e["participant"], e["category"], e["source"], e["cue"]) for e in events] == [
         (chatter.code, "risk_to_self", "lexicon", "kill myself")]
     assert app_client.get(f"/api/v1/staff/studies/{slug}/safety-events", headers=viewer).status_code == 403
+    summary = app_client.get(f"/api/v1/staff/studies/{slug}/summary", headers=viewer).json()
+    assert summary["safety_events_unreviewed"] == 1  # viewers see the count, not the event
     reviewed = app_client.post(f"/api/v1/staff/studies/{slug}/safety-events/{events[0]['id']}/review",
                                headers=researcher, json={"note": "Called per protocol; participant safe."})
     assert reviewed.json()["reviewed_by"] == "r@example.org"
     unreviewed = app_client.get(f"/api/v1/staff/studies/{slug}/safety-events?unreviewed=true", headers=researcher)
     assert unreviewed.json() == []
+    assert app_client.get(f"/api/v1/staff/studies/{slug}/summary", headers=viewer).json()[
+        "safety_events_unreviewed"] == 0
     actions = [a for (a,) in rows(engine, "SELECT action FROM audit_log ORDER BY seq")]
     assert {"chat.safety_escalation", "safety_events.read", "safety_event.reviewed"} <= set(actions)
 
