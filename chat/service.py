@@ -12,9 +12,9 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from chat import monitors
@@ -35,11 +35,6 @@ from study.studies import current_protocol
 HISTORY_TURNS = 20  # turns of the conversation sent to the model
 REASSURANCE_LOOKBACK = dt.timedelta(days=30)
 STUCK_AFTER = dt.timedelta(minutes=2)  # an 'awaiting' reply older than this may be retried
-
-
-class Exchange(NamedTuple):
-    message: Turn
-    reply: Turn
 
 
 @dataclass(frozen=True)
@@ -142,12 +137,23 @@ def list_conversations(session: Session, participant: Participant) -> list[Conve
 # A turn
 
 
-def _next_seq(session: Session, conversation: Conversation) -> int:
-    conversation.turn_count += 1
-    return conversation.turn_count
+class ConversationState(NamedTuple):
+    """What preparing a reply needs of the conversation row (from the ORM object or RETURNING)."""
+
+    id: int
+    participant_id: int
+    role: str
+    arm: str
+    concern_counts: dict[str, int]
+    overridden_concerns: list[str]
 
 
-def _history(conversation: Conversation) -> History:
+def _state(conversation: Conversation) -> ConversationState:
+    return ConversationState(conversation.id, conversation.participant_id, conversation.role, conversation.arm,
+                             conversation.concern_counts or {}, conversation.overridden_concerns or [])
+
+
+def _history(conversation: Conversation | ConversationState) -> History:
     return History(raised=Counter(conversation.concern_counts or {}),
                    overridden=frozenset(conversation.overridden_concerns or ()))
 
@@ -168,7 +174,7 @@ def _assess(session: Session, participant: Participant, content: str, before_tur
                       dependence_cue=monitors.dependence_cue(content))
 
 
-def _messages(session: Session, conversation: Conversation, role: RoleName, required: StanceDecision,
+def _messages(session: Session, conversation: ConversationState, role: RoleName, required: StanceDecision,
               *, overridden: bool) -> list[dict[str, str]]:
     recent = list(session.execute(
         select(Turn.speaker, Turn.content).where(Turn.conversation_id == conversation.id)
@@ -182,10 +188,12 @@ def _messages(session: Session, conversation: Conversation, role: RoleName, requ
     return messages
 
 
-def _prepare(session: Session, conversation: Conversation, participant_turn: Turn, assessment: Assessment,
-             *, overridden: bool = False) -> PreparedTurn:
+def _prepare(session: Session, conversation: Conversation | ConversationState, participant_turn: Turn,
+             assessment: Assessment, *, overridden: bool = False) -> PreparedTurn:
+    if isinstance(conversation, Conversation):
+        conversation = _state(conversation)
     role: RoleName = conversation.role  # type: ignore[assignment]
-    participant = session.get(Participant, conversation.participant_id)
+    participant = session.get(Participant, conversation.participant_id)  # in the identity map: no query
     assert participant is not None
     model = current_protocol(session, participant.study_id).arm(conversation.arm).model
     history = _history(conversation)
@@ -224,27 +232,38 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
     if len(text) > limit:
         raise Invalid(f"messages can be at most {limit} characters; this one has {len(text)}. "
                       "Split it into shorter messages.", code="message_too_long")
-    conversation = get_conversation(session, participant, conversation_id, for_update=True)
     if client_message_id:
-        existing = session.scalar(select(Turn).where(Turn.conversation_id == conversation.id,
-                                                     Turn.client_message_id == client_message_id))
+        existing = session.scalar(select(Turn).join(Conversation, Conversation.id == Turn.conversation_id).where(
+            Turn.conversation_id == conversation_id, Conversation.participant_id == participant.id,
+            Turn.client_message_id == client_message_id))
         if existing is not None:
+            conversation = get_conversation(session, participant, conversation_id, for_update=True)
             return _resume(session, conversation, existing), existing
-    _require_active(conversation)
-    since = conversation.awaiting_reply_since
-    if since is not None and since > now() - STUCK_AFTER:
+    at = now()
+    # One statement checks ownership, that the conversation is open and not awaiting a reply, and
+    # takes the next sequence number (the row stays locked until commit).
+    claimed = session.execute(
+        update(Conversation).where(
+            Conversation.id == conversation_id, Conversation.participant_id == participant.id,
+            Conversation.status == "active", or_(Conversation.awaiting_reply_since.is_(None),
+                                                 Conversation.awaiting_reply_since <= at - STUCK_AFTER))
+        .values(turn_count=Conversation.turn_count + 1, awaiting_reply_since=at)
+        .returning(Conversation.turn_count, Conversation.id, Conversation.participant_id, Conversation.role,
+                   Conversation.arm, Conversation.concern_counts, Conversation.overridden_concerns)
+        .execution_options(synchronize_session=False)).first()
+    if claimed is None:
+        _require_active(get_conversation(session, participant, conversation_id))  # not yours / ended
         raise Conflict("the assistant is still answering your previous message; wait for it, then send this one",
                        code="reply_in_progress")
+    state = ConversationState(*claimed[1:])
     assessment = _assess(session, participant, text, None)
-    turn = Turn(conversation_id=conversation.id, participant_id=participant.id,
-                seq=_next_seq(session, conversation), speaker="participant", role=conversation.role, content=text,
-                client_message_id=client_message_id, reply_status="awaiting",
-                reassurance_seeking=assessment.reassurance_cue is not None, features=assessment.features(),
-                created_at=now())
+    turn = Turn(conversation_id=conversation_id, participant_id=participant.id, seq=claimed.turn_count,
+                speaker="participant", role=state.role, content=text, client_message_id=client_message_id,
+                reply_status="awaiting", reassurance_seeking=assessment.reassurance_cue is not None,
+                features=assessment.features(), created_at=at)
     session.add(turn)
-    conversation.awaiting_reply_since = now()
     session.flush()
-    return _prepare(session, conversation, turn, assessment), turn
+    return _prepare(session, state, turn, assessment), turn
 
 
 def _resume(session: Session, conversation: Conversation, turn: Turn) -> PreparedTurn:
@@ -334,12 +353,8 @@ SAFETY_FALLBACK_REPLY = (
     "of the services shown here. If you are in immediate danger, call your local emergency number.")
 
 
-def record_reply(session: Session, prepared: PreparedTurn, completion: Completion) -> Exchange:
-    """Store the assistant's turn with the stance the policy settled on."""
-    conversation = session.get(Conversation, prepared.conversation_id, with_for_update=True)  # orders seq
-    participant_turn = session.get(Turn, prepared.participant_turn_id)
-    if participant_turn is None or conversation is None:
-        raise NotFound("this conversation no longer exists")
+def record_reply(session: Session, prepared: PreparedTurn, completion: Completion) -> Turn:
+    """Store the assistant's turn with the stance the policy settled on; returns it."""
     parsed = parse_answer(completion.text)
     final = decide(ROLE_SPECS[prepared.role], prepared.required, parsed.proposed, prepared.history)
     if prepared.after_override and final.stance != "escalate":
@@ -347,10 +362,22 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
     reply = parsed.reply or (SAFETY_FALLBACK_REPLY if final.stance == "escalate" else "")
     if not reply:
         reply = "I'm sorry, I lost my train of thought. Could you say that again?"
+    values: dict[str, Any] = {"turn_count": Conversation.turn_count + 1, "awaiting_reply_since": None}
+    if final.stance != "agree":
+        counts = dict(prepared.history.raised)
+        counts[final.concern] = counts.get(final.concern, 0) + 1
+        values["concern_counts"] = counts
+    claimed = session.execute(update(Conversation).where(Conversation.id == prepared.conversation_id).values(values)
+                              .returning(Conversation.turn_count, Conversation.participant_id)
+                              .execution_options(synchronize_session=False)).first()
+    if claimed is None:
+        raise NotFound("this conversation no longer exists")
+    session.execute(update(Turn).where(Turn.id == prepared.participant_turn_id)
+                    .values(reply_status="answered", reply_error=None).execution_options(synchronize_session=False))
     turn = Turn(
-        conversation_id=conversation.id, participant_id=participant_turn.participant_id,
-        seq=_next_seq(session, conversation), speaker="assistant", role=prepared.role, content=reply,
-        reply_to_id=participant_turn.id, stance=final.stance, concern=final.concern,
+        conversation_id=prepared.conversation_id, participant_id=claimed.participant_id, seq=claimed.turn_count,
+        speaker="assistant", role=prepared.role, content=reply,
+        reply_to_id=prepared.participant_turn_id, stance=final.stance, concern=final.concern,
         rationale=final.rationale or None, stance_source=final.source,
         model_stance=parsed.proposed.stance if parsed.proposed else None,
         model_concern=parsed.proposed.concern if parsed.proposed else None, after_override=prepared.after_override,
@@ -359,45 +386,35 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
         completion_tokens=completion.completion_tokens, cost_usd=completion.cost_usd,
         streamed=bool(completion.extra.get("streamed")), created_at=now())
     session.add(turn)
-    participant_turn.reply_status = "answered"
-    participant_turn.reply_error = None
-    conversation.awaiting_reply_since = None
-    if final.stance != "agree":
-        counts = dict(conversation.concern_counts or {})
-        counts[final.concern] = counts.get(final.concern, 0) + 1
-        conversation.concern_counts = counts  # a new dict, so the JSON column is written
     session.flush()
     if final.stance == "escalate":
-        _record_safety_event(session, conversation, turn, final, prepared)
-    return Exchange(participant_turn, turn)
+        _record_safety_event(session, claimed.participant_id, turn, final, prepared)
+    return turn
 
 
-def _record_safety_event(session: Session, conversation: Conversation, turn: Turn, final: StanceDecision,
+def _record_safety_event(session: Session, participant_id: int, turn: Turn, final: StanceDecision,
                          prepared: PreparedTurn) -> None:
-    participant = session.get(Participant, conversation.participant_id)
+    participant = session.get(Participant, participant_id)
     assert participant is not None
     source = prepared.crisis_source if final.source == "platform" else "model"
     cue = prepared.features.get("crisis_cue")
     session.add(SafetyEvent(study_id=participant.study_id, participant_id=participant.id,
-                            conversation_id=conversation.id, turn_id=turn.id, category=final.concern,
+                            conversation_id=prepared.conversation_id, turn_id=turn.id, category=final.concern,
                             source=source or "model", cue=str(cue)[:200] if cue else None, created_at=now()))
     session.flush()
     audit.record(session, audit.Actor.system(), "chat.safety_escalation", study_id=participant.study_id,
-                 participant_code=participant.code, conversation_id=conversation.id, category=final.concern)
+                 participant_code=participant.code, conversation_id=prepared.conversation_id, category=final.concern)
 
 
-def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Exchange | None:
+def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Turn | None:
     """The model did not answer. The message stays, marked for retry; but a safety escalation is
     never left waiting on the model: the platform's own safety reply is stored instead."""
     if prepared.required.stance == "escalate":
         return record_reply(session, prepared, Completion(text=SAFETY_FALLBACK_REPLY, model="platform/safety"))
-    participant_turn = session.get(Turn, prepared.participant_turn_id)
-    conversation = session.get(Conversation, prepared.conversation_id)
-    if participant_turn is not None and conversation is not None:
-        participant_turn.reply_status = "failed"
-        participant_turn.reply_error = error[:300]
-        conversation.awaiting_reply_since = None
-        session.flush()
+    session.execute(update(Turn).where(Turn.id == prepared.participant_turn_id)
+                    .values(reply_status="failed", reply_error=error[:300]))
+    session.execute(update(Conversation).where(Conversation.id == prepared.conversation_id)
+                    .values(awaiting_reply_since=None))
     return None
 
 

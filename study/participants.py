@@ -163,6 +163,25 @@ def require_current_consent(session: Session, participant: Participant) -> None:
     raise ConsentRequired(f"the study's consent (version {status.current.version}) must be {what} first")
 
 
+def consented_participant_for_token(session: Session, token: str) -> Participant | None:
+    """The token's participant if active and consented to the version in force, in one query;
+    None for an unknown or expired token; otherwise the refusal ``require_current_consent`` gives."""
+    in_force = (select(ProtocolVersion.consent_version_id).where(ProtocolVersion.study_id == Participant.study_id)
+                .order_by(ProtocolVersion.version.desc()).limit(1).scalar_subquery())
+    signed = select(ConsentSignature.id).where(ConsentSignature.participant_id == Participant.id,
+                                               ConsentSignature.consent_version_id == in_force).exists()
+    row = session.execute(
+        select(Participant, signed).join(ParticipantSession)
+        .where(ParticipantSession.token_sha256 == token_digest(token), ParticipantSession.revoked_at.is_(None),
+               ParticipantSession.expires_at > now())).first()
+    if row is None:
+        return None
+    participant, consented = row
+    if not consented or participant.is_withdrawn:
+        require_current_consent(session, participant)  # raises, saying why
+    return participant
+
+
 def sign_consent(
     session: Session, participant: Participant, *, version: str, confirmations: list[str],
     typed_signature: str,

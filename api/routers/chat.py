@@ -69,11 +69,10 @@ GatewayDep = Annotated[Gateway, Depends(gateway_of)]
 
 
 def _authenticated(session: Session, token: str) -> Participant:
-    participant = participant_service.participant_for_token(session, token)
+    participant = participant_service.consented_participant_for_token(session, token)
     if participant is None:
         raise HTTPException(401, "your session has expired; open your invite link or sign in again",
                             headers={"WWW-Authenticate": "Bearer"})
-    participant_service.require_current_consent(session, participant)
     return participant
 
 
@@ -113,17 +112,23 @@ def _turn_read(session: Session, turn: Turn) -> TurnRead:
     return TurnRead.of(turn, resources)
 
 
-def _exchange(session: Session, prepared: service.PreparedTurn, exchange: service.Exchange) -> ExchangeRead:
-    return ExchangeRead(conversation_id=prepared.conversation_id, message=TurnRead.of(exchange.message),
-                        reply=_turn_read(session, exchange.reply))
+def _exchange(session: Session, prepared: service.PreparedTurn, reply: Turn,
+              message: TurnRead | None = None) -> ExchangeRead:
+    """The message and its reply; ``message`` as read when it was stored, if the caller has it."""
+    if message is None:
+        stored = session.get(Turn, prepared.participant_turn_id)
+        assert stored is not None
+        message = TurnRead.of(stored)
+    else:
+        message = message.model_copy(update={"reply_status": "answered"})
+    return ExchangeRead(conversation_id=prepared.conversation_id, message=message, reply=_turn_read(session, reply))
 
 
 def _stored_exchange(session: Session, prepared: service.PreparedTurn) -> ExchangeRead:
     """The reply already given to a resent message."""
-    message, reply = session.get(Turn, prepared.participant_turn_id), session.get(Turn, prepared.existing_reply_id)
-    assert message is not None
+    reply = session.get(Turn, prepared.existing_reply_id)
     assert reply is not None
-    return _exchange(session, prepared, service.Exchange(message, reply))
+    return _exchange(session, prepared, reply)
 
 
 async def _screened(request: Request, gateway: Gateway, prepared: service.PreparedTurn) -> service.PreparedTurn:
@@ -134,7 +139,8 @@ async def _screened(request: Request, gateway: Gateway, prepared: service.Prepar
     return await in_transaction(request, lambda s: service.reassess(s, prepared, verdict))
 
 
-async def reply_to(request: Request, gateway: Gateway, prepared: service.PreparedTurn) -> ExchangeRead:
+async def reply_to(request: Request, gateway: Gateway, prepared: service.PreparedTurn,
+                   message: TurnRead | None = None) -> ExchangeRead:
     """Ask the model for the prepared turn and store the outcome (non-streaming)."""
     if prepared.existing_reply_id is not None:
         return await in_transaction(request, lambda s: _stored_exchange(s, prepared))
@@ -142,17 +148,18 @@ async def reply_to(request: Request, gateway: Gateway, prepared: service.Prepare
     try:
         completion = await gateway.complete(prepared.messages, prepared.model)
     except GatewayError as exc:
-        return await _failed(request, prepared, exc)
+        return await _failed(request, prepared, exc, message)
 
     def store(session: Session) -> ExchangeRead:
-        return _exchange(session, prepared, service.record_reply(session, prepared, completion))
+        return _exchange(session, prepared, service.record_reply(session, prepared, completion), message)
     return await in_transaction(request, store)
 
 
-async def _failed(request: Request, prepared: service.PreparedTurn, exc: GatewayError) -> ExchangeRead:
+async def _failed(request: Request, prepared: service.PreparedTurn, exc: GatewayError,
+                  message: TurnRead | None = None) -> ExchangeRead:
     def store(session: Session) -> ExchangeRead | None:
-        stored = service.record_failure(session, prepared, f"{exc.kind}: {exc}")
-        return _exchange(session, prepared, stored) if stored is not None else None
+        reply = service.record_failure(session, prepared, f"{exc.kind}: {exc}")
+        return _exchange(session, prepared, reply, message) if reply is not None else None
     exchange = await in_transaction(request, store)
     if exchange is not None:
         return exchange  # a safety reply was stored without the model
@@ -185,7 +192,7 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
             yield _sse("delta", {"text": rest})
     except GatewayError as exc:
         try:
-            exchange = await _failed(request, prepared, exc)
+            exchange = await _failed(request, prepared, exc, message)
         except Unavailable as unavailable:
             yield _sse("error", error_body(unavailable.code, unavailable.message)["error"])
             return
@@ -193,7 +200,7 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
         return
 
     def store(session: Session) -> ExchangeRead:
-        return _exchange(session, prepared, service.record_reply(session, prepared, sink))
+        return _exchange(session, prepared, service.record_reply(session, prepared, sink), message)
     exchange = await in_transaction(request, store)
     yield _sse("reply", exchange.reply.model_dump())
 
@@ -272,7 +279,7 @@ async def send_message(conversation_id: int, body: MessageCreate, request: Reque
     if stream:
         return StreamingResponse(_stream(request, gateway, prepared, message), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-    return await reply_to(request, gateway, prepared)
+    return await reply_to(request, gateway, prepared, message)
 
 
 @router.post("/me/conversations/{conversation_id}/retry", response_model=ExchangeRead)
