@@ -93,13 +93,7 @@ class Dispatcher:
             if self._seen_versions.get(study_id) == version:
                 continue
             with session_scope(self.engine) as session:
-                if is_postgres(session):  # one dispatcher re-plans a study at a time
-                    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x5C4ED000 + study_id})
-                stale = session.scalar(select(exists().where(
-                    FollowUp.study_id == study_id, FollowUp.status == "planned", FollowUp.protocol_version != version)))
-                if stale:
-                    log.info("study %s has protocol version %s: re-planned %s", study_id, version,
-                             replan_study(session, study_id))
+                _replan(session, study_id, version)
             self._seen_versions[study_id] = version
 
     # Opening follow-ups
@@ -137,8 +131,7 @@ class Dispatcher:
         for study_id in {row.study_id for row in batch}:
             version = current_version(session, study_id).version
             if any(row.protocol_version != version for row in batch if row.study_id == study_id):
-                replanned = replan_study(session, study_id)
-                log.info("protocol of study %s changed: re-planned %s", study_id, replanned)
+                _replan(session, study_id, version)
                 stale = True
         return stale
 
@@ -319,6 +312,17 @@ class Dispatcher:
         for delivery_id in ids:
             self.send_due(report, only=delivery_id)
         return report
+
+
+def _replan(session: Session, study_id: int, version: int) -> None:
+    """Re-plan a study's unsent follow-ups for protocol ``version``; on PostgreSQL one dispatcher
+    at a time (the others wait on the lock, then find nothing left to do)."""
+    if is_postgres(session):
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x5C4ED000 + study_id})
+    stale = session.scalar(select(exists().where(
+        FollowUp.study_id == study_id, FollowUp.status == "planned", FollowUp.protocol_version != version)))
+    if stale:
+        log.info("study %s has protocol version %s: re-planned %s", study_id, version, replan_study(session, study_id))
 
 
 def _mark_sent(session: Session, ids: list[int], assignment_ids: list[int], lateness: list[float],
