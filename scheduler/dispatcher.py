@@ -120,20 +120,25 @@ class Dispatcher:
                 batch = session.execute(query).all()
                 if not batch:
                     return
-                if self._replan_if_stale(session, batch):
-                    continue  # the protocol changed: these rows may have moved; select again
-                self._open_batch(session, batch, at, report)
+                stale = self._stale(session, batch)
+                if not stale:
+                    self._open_batch(session, batch, at, report)
+            if stale:
+                # Re-plan outside this transaction (its row locks are released now), then select
+                # again: the rows may have moved.
+                self._seen_versions.clear()
+                self.replan_changed_protocols()
+                continue
             if only is not None:
                 return
 
-    def _replan_if_stale(self, session: Session, batch: Sequence[Any]) -> bool:
-        stale = False
+    def _stale(self, session: Session, batch: Sequence[Any]) -> bool:
+        """Whether any claimed row was planned under an older protocol version."""
         for study_id in {row.study_id for row in batch}:
             version = current_version(session, study_id).version
             if any(row.protocol_version != version for row in batch if row.study_id == study_id):
-                _replan(session, study_id, version)
-                stale = True
-        return stale
+                return True
+        return False
 
     def _open_batch(self, session: Session, batch: Sequence[Any], at: dt.datetime, report: TickReport) -> None:
         ended: list[dict[str, Any]] = []
