@@ -73,6 +73,12 @@ _SELF_ACUTE = _any(
     r"\b(?:took|taken|swallowed) (?:a (?:bunch|lot|handful)|all) (?:of )?(?:my |the )?(?:\w+ )?(?:pills|tablets|meds)\b",
     r"\b(?:easier|better) (?:for everyone )?if i (?:just )?(?:wasn't|weren't|was not|were not) (?:here|around|alive)\b",
     r"\bdriv\w* .{0,20}into .{0,25}on purpose\b",
+    r"\b(?:giving|gave|give) (?:away )?(?:all )?my (?:things|stuff|belongings|possessions)(?: away)?\b.{0,40}\b(?:won't|will not|don't|no longer) need\b",
+    r"\b(?:tonight|today) is the (?:night|day)\b.{0,30}\b(?:decided|ready|goodbye|it ends)\b",
+    r"\b(?:looked|looking|look) up how (?:high|tall|far down|deep)\b",
+    r"\b(?:can't stop|keep|always) (?:thinking|think) (?:about|of) (?:dying|death|killing myself|ending it|not being here)\b",
+    r"\bwant (?:everything|it all|the pain|life) to (?:stop|end),? (?:forever|for good|permanently)\b",
+    r"\b(?:punched|hit|cut|burned|hurt) (?:the wall|myself|my \w+) until\b.{0,40}\b(?:deserved|deserve) it\b",
 )
 _SELF_CONCERN = _any(
     r"\bhopeless\b", r"\bcan't (?:take|do|handle) (?:it|this|anything) any ?more\b", r"\bwhat's the point of anything\b",
@@ -85,7 +91,10 @@ _OTHERS_ACUTE = _any(
     r"(?:him|her|them|you|someone|somebody|people|everyone|my (?:\w+ ){0,2}?(?:wife|husband|partner|boss|dad|father|"
     r"mom|mother|son|daughter|brother|sister|neighbou?r|coworker|colleague|ex|roommate|kid|kids|child|teacher|"
     r"family|classmates?|manager|landlord|girlfriend|boyfriend|stepdad|stepmom))\b(?! (?:up|at \w+)\b)",
-    r"\bi know where (?:he|she|they) (?:sleeps?|lives?)\b", r"\bburn (?:his|her|their) (?:house|home|car|place|stuff)\b",
+    r"\bi know where (?:he|she|they) (?:sleeps?|lives?)\b",
+    r"\b(?:find|found|find out) (?:out )?where (?:he|she|they) (?:lives?|sleeps?|works?)\b.{0,30}\b(?:show up|go there|wait for)\b",
+    r"\b(?:run|ran|running) (?:him|her|them) (?:over|down)\b",
+    r"\b(?:thinking about|thoughts of|urge to|want to) (?:hurting|harming|hurt|harm|shaking|smothering) (?:the|my) (?:baby|child|kid|kids|son|daughter)\b", r"\bburn (?:his|her|their) (?:house|home|car|place|stuff)\b",
     r"\b(?:bring|take|get|buy)(?:ing)? (?:a|my) (?:gun|knife|weapon|rifle|pistol) (?:to|into|and)\b",
     r"\bmake (?:him|her|them) (?:bleed|suffer|disappear)\b", r"\bthey(?:'ll| will) (?:all )?be sorry when\b",
     r"\bshoot up (?:the|my)\b", r"\bbomb (?:the|my)\b",
