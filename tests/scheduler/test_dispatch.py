@@ -32,6 +32,12 @@ def inbox() -> Iterator[tuple[Inbox, int]]:
         yield served
 
 
+def one_participant(engine: Engine, client: TestClient, protocol: str, email: str | None,
+                    timezone: str = "Europe/Berlin") -> ParticipantHandle:
+    [invite] = make_invites(engine, load_study(engine, protocol))
+    return enroll_fully(client, invite, email=email, timezone=timezone)
+
+
 def dispatcher(engine: Engine, port: int, **settings: Any) -> Dispatcher:
     return Dispatcher(engine, Settings(smtp_port=port, **settings), name="test")
 
@@ -119,9 +125,7 @@ def test_reminders_and_invitations_avoid_quiet_hours(
 ) -> None:
     messages, port = inbox
     late = example_protocol.replace('send_at_local: "10:00"', 'send_at_local: "22:30"', 1)
-    slug = load_study(engine, late)
-    [invite] = make_invites(engine, slug)
-    who = enroll_fully(app_client, invite, email="tokyo@example.org", timezone="Asia/Tokyo")
+    who = one_participant(engine, app_client, late, "tokyo@example.org", "Asia/Tokyo")
     dispatch = dispatcher(engine, port)
     walk(frozen_clock, dispatch, dt.datetime(2026, 3, 13, 0, 0, tzinfo=UTC), step=dt.timedelta(minutes=30))
     [week1] = [row for row in followups(engine, who.code) if row["followup_key"] == "perma-week-1"]
@@ -143,9 +147,7 @@ def test_a_protocol_edit_replans_only_what_was_not_sent(
     inbox: tuple[Inbox, int],
 ) -> None:
     _, port = inbox
-    slug = load_study(engine, example_protocol)
-    [invite] = make_invites(engine, slug)
-    who = enroll_fully(app_client, invite, timezone="Europe/Berlin")
+    who = one_participant(engine, app_client, example_protocol, "someone@example.org")
     dispatch = dispatcher(engine, port)
     walk(frozen_clock, dispatch, dt.datetime(2026, 3, 9, 12, 0, tzinfo=UTC))
     before = {row["followup_key"]: row for row in followups(engine, who.code)}
@@ -179,9 +181,7 @@ def test_withdrawal_cancels_everything_pending(
     inbox: tuple[Inbox, int],
 ) -> None:
     messages, port = inbox
-    slug = load_study(engine, example_protocol)
-    [invite] = make_invites(engine, slug)
-    who = enroll_fully(app_client, invite, email="leaving@example.org", timezone="Europe/Berlin")
+    who = one_participant(engine, app_client, example_protocol, "leaving@example.org", "Europe/Berlin")
     put_in_arm(engine, who.code, "wellbeing")
     conversation = start_chat(app_client, who, "collaborator")
     ended = app_client.post(f"/api/v1/me/conversations/{conversation}/end", headers=who.headers,
@@ -218,9 +218,7 @@ def test_after_downtime_late_ones_are_sent_and_closed_ones_expire_with_the_reaso
     inbox: tuple[Inbox, int],
 ) -> None:
     messages, port = inbox
-    slug = load_study(engine, example_protocol)
-    [invite] = make_invites(engine, slug)
-    who = enroll_fully(app_client, invite, email="late@example.org", timezone="Europe/Berlin")
+    who = one_participant(engine, app_client, example_protocol, "late@example.org", "Europe/Berlin")
     dispatch = dispatcher(engine, port)
     frozen_clock.set(dt.datetime(2026, 3, 10, 12, 0, tzinfo=UTC))  # down for 8 days; week 1 was due 03-09 09:00
     dispatch.tick()
@@ -260,9 +258,8 @@ def test_webhook_deliveries_are_signed_and_carry_the_idempotency_key(
     server = HTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        slug = load_study(engine, example_protocol.replace("channels: [email, in_app]", "channels: [webhook, in_app]"))
-        [invite] = make_invites(engine, slug)
-        who: ParticipantHandle = enroll_fully(app_client, invite, email=None, timezone="Europe/Berlin")
+        who = one_participant(engine, app_client, example_protocol.replace(
+            "channels: [email, in_app]", "channels: [webhook, in_app]"), None)
         dispatch = dispatcher(engine, port, webhook_url=f"http://127.0.0.1:{server.server_port}/sms",
                               webhook_secret="hook-secret")
         walk(frozen_clock, dispatch, dt.datetime(2026, 3, 9, 10, 0, tzinfo=UTC))
