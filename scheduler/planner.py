@@ -204,7 +204,9 @@ def replan_study(session: Session, study_id: int) -> Replan:
         followup.reminder_offsets, followup.updated_at = when.reminder_offsets, at
         report.updated += 1
     session.flush()
-    for participant in session.scalars(select(Participant).where(
-            Participant.study_id == study_id, Participant.status == ParticipantStatus.ENROLLED)):
-        report.added += plan(session, participant)
+    known = set(session.scalars(select(FollowUp.followup_key).where(FollowUp.study_id == study_id).distinct()))
+    if set(specs) - known:  # the protocol added follow-ups: plan them for everyone enrolled
+        for participant in session.scalars(select(Participant).where(
+                Participant.study_id == study_id, Participant.status == ParticipantStatus.ENROLLED)):
+            report.added += plan(session, participant)
     return report
