@@ -16,7 +16,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map at import
@@ -52,7 +52,7 @@ class Completion:
     cost_usd: float | None = None
     latency_ms: float = 0.0
     fallback_used: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    streamed: bool = False
 
 
 _offline = OfflineLLM()
@@ -72,13 +72,13 @@ def _is_timeout(exc: BaseException) -> bool:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, extra_models: list[str] | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         _register_offline(settings.offline_llm_delay_ms / 1000)
         self.default_model = settings.llm_model
         self.fallback_model = settings.llm_fallback_model
         self.timeout = settings.llm_timeout_seconds
         self.classifier_model = settings.crisis_classifier_model
-        names = {settings.llm_model, *(extra_models or [])}
+        names = {settings.llm_model}
         for extra in (settings.llm_fallback_model, settings.crisis_classifier_model):
             if extra:
                 names.add(extra)

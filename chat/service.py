@@ -384,7 +384,7 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
         model=completion.model or prepared.model, prompt_version=prepared.prompt_version,
         latency_ms=completion.latency_ms, prompt_tokens=completion.prompt_tokens,
         completion_tokens=completion.completion_tokens, cost_usd=completion.cost_usd,
-        streamed=bool(completion.extra.get("streamed")), created_at=now())
+        streamed=completion.streamed, created_at=now())
     session.add(turn)
     session.flush()
     if final.stance == "escalate":

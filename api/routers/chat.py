@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.deps import SessionDep, participant_token
+from api.deps import CurrentParticipant, SessionDep, participant_token
 from api.errors import error_body
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from chat import service
@@ -181,7 +181,7 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
         return
     prepared = await _screened(request, gateway, prepared)
     splitter = StreamSplitter()
-    sink = Completion(extra={"streamed": True})
+    sink = Completion(streamed=True)
     try:
         async for text in gateway.stream(prepared.messages, prepared.model, sink):
             shown = splitter.feed(text)
@@ -218,18 +218,9 @@ async def my_roles(request: Request, token: Token) -> RolesRead:
 
 
 @router.get("/me/crisis-resources")
-async def my_crisis_resources(request: Request, token: Token) -> CrisisResourcesRead:
-    def work(session: Session, participant: Participant) -> CrisisResourcesRead:
-        return _resources(session, participant)
-
-    def unit() -> CrisisResourcesRead:
-        # Reachable even without current consent or after withdrawal: safety information is never gated.
-        with session_scope(request.app.state.engine) as session:
-            participant = participant_service.participant_for_token(session, token)
-            if participant is None:
-                raise HTTPException(401, "your session has expired; open your invite link or sign in again")
-            return work(session, participant)
-    return _inline(unit)
+def my_crisis_resources(session: SessionDep, participant: CurrentParticipant) -> CrisisResourcesRead:
+    """Safety information is never gated: no consent needed, and still there after withdrawal."""
+    return _resources(session, participant)
 
 
 @router.post("/me/conversations", status_code=status.HTTP_201_CREATED)
