@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, Response
 from sqlalchemy.orm import Session
 
 from study import participants as participant_service
@@ -13,10 +13,18 @@ from study import staff as staff_service
 from study.db import session_factory
 from study.models import Participant, StaffAccount
 from study.security import csrf_token_valid
+from study.settings import get_settings
 
 SESSION_COOKIE = "afterward_session"
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+
+
+def set_session_cookie(response: Response, token: str) -> None:
+    """The participant's session in an httponly cookie (the API's bearer token, for browsers)."""
+    settings = get_settings()
+    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="lax", path="/",
+                        secure=settings.base_url.startswith("https"), max_age=settings.session_ttl_days * 86400)
 
 
 def get_session(request: Request) -> Iterator[Session]:

@@ -21,7 +21,7 @@ from markdown_it import MarkdownIt
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData
 
-from api.deps import SESSION_COOKIE, SessionDep
+from api.deps import SESSION_COOKIE, SessionDep, set_session_cookie
 from api.errors import error_body
 from api.routers import chat as chat_api
 from chat import service as chat_service
@@ -35,7 +35,6 @@ from study.db import session_scope
 from study.errors import DomainError, NotFound
 from study.models import Participant, ParticipantStatus, Study, WithdrawalLevel
 from study.security import csrf_token_for, csrf_token_valid
-from study.settings import get_settings
 from study.studies import current_protocol
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
@@ -80,9 +79,14 @@ def see_other(to: str) -> RedirectResponse:
     return RedirectResponse(to, status_code=303)
 
 
-def _participant(session: Session, request: Request) -> Participant:
+def _signed_in(session: Session, request: Request) -> Participant | None:
+    """The participant of the session cookie, if any (withdrawn or not, consented or not)."""
     token = request.cookies.get(SESSION_COOKIE)
-    participant = participant_service.participant_for_token(session, token) if token else None
+    return participant_service.participant_for_token(session, token) if token else None
+
+
+def _participant(session: Session, request: Request) -> Participant:
+    participant = _signed_in(session, request)
     if participant is None:
         raise Redirect("/?expired=1")
     return participant
@@ -132,8 +136,7 @@ templates.env.filters["markdown"] = markdown
 
 @router.get("/", response_class=HTMLResponse)
 def home(request: Request, session: SessionDep) -> Response:
-    token = request.cookies.get(SESSION_COOKIE)
-    participant = participant_service.participant_for_token(session, token) if token else None
+    participant = _signed_in(session, request)
     if participant is None:
         pre = request.cookies.get(PRE_COOKIE) or secrets.token_urlsafe(24)
         response = page(request, "join.html", pre=pre, expired="expired" in request.query_params,
@@ -162,9 +165,7 @@ async def join(request: Request) -> Response:
     except DomainError as exc:
         return page(request, "join.html", status_code=400, pre=pre, code=code, error=exc.message)
     response = see_other("/consent")
-    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="lax", path="/",
-                        secure=get_settings().base_url.startswith("https"),
-                        max_age=get_settings().session_ttl_days * 86400)
+    set_session_cookie(response, token)
     response.delete_cookie(PRE_COOKIE, path="/")
     return response
 
@@ -340,15 +341,10 @@ def survey_done(request: Request) -> Response:
     return page(request, "message.html", title="Thank you", body="Your answers were saved.", back="/")
 
 
-def _link_caller(session: Session, request: Request) -> Participant | None:
-    token = request.cookies.get(SESSION_COOKIE)
-    return participant_service.participant_for_token(session, token) if token else None
-
-
 @router.get("/s/{token}", response_class=HTMLResponse)
 def linked_survey(token: str, request: Request, session: SessionDep, step: int = 0) -> Response:
     try:
-        assignment, _ = survey_service.assignment_for_link(session, token, _link_caller(session, request))
+        assignment, _ = survey_service.assignment_for_link(session, token, _signed_in(session, request))
     except DomainError as exc:
         return page(request, "message.html", status_code=404, title="This link can't be used",
                     body=exc.message, back="/")
@@ -358,7 +354,7 @@ def linked_survey(token: str, request: Request, session: SessionDep, step: int =
 @router.post("/s/{token}")
 async def answer_linked_survey(token: str, request: Request) -> Response:
     def linked(session: Session) -> tuple[SurveyAssignment, Participant]:
-        return survey_service.assignment_for_link(session, token, _link_caller(session, request))
+        return survey_service.assignment_for_link(session, token, _signed_in(session, request))
     # The signed link is the credential here (no session needed), and it names one survey of one person.
     try:
         return await _survey_post(request, linked, f"/s/{token}", "/done")
@@ -529,8 +525,7 @@ async def withdraw(request: Request) -> Response:
 
 @router.get("/help", response_class=HTMLResponse)
 def help_page(request: Request, session: SessionDep) -> Response:
-    token = request.cookies.get(SESSION_COOKIE)
-    participant = participant_service.participant_for_token(session, token) if token else None
+    participant = _signed_in(session, request)
     region, resources = _resources(session, participant)
     elsewhere = (current_protocol(session, participant.study_id).crisis_resources["default"]
                  if participant is not None and region != "default" else None)

@@ -6,8 +6,9 @@ import datetime as dt
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Exists, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from study import audit
@@ -148,15 +149,20 @@ def require_active(participant: Participant) -> None:
                         code="withdrawn")
 
 
+def _signed_consent_in_force(participant_id: Any, study_id: Any) -> Exists:
+    """SQL: the participant signed the consent version of the study's newest protocol version
+    (values, or columns to correlate with an outer query)."""
+    in_force = (select(ProtocolVersion.consent_version_id).where(ProtocolVersion.study_id == study_id)
+                .order_by(ProtocolVersion.version.desc()).limit(1).scalar_subquery())
+    return select(ConsentSignature.id).where(ConsentSignature.participant_id == participant_id,
+                                             ConsentSignature.consent_version_id == in_force).exists()
+
+
 def require_current_consent(session: Session, participant: Participant) -> None:
     """Refuse unless the participant is active and signed the consent version in force. One
     query on the common path: this runs on every participant request."""
     require_active(participant)
-    in_force = (select(ProtocolVersion.consent_version_id).where(ProtocolVersion.study_id == participant.study_id)
-                .order_by(ProtocolVersion.version.desc()).limit(1).scalar_subquery())
-    signed = select(ConsentSignature.id).where(ConsentSignature.participant_id == participant.id,
-                                               ConsentSignature.consent_version_id == in_force)
-    if session.scalar(select(signed.exists())):
+    if session.scalar(select(_signed_consent_in_force(participant.id, participant.study_id))):
         return
     status = consent_status(session, participant)
     what = "signed" if status.signed is None else "re-signed (the consent was revised)"
@@ -166,12 +172,9 @@ def require_current_consent(session: Session, participant: Participant) -> None:
 def consented_participant_for_token(session: Session, token: str) -> Participant | None:
     """The token's participant if active and consented to the version in force, in one query;
     None for an unknown or expired token; otherwise the refusal ``require_current_consent`` gives."""
-    in_force = (select(ProtocolVersion.consent_version_id).where(ProtocolVersion.study_id == Participant.study_id)
-                .order_by(ProtocolVersion.version.desc()).limit(1).scalar_subquery())
-    signed = select(ConsentSignature.id).where(ConsentSignature.participant_id == Participant.id,
-                                               ConsentSignature.consent_version_id == in_force).exists()
     row = session.execute(
-        select(Participant, signed).join(ParticipantSession)
+        select(Participant, _signed_consent_in_force(Participant.id, Participant.study_id))
+        .join(ParticipantSession)
         .where(ParticipantSession.token_sha256 == token_digest(token), ParticipantSession.revoked_at.is_(None),
                ParticipantSession.expires_at > now())).first()
     if row is None:

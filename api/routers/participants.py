@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response, status
 from fastapi.responses import PlainTextResponse
 
-from api.deps import SESSION_COOKIE, CurrentParticipant, SessionDep, participant_token
+from api.deps import CurrentParticipant, SessionDep, participant_token, set_session_cookie
 from scheduler import planner
 from study import audit
 from study import participants as service
@@ -27,7 +27,6 @@ from study.schemas import (
     WithdrawalRead,
 )
 from study.security import csrf_token_for
-from study.settings import get_settings
 from study.studies import current_protocol
 from surveys import service as survey_service
 
@@ -39,12 +38,6 @@ def _consent_read(consent: ConsentVersion) -> ConsentRead:
     return ConsentRead(version=consent.version, text_markdown=consent.text_markdown,
                        text_sha256=consent.text_sha256,
                        confirmations=[ConsentConfirmationRead(**c) for c in consent.confirmations])
-
-
-def _set_cookie(response: Response, token: str) -> None:
-    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="lax", path="/",
-                        secure=get_settings().base_url.startswith("https"),
-                        max_age=get_settings().session_ttl_days * 86400)
 
 
 def _participant_read(session: SessionDep, participant: Participant, token: str | None) -> ParticipantRead:
@@ -64,7 +57,7 @@ def _participant_read(session: SessionDep, participant: Participant, token: str 
 def enroll(body: EnrollmentCreate, session: SessionDep, response: Response) -> EnrollmentRead:
     """Redeem an invite code. Next: read and sign the consent returned here."""
     enrollment = service.enroll(session, body.invite_code)
-    _set_cookie(response, enrollment.token)
+    set_session_cookie(response, enrollment.token)
     consent = service.consent_status(session, enrollment.participant).current
     return EnrollmentRead(participant_code=enrollment.participant.code, token=enrollment.token,
                           csrf_token=csrf_token_for(enrollment.token), consent=_consent_read(consent))
