@@ -7,9 +7,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from api import errors, pages
+from api.edge import Edge
 from api.routers import chat, followups, participants, staff, surveys
 from chat.gateway import Gateway
 from study.db import get_engine
+from study.settings import get_settings
 
 API_PREFIX = "/api/v1"
 
@@ -34,9 +36,11 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
     app.include_router(followups.staff_router, prefix=API_PREFIX)
 
     pages.install(app)
+    app.add_middleware(Edge, max_body_bytes=get_settings().max_body_bytes)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:
+        """Liveness and database reachability (a worker thread; answers while other requests wait)."""
         with app.state.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
         return {"status": "ok", "database": app.state.engine.dialect.name}

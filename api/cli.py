@@ -146,14 +146,38 @@ def staff_token(email: str, label: str = "cli") -> None:
 
 @audit_app.command("verify")
 def audit_verify() -> None:
-    """Check the audit log's hash chain; exit 1 if any entry was edited or deleted."""
-    with session_scope() as session:
-        result = audit.verify(session)
+    """Check the audit log's keyed chain and every anchor; exit 1 if anything was edited, deleted or forged."""
+    settings = get_settings()
+    with session_scope(read_only=True) as session:  # a long walk must not hold SQLite's write lock
+        result = audit.verify(session, settings)
     for problem in result.problems:
         typer.secho(problem, fg=typer.colors.RED, err=True)
     if not result.ok:
         raise typer.Exit(1)
-    typer.echo(f"audit log intact: {result.entries} entries")
+    last = result.last_anchor
+    if last is None:
+        anchored = f"never anchored (no anchors in {settings.audit_anchor_path}; run: afterward audit anchor)"
+    else:
+        anchored = f"last anchored at {last.describe()}"
+        if last.seq < result.head_seq:
+            anchored += f"; entries after {last.seq} are not anchored yet"
+    typer.echo(f"audit log intact: {result.entries} entries, {anchored}")
+
+
+@audit_app.command("anchor")
+def audit_anchor() -> None:
+    """Record the chain head outside the database (the anchor file, and the webhook when set)."""
+    settings = get_settings()
+    try:
+        anchored = audit.anchor(settings=settings)
+    except audit.AnchorError as exc:
+        _fail(exc.message)
+        return
+    if anchored.new:
+        posted = f" and posted to {settings.audit_anchor_webhook_url}" if settings.audit_anchor_webhook_url else ""
+        typer.echo(f"anchored {anchored.anchor.describe()} in {settings.audit_anchor_path}{posted}")
+    else:
+        typer.echo(f"head unchanged since the last anchor, {anchored.anchor.describe()}; nothing written")
 
 
 @instruments_app.command("load")
@@ -334,8 +358,16 @@ def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, access_log:
     """Serve the HTTP API (and the participant pages) with uvicorn."""
     import uvicorn
 
+    from api.client_address import trusted_networks
+
+    try:
+        trusted_networks(tuple(get_settings().trusted_proxies))
+    except ValueError as exc:
+        _fail(str(exc))
+    # X-Forwarded-For is read in one place only, api.client_address (from AFTERWARD_TRUSTED_PROXIES);
+    # uvicorn's own handling would otherwise believe it from any local client.
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level="info", access_log=access_log)
+                log_level="info", access_log=access_log, proxy_headers=False)
 
 
 def main() -> None:

@@ -1,23 +1,39 @@
-"""Typed dependencies: the request's database session, and who is calling."""
+"""Typed dependencies: the request's database session, and who is calling.
+
+How requests use the database (one model for the whole app): database work is synchronous
+SQLAlchemy and never runs on the event loop. Plain handlers are ``def`` endpoints that take
+``SessionDep`` (FastAPI runs them and their dependencies in its thread pool); a handler that must
+``await`` (an LLM call, a stream) runs each transaction with ``run_unit``, also on a worker thread.
+Both open the transaction with ``study.db.session_scope``; the engine refuses statements on a
+thread running an event loop, so a regression fails loudly in every test.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from typing import Annotated, TypeVar
 
-from fastapi import Depends, HTTPException, Request, Response
+from fastapi import Depends, HTTPException, Path, Request, Response
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 
 from study import participants as participant_service
 from study import staff as staff_service
-from study.db import session_factory
+from study.db import session_scope
 from study.models import Participant, StaffAccount
 from study.security import csrf_token_valid
 from study.settings import get_settings
+from study.validation import MAX_ROW_ID, NUL_MESSAGE
 
 SESSION_COOKIE = "afterward_session"
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+AUDITED_READS_PREFIX = "/api/v1/staff/"  # staff reads write an audit entry
+T = TypeVar("T")
+
+RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="a row id")]
 
 
 def set_session_cookie(response: Response, token: str) -> None:
@@ -27,36 +43,57 @@ def set_session_cookie(response: Response, token: str) -> None:
                         secure=settings.base_url.startswith("https"), max_age=settings.session_ttl_days * 86400)
 
 
+def reads_only(request: Request) -> bool:
+    """A GET that writes nothing (staff reads are audited, so they write)."""
+    return request.method in SAFE_METHODS and not request.url.path.startswith(AUDITED_READS_PREFIX)
+
+
 def get_session(request: Request) -> Iterator[Session]:
     """One transaction per request: committed when the handler returns, before the response is
     sent (so a failed commit is an error response, never a silent loss)."""
-    session = session_factory(request.app.state.engine)()
-    try:
+    with session_scope(request.app.state.engine, read_only=reads_only(request)) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
+
+
+async def run_unit(request: Request, work: Callable[[Session], T], *, read_only: bool = False) -> T:
+    """Run ``work`` in its own committed transaction on a worker thread, for handlers that await."""
+    def unit() -> T:
+        with session_scope(request.app.state.engine, read_only=read_only) as session:
+            return work(session)
+    return await run_in_threadpool(unit)
+
+
+async def form_data(request: Request) -> FormData:
+    """A page's form, parsed before the (sync) handler runs; the body size is limited upstream."""
+    form = await request.form()
+    for key, value in form.multi_items():
+        if "\x00" in key or (isinstance(value, str) and "\x00" in value):
+            raise HTTPException(422, f"{key or 'a field'} {NUL_MESSAGE}")
+    return form
+
+
+Form = Annotated[FormData, Depends(form_data)]
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+# Declared as security schemes so the OpenAPI document says how each operation authenticates.
+participant_bearer = HTTPBearer(scheme_name="ParticipantToken", auto_error=False,
+                                description="the token from POST /api/v1/enrollment")
+participant_cookie = APIKeyCookie(name=SESSION_COOKIE, scheme_name="ParticipantCookie", auto_error=False,
+                                  description="browsers: the httponly session cookie, with X-CSRF-Token on writes")
+staff_bearer = HTTPBearer(scheme_name="StaffToken", auto_error=False,
+                          description="from POST /api/v1/staff/login or `afterward staff token`")
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(participant_bearer)]
 
 
-def participant_token(request: Request) -> str:
+def participant_token(request: Request, bearer: Bearer,
+                      cookie: Annotated[str | None, Depends(participant_cookie)]) -> str:
     """The participant's token from the Authorization header, or from the session cookie; a
     state-changing request authenticated by the cookie must carry the CSRF token."""
-    token = _bearer(request)
-    if token:
-        return token
-    cookie = request.cookies.get(SESSION_COOKIE)
+    if bearer is not None and bearer.credentials.strip():
+        return bearer.credentials.strip()
     if not cookie:
         raise HTTPException(401, "sign in first: open your invite link again or use your token",
                             headers={"WWW-Authenticate": "Bearer"})
@@ -78,17 +115,21 @@ def current_participant(session: SessionDep, token: Annotated[str, Depends(parti
 CurrentParticipant = Annotated[Participant, Depends(current_participant)]
 
 
-def consented_participant(session: SessionDep, participant: CurrentParticipant) -> Participant:
-    """A participant who may take part now: not withdrawn and signed the consent in force."""
-    participant_service.require_current_consent(session, participant)
+def consented_participant(session: SessionDep, token: Annotated[str, Depends(participant_token)]) -> Participant:
+    """A participant who may take part now: not withdrawn and signed the consent in force (one query)."""
+    participant = participant_service.consented_participant_for_token(session, token)
+    if participant is None:
+        raise HTTPException(401, "your session has expired; open your invite link or sign in again",
+                            headers={"WWW-Authenticate": "Bearer"})
     return participant
 
 
 ConsentedParticipant = Annotated[Participant, Depends(consented_participant)]
 
 
-def current_staff(session: SessionDep, request: Request) -> StaffAccount:
-    token = _bearer(request)
+def current_staff(session: SessionDep,
+                  bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(staff_bearer)]) -> StaffAccount:
+    token = bearer.credentials.strip() if bearer is not None else ""
     account = staff_service.staff_for_token(session, token) if token else None
     if account is None:
         raise HTTPException(401, "a valid staff token is required (POST /api/v1/staff/login)",

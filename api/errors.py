@@ -9,8 +9,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.edge import security_headers
+from study.db import is_contention
 from study.errors import (
     Conflict,
     DomainError,
@@ -70,13 +73,29 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {401: "unauthenticated", 403: "forbidden", 404: "not_found",
-                405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {400: "invalid_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
+                405: "method_not_allowed", 413: "body_too_large", 422: "validation_error"}.get(exc.status_code,
+                                                                                            "http_error")
         return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
+    @app.exception_handler(SQLAlchemyError)
+    async def _database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        if is_contention(exc):
+            log.warning("database busy on %s %s: %s", request.method, request.url.path, exc)
+            return JSONResponse(error_body("busy", "the study's database is busy; nothing was changed, please "
+                                           "try again in a moment"), status_code=503, headers={"Retry-After": "1"})
+        if isinstance(exc, DataError):
+            # Validation at the edge should have caught it; refuse the value rather than fail.
+            log.warning("value refused by the database on %s %s: %s", request.method, request.url.path, exc)
+            return JSONResponse(error_body("invalid_value", "a value in this request cannot be stored (out of "
+                                           "range or with characters that are not allowed)"), status_code=422)
+        return await _unexpected(request, exc)
+
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette answers this one outside every middleware, so the edge's headers are added here.
         log.exception("unhandled error", exc_info=exc)
         return JSONResponse(error_body("internal_error", "something went wrong on our side; "
-                                       "nothing you sent was lost, please try again"), status_code=500)
+                                       "nothing you sent was lost, please try again"), status_code=500,
+                            headers=security_headers(request.url.path))

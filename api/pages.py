@@ -3,13 +3,15 @@
 Every page works without JavaScript (plain forms, CSRF token in each, the httponly session
 cookie); ``static/app.js`` only adds time-zone detection, saving survey answers as they are
 given, and streaming chat replies. Responses carry a strict Content-Security-Policy (no inline
-script or style), see ``security_headers``.
+script or style), see ``api.edge.security_headers``.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from zoneinfo import available_timezones
@@ -18,26 +20,30 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from markdown_it import MarkdownIt
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData
 
-from api.deps import SESSION_COOKIE, SessionDep, set_session_cookie
+from api.deps import SESSION_COOKIE, Form, RowId, SessionDep, run_unit, set_session_cookie
 from api.errors import error_body
 from api.routers import chat as chat_api
+from api.routers.participants import save_profile
 from chat import service as chat_service
 from chat.roles import ROLE_SPECS
-from scheduler import planner
+from chat.schemas import ConversationCreate, ExitCheck, MessageCreate, RoleChange
 from scheduler import service as scheduler_service
 from study import audit
 from study import participants as participant_service
 from study.clock import now
-from study.db import session_scope
 from study.errors import DomainError, NotFound
 from study.models import Participant, ParticipantStatus, Study, WithdrawalLevel
+from study.schemas import ConsentSign, ProfileUpdate
 from study.security import csrf_token_for, csrf_token_valid
 from study.studies import current_protocol
+from study.validation import form_int
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
+from surveys.schemas import SUBMISSION_ID_PATTERN
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -45,20 +51,6 @@ router = APIRouter(include_in_schema=False)
 PRE_COOKIE = "afterward_pre"  # double-submit CSRF token for the invite form (no session yet)
 _markdown = MarkdownIt("commonmark", {"html": False})
 ZONES = sorted(z for z in available_timezones() if "/" in z and not z.startswith(("Etc/", "SystemV/", "posix/")))
-
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "font-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'")
-
-
-async def security_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    response = await call_next(request)
-    if not request.url.path.startswith(("/docs", "/redoc")):  # FastAPI's API explorer loads its own scripts
-        response.headers.setdefault("Content-Security-Policy", CSP)
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")  # survey links carry a token
-    response.headers.setdefault("X-Frame-Options", "DENY")
-    return response
-
 
 # Helpers
 
@@ -117,11 +109,13 @@ def _ready(session: Session, request: Request) -> Participant:
     return participant
 
 
-def _resources(session: Session, participant: Participant | None) -> tuple[str, str]:
-    if participant is None:
-        return "default", ("If you are in danger or thinking about harming yourself, call your local emergency "
-                           "number now. You can find a free, confidential helpline at https://findahelpline.com.")
-    return current_protocol(session, participant.study_id).crisis_resources_for(participant.timezone)
+def problem(exc: DomainError | ValidationError) -> str:
+    """What to tell the participant: the domain error's message, or the first invalid field's."""
+    if isinstance(exc, DomainError):
+        return exc.message
+    first = exc.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "this form"
+    return f"{field.replace('_', ' ')}: {str(first['msg']).removeprefix('Value error, ')}"
 
 
 def markdown(text: str) -> str:
@@ -152,17 +146,15 @@ def home(request: Request, session: SessionDep) -> Response:
 
 
 @router.post("/join")
-async def join(request: Request) -> Response:
-    form = await request.form()
+def join(request: Request, form: Form, session: SessionDep) -> Response:
     pre = request.cookies.get(PRE_COOKIE)
     if not pre or form.get("pre") != pre:
         return see_other("/?expired=1")
-    code = str(form.get("invite_code", "")).strip()
+    code = str(form.get("invite_code", "")).strip()[:64]
     try:
-        with session_scope(request.app.state.engine) as session:
-            enrollment = participant_service.enroll(session, code)
-            token = enrollment.token
+        token = participant_service.enroll(session, code).token
     except DomainError as exc:
+        session.rollback()
         return page(request, "join.html", status_code=400, pre=pre, code=code, error=exc.message)
     response = see_other("/consent")
     set_session_cookie(response, token)
@@ -179,24 +171,22 @@ def consent(request: Request, session: SessionDep) -> Response:
 
 
 @router.post("/consent")
-async def sign(request: Request) -> Response:
-    form = await request.form()
+def sign(request: Request, form: Form, session: SessionDep) -> Response:
     _check_csrf(request, form)
-    with session_scope(request.app.state.engine) as session:
-        participant = _participant(session, request)
-        state = participant_service.consent_status(session, participant)
-        try:
-            participant_service.sign_consent(
-                session, participant, version=str(form.get("version", "")),
-                confirmations=[str(c) for c in form.getlist("confirmations")],
-                typed_signature=str(form.get("typed_signature", "")))
-        except DomainError as exc:
-            session.rollback()
-            return page(request, "consent.html", status_code=422, state=state, participant=participant,
-                        revised=state.signed is not None and state.needs_consent, error=exc.message,
-                        checked=set(form.getlist("confirmations")), typed=form.get("typed_signature", ""))
-        ready = participant.status == ParticipantStatus.ENROLLED
-    return see_other("/" if ready else "/onboarding")
+    participant = _participant(session, request)
+    state = participant_service.consent_status(session, participant)
+    try:
+        signed = ConsentSign(version=str(form.get("version", "")),
+                             confirmations=[str(c) for c in form.getlist("confirmations")],
+                             typed_signature=str(form.get("typed_signature", "")))
+        participant_service.sign_consent(session, participant, version=signed.version,
+                                         confirmations=signed.confirmations, typed_signature=signed.typed_signature)
+    except (DomainError, ValidationError) as exc:
+        session.rollback()
+        return page(request, "consent.html", status_code=422, state=state, participant=participant,
+                    revised=state.signed is not None and state.needs_consent, error=problem(exc),
+                    checked=set(form.getlist("confirmations")), typed=str(form.get("typed_signature", ""))[:200])
+    return see_other("/" if participant.status == ParticipantStatus.ENROLLED else "/onboarding")
 
 
 @router.get("/onboarding", response_class=HTMLResponse)
@@ -211,31 +201,20 @@ def onboarding(request: Request, session: SessionDep) -> Response:
 
 
 @router.post("/onboarding")
-async def onboard(request: Request) -> Response:
-    form = await request.form()
+def onboard(request: Request, form: Form, session: SessionDep) -> Response:
     _check_csrf(request, form)
-    with session_scope(request.app.state.engine) as session:
-        participant = _participant(session, request)
-        first_time = participant.enrolled_at is None
-        email = str(form.get("contact_email", "")).strip() or None
-        try:
-            if email is not None and "@" not in email:
-                raise DomainError("this email address does not look right; check it or leave the field empty")
-            participant_service.update_profile(session, participant, timezone=str(form.get("timezone", "")),
-                                               contact_email=email)
-        except DomainError as exc:
-            session.rollback()
-            protocol = current_protocol(session, participant.study_id)
-            return page(request, "onboarding.html", status_code=422, zones=ZONES, participant=participant,
-                        selected=str(form.get("timezone", "")), email=email or "", error=exc.message,
-                        email_required=protocol.enrollment.contact_email == "required")
-        if first_time:
-            baseline = survey_service.assign_baseline(session, participant,
-                                                      current_protocol(session, participant.study_id).baseline)
-            planner.on_enrollment(session, participant)
-            if baseline:
-                return see_other(f"/surveys/{baseline[0].id}")
-    return see_other("/")
+    participant = _participant(session, request)
+    email = str(form.get("contact_email", "")).strip() or None
+    try:
+        profile = ProfileUpdate(timezone=str(form.get("timezone", "")), contact_email=email)
+        baseline = save_profile(session, participant, timezone=profile.timezone, contact_email=profile.contact_email)
+    except (DomainError, ValidationError) as exc:
+        session.rollback()
+        protocol = current_protocol(session, participant.study_id)
+        return page(request, "onboarding.html", status_code=422, zones=ZONES, participant=participant,
+                    selected=str(form.get("timezone", ""))[:64], email=(email or "")[:320], error=problem(exc),
+                    email_required=protocol.enrollment.contact_email == "required")
+    return see_other(f"/surveys/{baseline[0].id}" if baseline else "/")
 
 
 # Surveys: one screen per block; answers are saved with every step.
@@ -266,9 +245,12 @@ def _answers_from(form: FormData, items: list[dict[str, Any]]) -> dict[str, Any]
         elif kind in ("likert", "slider", "number"):
             try:
                 number = float(raw)
-                answers[key] = int(number) if number.is_integer() else number
             except ValueError:
-                answers[key] = raw  # the instrument's check names the problem
+                number = math.nan
+            if math.isfinite(number):
+                answers[key] = int(number) if number.is_integer() else number
+            else:
+                answers[key] = raw[:100]  # the instrument's check names the problem
         else:
             answers[key] = raw
     return answers
@@ -285,27 +267,26 @@ def _survey_page(request: Request, session: Session, assignment: SurveyAssignmen
                 saved=rendered.saved_answers, submission_id=secrets.token_hex(8))
 
 
-async def _survey_post(request: Request, assignment_for: Callable[[Session], tuple[SurveyAssignment, Participant]],
-                       action: str, done: str) -> Response:
-    form = await request.form()
-    with session_scope(request.app.state.engine) as session:
-        assignment, participant = assignment_for(session)
-        screens = _blocks(survey_service.render(session, assignment))
-        step = max(0, min(int(str(form.get("step", "0")) or 0), len(screens) - 1))
-        answers = _answers_from(form, screens[step]["items"])
-        finishing = form.get("go") == "submit"
-        try:
-            survey_service.save_partial(session, participant, assignment, answers)
-            if finishing:
-                survey_service.submit(session, participant, assignment, {},
-                                      submission_id=str(form.get("submission_id", "")) or secrets.token_hex(8))
-        except survey_service.AnswerError as exc:
-            session.rollback()
-            return _survey_page(request, session, assignment, step, action, status_code=422,
-                                errors={f["field"]: f["message"] for f in exc.fields})
-        except DomainError:
-            session.rollback()
-            return _survey_page(request, session, assignment, step, action, status_code=409)
+def _survey_post(request: Request, session: Session, form: FormData, assignment: SurveyAssignment,
+                 participant: Participant, action: str, done: str) -> Response:
+    screens = _blocks(survey_service.render(session, assignment))
+    step = max(0, min(form_int(form.get("step"), lo=0, hi=10_000) or 0, len(screens) - 1))
+    answers = _answers_from(form, screens[step]["items"])
+    finishing = form.get("go") == "submit"
+    submission_id = str(form.get("submission_id", ""))
+    if not re.fullmatch(SUBMISSION_ID_PATTERN, submission_id):
+        submission_id = secrets.token_hex(8)
+    try:
+        survey_service.save_partial(session, participant, assignment, answers)
+        if finishing:
+            survey_service.submit(session, participant, assignment, {}, submission_id=submission_id)
+    except survey_service.AnswerError as exc:
+        session.rollback()
+        return _survey_page(request, session, assignment, step, action, status_code=422,
+                            errors={f["field"]: f["message"] for f in exc.fields})
+    except DomainError:
+        session.rollback()
+        return _survey_page(request, session, assignment, step, action, status_code=409)
     if finishing:
         return see_other(done)
     target = step - 1 if form.get("go") == "back" else step + 1
@@ -319,21 +300,18 @@ def surveys(request: Request, session: SessionDep) -> Response:
 
 
 @router.get("/surveys/{assignment_id}", response_class=HTMLResponse)
-def survey(assignment_id: int, request: Request, session: SessionDep, step: int = 0) -> Response:
+def survey(assignment_id: RowId, request: Request, session: SessionDep) -> Response:
     participant = _ready(session, request)
     assignment = survey_service.owned_assignment(session, participant, assignment_id)
-    return _survey_page(request, session, assignment, step, f"/surveys/{assignment_id}")
+    return _survey_page(request, session, assignment, _step(request), f"/surveys/{assignment_id}")
 
 
 @router.post("/surveys/{assignment_id}")
-async def answer_survey(assignment_id: int, request: Request) -> Response:
-    form = await request.form()
+def answer_survey(assignment_id: RowId, request: Request, form: Form, session: SessionDep) -> Response:
     _check_csrf(request, form)
-
-    def owned(session: Session) -> tuple[SurveyAssignment, Participant]:
-        participant = _ready(session, request)
-        return survey_service.owned_assignment(session, participant, assignment_id), participant
-    return await _survey_post(request, owned, f"/surveys/{assignment_id}", "/done")
+    participant = _ready(session, request)
+    assignment = survey_service.owned_assignment(session, participant, assignment_id)
+    return _survey_post(request, session, form, assignment, participant, f"/surveys/{assignment_id}", "/done")
 
 
 @router.get("/done", response_class=HTMLResponse, name="survey_done")
@@ -341,26 +319,31 @@ def survey_done(request: Request) -> Response:
     return page(request, "message.html", title="Thank you", body="Your answers were saved.", back="/")
 
 
+def _step(request: Request) -> int:
+    return form_int(request.query_params.get("step"), lo=0, hi=10_000) or 0
+
+
+def _link_refused(request: Request, exc: DomainError) -> Response:
+    return page(request, "message.html", status_code=404, title="This link can't be used", body=exc.message, back="/")
+
+
 @router.get("/s/{token}", response_class=HTMLResponse)
-def linked_survey(token: str, request: Request, session: SessionDep, step: int = 0) -> Response:
+def linked_survey(token: str, request: Request, session: SessionDep) -> Response:
     try:
         assignment, _ = survey_service.assignment_for_link(session, token, _signed_in(session, request))
     except DomainError as exc:
-        return page(request, "message.html", status_code=404, title="This link can't be used",
-                    body=exc.message, back="/")
-    return _survey_page(request, session, assignment, step, f"/s/{token}")
+        return _link_refused(request, exc)
+    return _survey_page(request, session, assignment, _step(request), f"/s/{token}")
 
 
 @router.post("/s/{token}")
-async def answer_linked_survey(token: str, request: Request) -> Response:
-    def linked(session: Session) -> tuple[SurveyAssignment, Participant]:
-        return survey_service.assignment_for_link(session, token, _signed_in(session, request))
+def answer_linked_survey(token: str, request: Request, form: Form, session: SessionDep) -> Response:
     # The signed link is the credential here (no session needed), and it names one survey of one person.
     try:
-        return await _survey_post(request, linked, f"/s/{token}", "/done")
+        assignment, participant = survey_service.assignment_for_link(session, token, _signed_in(session, request))
     except DomainError as exc:
-        return page(request, "message.html", status_code=404, title="This link can't be used", body=exc.message,
-                    back="/")
+        return _link_refused(request, exc)
+    return _survey_post(request, session, form, assignment, participant, f"/s/{token}", "/done")
 
 
 # Chat
@@ -376,22 +359,25 @@ def chat_home(request: Request, session: SessionDep) -> Response:
 
 
 @router.post("/chat")
-async def chat_start(request: Request) -> Response:
-    form = await request.form()
+def chat_start(request: Request, form: Form, session: SessionDep) -> Response:
     _check_csrf(request, form)
-    with session_scope(request.app.state.engine) as session:
-        participant = _ready(session, request)
-        role = str(form.get("role", "")) or None
+    participant = _ready(session, request)
+    try:
+        role = ConversationCreate(role=str(form.get("role", "")) or None).role
         conversation = chat_service.start_conversation(session, participant, role)
-        return see_other(f"/chat/{conversation.id}")
+    except (DomainError, ValidationError) as exc:
+        session.rollback()
+        return page(request, "message.html", status_code=422, title="That didn't work", body=problem(exc),
+                    back="/chat")
+    return see_other(f"/chat/{conversation.id}")
 
 
 @router.get("/chat/{conversation_id}", response_class=HTMLResponse)
-def chat_page(conversation_id: int, request: Request, session: SessionDep) -> Response:
+def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> Response:
     participant = _ready(session, request)
     conversation = chat_service.get_conversation(session, participant, conversation_id)
     arm, offered = chat_service.roles_offered(session, participant)
-    region, resources = _resources(session, participant)
+    resources = chat_api.crisis_resources(session, participant).text
     responses = chat_api.pushback_responses(session, conversation.id)
     return page(request, "chat.html", conversation=conversation, turns=chat_service.turns(session, conversation),
                 responses=responses, offered=offered, mode=arm.mode, resources=resources,
@@ -401,17 +387,21 @@ def chat_page(conversation_id: int, request: Request, session: SessionDep) -> Re
 Prepare = Callable[[Session, Participant, FormData], chat_service.PreparedTurn | None]
 
 
-async def _chat_action(request: Request, conversation_id: int, prepare: Prepare) -> Response:
-    form = await request.form()
+async def _chat_action(request: Request, conversation_id: int, form: FormData, prepare: Prepare) -> Response:
+    """Prepare in one unit of work; then, for a turn, ask the model outside any transaction."""
     _check_csrf(request, form)
-    with session_scope(request.app.state.engine) as session:
+
+    def unit(session: Session) -> chat_service.PreparedTurn | Response | None:
         participant = _ready(session, request)
         try:
-            prepared = prepare(session, participant, form)
-        except DomainError as exc:
+            return prepare(session, participant, form)
+        except (DomainError, ValidationError) as exc:
             session.rollback()
-            return page(request, "message.html", status_code=409, title="That didn't work", body=exc.message,
-                        back=f"/chat/{conversation_id}")
+            return page(request, "message.html", status_code=409 if isinstance(exc, DomainError) else 422,
+                        title="That didn't work", body=problem(exc), back=f"/chat/{conversation_id}")
+    prepared = await run_unit(request, unit)
+    if isinstance(prepared, Response):
+        return prepared
     if prepared is not None:
         try:
             await chat_api.reply_to(request, chat_api.gateway_of(request), prepared)
@@ -421,65 +411,67 @@ async def _chat_action(request: Request, conversation_id: int, prepare: Prepare)
 
 
 @router.post("/chat/{conversation_id}/send")
-async def chat_send(conversation_id: int, request: Request) -> Response:
+async def chat_send(conversation_id: RowId, request: Request, form: Form) -> Response:
     def prepare(session: Session, participant: Participant, form: FormData) -> chat_service.PreparedTurn:
-        prepared, _ = chat_service.accept_message(session, participant, conversation_id,
-                                                  str(form.get("content", "")), str(form.get("mid", "")) or None)
+        message = MessageCreate(content=str(form.get("content", "")),
+                                client_message_id=str(form.get("mid", "")) or None)
+        prepared, _ = chat_service.accept_message(session, participant, conversation_id, message.content,
+                                                  message.client_message_id)
         return prepared
-    return await _chat_action(request, conversation_id, prepare)
+    return await _chat_action(request, conversation_id, form, prepare)
 
 
 @router.post("/chat/{conversation_id}/retry")
-async def chat_retry(conversation_id: int, request: Request) -> Response:
-    return await _chat_action(request, conversation_id,
+async def chat_retry(conversation_id: RowId, request: Request, form: Form) -> Response:
+    return await _chat_action(request, conversation_id, form,
                               lambda s, p, f: chat_service.prepare_retry(s, p, conversation_id))
 
 
 @router.post("/chat/{conversation_id}/turns/{turn_id}/override")
-async def chat_override(conversation_id: int, turn_id: int, request: Request) -> Response:
-    return await _chat_action(request, conversation_id,
+async def chat_override(conversation_id: RowId, turn_id: RowId, request: Request, form: Form) -> Response:
+    return await _chat_action(request, conversation_id, form,
                               lambda s, p, f: chat_service.prepare_override(s, p, conversation_id, turn_id))
 
 
 @router.post("/chat/{conversation_id}/turns/{turn_id}/reconsider")
-async def chat_reconsider(conversation_id: int, turn_id: int, request: Request) -> Response:
+async def chat_reconsider(conversation_id: RowId, turn_id: RowId, request: Request, form: Form) -> Response:
     def prepare(session: Session, participant: Participant, form: FormData) -> None:
         chat_service.reconsider(session, participant, conversation_id, turn_id)
-    return await _chat_action(request, conversation_id, prepare)
+    return await _chat_action(request, conversation_id, form, prepare)
 
 
 @router.post("/chat/{conversation_id}/role")
-async def chat_role(conversation_id: int, request: Request) -> Response:
+async def chat_role(conversation_id: RowId, request: Request, form: Form) -> Response:
     def prepare(session: Session, participant: Participant, form: FormData) -> None:
-        chat_service.switch_role(session, participant, conversation_id, str(form.get("role", "")))
-    return await _chat_action(request, conversation_id, prepare)
+        chat_service.switch_role(session, participant, conversation_id, RoleChange(role=str(form.get("role", ""))).role)
+    return await _chat_action(request, conversation_id, form, prepare)
 
 
 @router.get("/chat/{conversation_id}/end", response_class=HTMLResponse)
-def chat_exit(conversation_id: int, request: Request, session: SessionDep) -> Response:
+def chat_exit(conversation_id: RowId, request: Request, session: SessionDep) -> Response:
     participant = _ready(session, request)
     conversation = chat_service.get_conversation(session, participant, conversation_id)
     return page(request, "exit_check.html", conversation=conversation)
 
 
 @router.post("/chat/{conversation_id}/end")
-async def chat_end(conversation_id: int, request: Request) -> Response:
-    form = await request.form()
+def chat_end(conversation_id: RowId, request: Request, form: Form, session: SessionDep) -> Response:
     _check_csrf(request, form)
     made = form.get("made_decision") == "yes"
     decision = str(form.get("decision", "")).strip() or None
-    rating_raw = str(form.get("rating", ""))
-    rating = int(rating_raw) if rating_raw.isdigit() and 1 <= int(rating_raw) <= 7 else None
-    with session_scope(request.app.state.engine) as session:
-        participant = _ready(session, request)
-        try:
-            chat_api.end_with_exit_check(session, participant, conversation_id, rating=rating, made_decision=made,
-                                         decision=decision if made else None)
-        except DomainError as exc:
-            session.rollback()
-            conversation = chat_service.get_conversation(session, participant, conversation_id)
-            return page(request, "exit_check.html", status_code=422, conversation=conversation, error=exc.message,
-                        rating=rating, made=made, decision=decision or "")
+    rating = form_int(form.get("rating"), lo=1, hi=7)
+    participant = _ready(session, request)
+    try:
+        if str(form.get("rating", "")).strip() and rating is None:
+            raise DomainError("choose a rating from 1 to 7, or leave it blank")
+        check = ExitCheck(rating=rating, made_decision=made, decision=decision if made else None)
+        chat_api.end_with_exit_check(session, participant, conversation_id, rating=check.rating,
+                                     made_decision=check.made_decision, decision=check.decision)
+    except (DomainError, ValidationError) as exc:
+        session.rollback()
+        conversation = chat_service.get_conversation(session, participant, conversation_id)
+        return page(request, "exit_check.html", status_code=422, conversation=conversation, error=problem(exc),
+                    rating=rating, made=made, decision=(decision or "")[:2000])
     return page(request, "message.html", title="Thank you",
                 body=("We will ask you in a few days how this decision turned out." if made else
                       "Your answers were saved."), back="/")
@@ -499,26 +491,22 @@ def my_study(request: Request, session: SessionDep) -> Response:
 
 
 @router.post("/me/withdraw")
-async def withdraw(request: Request) -> Response:
-    form = await request.form()
+def withdraw(request: Request, form: Form, session: SessionDep) -> Response:
     _check_csrf(request, form)
+    participant = _participant(session, request)
     if form.get("confirm") != "yes":
-        with session_scope(request.app.state.engine) as session:
-            participant = _participant(session, request)
-            protocol = current_protocol(session, participant.study_id)
-            return page(request, "my_study.html", status_code=422, participant=participant,
-                        study=session.get(Study, participant.study_id), followups=[],
-                        deletion_allowed=protocol.withdrawal.allow_data_deletion, now=now(),
-                        error="Tick the box to confirm that you want to withdraw.")
+        protocol = current_protocol(session, participant.study_id)
+        return page(request, "my_study.html", status_code=422, participant=participant,
+                    study=session.get(Study, participant.study_id), followups=[],
+                    deletion_allowed=protocol.withdrawal.allow_data_deletion, now=now(),
+                    error="Tick the box to confirm that you want to withdraw.")
     level = (WithdrawalLevel.DELETE_DATA if form.get("level") == "delete_data" else WithdrawalLevel.STOP_CONTACT)
-    with session_scope(request.app.state.engine) as session:
-        participant = _participant(session, request)
-        try:
-            receipt = participant_service.withdraw(session, participant, level,
-                                                   audit.Actor("participant", participant.code))
-        except DomainError as exc:
-            session.rollback()
-            return page(request, "message.html", status_code=409, title="Withdrawal", body=exc.message, back="/me")
+    try:
+        receipt = participant_service.withdraw(session, participant, level,
+                                               audit.Actor("participant", participant.code))
+    except DomainError as exc:
+        session.rollback()
+        return page(request, "message.html", status_code=409, title="Withdrawal", body=exc.message, back="/me")
     return page(request, "message.html", title="You have withdrawn", body=receipt.message, back="/help",
                 back_label="Crisis and support resources")
 
@@ -526,20 +514,19 @@ async def withdraw(request: Request) -> Response:
 @router.get("/help", response_class=HTMLResponse)
 def help_page(request: Request, session: SessionDep) -> Response:
     participant = _signed_in(session, request)
-    region, resources = _resources(session, participant)
+    found = chat_api.crisis_resources(session, participant)
+    region, resources = found.region, found.text
     elsewhere = (current_protocol(session, participant.study_id).crisis_resources["default"]
                  if participant is not None and region != "default" else None)
     return page(request, "help.html", resources=resources, region=region, elsewhere=elsewhere)
 
 
 def install(app: Any) -> None:
-    """Pages, static files, security headers, and redirects for pages that need another step."""
+    """Pages, static files, and redirects for pages that need another step."""
     from fastapi.staticfiles import StaticFiles
-    from starlette.middleware.base import BaseHTTPMiddleware
 
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(router)
-    app.add_middleware(BaseHTTPMiddleware, dispatch=security_headers)
 
     @app.exception_handler(Redirect)
     async def _redirect(_: Request, exc: Redirect) -> Response:

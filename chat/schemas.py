@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from chat.models import Conversation, SafetyEvent, Turn
+from chat.models import Conversation, SafetyEvent, SafetyEventReview, Turn
 from chat.roles import RoleSpec
+from study.validation import RequestBody
 
 
 class DisclosureRead(BaseModel):
@@ -37,18 +38,15 @@ class CrisisResourcesRead(BaseModel):
     text: str
 
 
-class ConversationCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ConversationCreate(RequestBody):
     role: str | None = Field(default=None, description="concierge, collaborator or coach (wellbeing arms)")
 
 
-class RoleChange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: str
+class RoleChange(RequestBody):
+    role: str = Field(max_length=40)
 
 
-class MessageCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MessageCreate(RequestBody):
     # Length is checked by the service against the configured limit, with a message that says it.
     content: str
     client_message_id: str | None = Field(
@@ -56,8 +54,7 @@ class MessageCreate(BaseModel):
         description="Your own id for this message; resending it never stores a second copy")
 
 
-class ExitCheck(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ExitCheck(RequestBody):
     rating: int | None = Field(default=None, ge=1, le=7,
                                description="How helpful was this conversation? 1 = not at all, 7 = extremely")
     made_decision: bool = False
@@ -68,7 +65,7 @@ class TurnRead(BaseModel):
     id: int
     seq: int
     speaker: str
-    role: str
+    role: str = Field(max_length=40)
     content: str
     created_at: dt.datetime
     reply_status: str | None = None
@@ -90,7 +87,7 @@ class TurnRead(BaseModel):
 
 class ConversationRead(BaseModel):
     id: int
-    role: str
+    role: str = Field(max_length=40)
     mode: str
     status: str
     started_at: dt.datetime
@@ -126,6 +123,16 @@ class ConversationEnded(BaseModel):
     exit_survey_id: int | None
 
 
+class SafetyReviewRead(BaseModel):
+    reviewed_at: dt.datetime
+    reviewed_by: str
+    note: str
+
+    @classmethod
+    def of(cls, review: SafetyEventReview) -> SafetyReviewRead:
+        return cls(reviewed_at=review.reviewed_at, reviewed_by=review.reviewed_by, note=review.note)
+
+
 class SafetyEventRead(BaseModel):
     id: int
     participant: str
@@ -134,17 +141,24 @@ class SafetyEventRead(BaseModel):
     source: str
     cue: str | None
     created_at: dt.datetime
+    # The newest review, as before the history existed (None: not reviewed yet).
     reviewed_at: dt.datetime | None
     reviewed_by: str | None
     review_note: str | None
+    reviews: list[SafetyReviewRead] = Field(description="every review, oldest first; none is ever overwritten")
 
     @classmethod
-    def of(cls, event: SafetyEvent, participant_code: str) -> SafetyEventRead:
+    def of(cls, event: SafetyEvent, participant_code: str, reviews: list[SafetyEventReview]) -> SafetyEventRead:
+        """``reviews``: the event's reviews, oldest first."""
+        newest = reviews[-1] if reviews else None
         return cls(id=event.id, participant=participant_code, conversation_id=event.conversation_id,
                    category=event.category, source=event.source, cue=event.cue, created_at=event.created_at,
-                   reviewed_at=event.reviewed_at, reviewed_by=event.reviewed_by, review_note=event.review_note)
+                   reviewed_at=newest.reviewed_at if newest else None,
+                   reviewed_by=newest.reviewed_by if newest else None, review_note=newest.note if newest else None,
+                   reviews=[SafetyReviewRead.of(review) for review in reviews])
 
 
-class SafetyReview(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SafetyReview(RequestBody):
+    """A review is added to the event's history; earlier ones are kept as they were."""
+
     note: str = Field(min_length=1, max_length=4000, description="What was done, e.g. 'contacted per protocol'")

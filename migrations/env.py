@@ -35,7 +35,7 @@ def run_migrations() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = make_engine(url)
+    engine = make_engine(url, timeouts=False)
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=target_metadata,
                           render_as_batch=connection.dialect.name == "sqlite",

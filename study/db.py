@@ -6,6 +6,7 @@ The edge owns the transaction: an HTTP request or a scheduler job opens one sess
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from typing import Any, cast
 
 from sqlalchemy import JSON, DateTime, Dialect, MetaData, Table, create_engine, event
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -54,9 +57,26 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         return value.astimezone(dt.UTC)
 
 
-def _configure_sqlite(engine: Engine) -> None:
+READ_ONLY = "afterward_read_only"  # execution option: a unit of work that only reads
+
+
+class DatabaseWorkOnEventLoop(RuntimeError):
+    """Raised when a statement runs on a thread that is running an asyncio event loop: a lock
+    wait there stops every other request of the process (run the work in the thread pool)."""
+
+
+def _forbid_on_event_loop(engine: Engine) -> None:
+    @event.listens_for(engine, "before_cursor_execute")
+    def _check(*_args: Any) -> None:
+        if asyncio._get_running_loop() is not None:
+            raise DatabaseWorkOnEventLoop(
+                "database work on the event loop; use a sync endpoint or api.deps.run_unit")
+
+
+def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
     # pysqlite's own transaction handling defers BEGIN and cannot upgrade a read to a write
-    # safely under concurrency; take the write lock up front (BEGIN IMMEDIATE) instead.
+    # safely under concurrency; a unit of work that may write takes the write lock up front
+    # (BEGIN IMMEDIATE), one that only reads does not take it at all (WAL readers never wait).
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
@@ -64,26 +84,73 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=10000")
+        # A writer waits for the lock this long (SQLite's busy handler backs off), then the
+        # request answers 503 with Retry-After (api/errors.py).
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def _configure_postgres(engine: Engine, lock_ms: int, statement_ms: int, idle_ms: int) -> None:
+    # Nothing waits forever: a lock wait, a statement and a transaction left open all have limits.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET lock_timeout = {int(lock_ms)}")
+            cursor.execute(f"SET statement_timeout = {int(statement_ms)}")
+            cursor.execute(f"SET idle_in_transaction_session_timeout = {int(idle_ms)}")
+        dbapi_connection.commit()
+
+
+def make_engine(url: str, *, timeouts: bool = True, **kwargs: Any) -> Engine:
+    """An engine with the platform's limits: lock, statement and idle-in-transaction timeouts on
+    PostgreSQL, a bounded busy wait on SQLite, a bounded wait for a pooled connection, and no
+    database work on an event loop. ``timeouts=False`` is for migrations."""
+    from study.settings import get_settings
+
+    settings = get_settings()
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False}, **kwargs)
-        _configure_sqlite(engine)
-        return engine
-    kwargs.setdefault("pool_size", 20)
-    kwargs.setdefault("max_overflow", 20)
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+        _configure_sqlite(engine, settings.db_lock_timeout_ms if timeouts else 60_000)
+    else:
+        kwargs.setdefault("pool_size", 20)
+        kwargs.setdefault("max_overflow", 20)
+        kwargs.setdefault("pool_pre_ping", True)
+        kwargs.setdefault("pool_timeout", settings.db_pool_timeout_seconds)
+        engine = create_engine(url, **kwargs)
+        if timeouts:
+            _configure_postgres(engine, settings.db_lock_timeout_ms, settings.db_statement_timeout_ms,
+                                settings.db_idle_in_transaction_timeout_ms)
+    _forbid_on_event_loop(engine)
+    return engine
+
+
+# PostgreSQL SQLSTATEs of contention: lock_not_available, query_canceled (statement timeout),
+# deadlock_detected, serialization_failure, idle_in_transaction_session_timeout.
+_RETRYABLE_SQLSTATES = {"55P03", "57014", "40P01", "40001", "25P03"}
+
+
+def is_contention(exc: BaseException) -> bool:
+    """Whether a database error means "busy, try again" (a lock or time limit, a full pool)
+    rather than a bug: such errors answer 503 with Retry-After, never 500."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) in _RETRYABLE_SQLSTATES:
+        return True
+    message = str(orig).lower()
+    if "database is locked" in message or "database table is locked" in message or "busy" in message:
+        return True
+    # The server ended the session (idle-in-transaction timeout, restart): the next try reconnects.
+    return bool(exc.connection_invalidated)
 
 
 @lru_cache(maxsize=8)
@@ -97,8 +164,11 @@ def get_engine() -> Engine:
     return engine_for(get_settings().database_url)
 
 
-def session_factory(engine: Engine | None = None) -> sessionmaker[Session]:
-    return sessionmaker(bind=engine or get_engine(), expire_on_commit=False)
+def session_factory(engine: Engine | None = None, *, read_only: bool = False) -> sessionmaker[Session]:
+    bind = engine or get_engine()
+    if read_only:
+        bind = bind.execution_options(**{READ_ONLY: True})
+    return sessionmaker(bind=bind, expire_on_commit=False)
 
 
 def table_of(model: type[Base]) -> Table:
@@ -127,9 +197,11 @@ def bulk_insert(session: Session, model: type[Base], rows: list[dict[str, Any]])
 
 
 @contextmanager
-def session_scope(engine: Engine | None = None) -> Iterator[Session]:
-    """One unit of work: commit on success, roll back on error."""
-    session = session_factory(engine)()
+def session_scope(engine: Engine | None = None, *, read_only: bool = False) -> Iterator[Session]:
+    """One unit of work: commit on success, roll back on error. Every request, page and job opens
+    its transaction here (requests on a worker thread, never on the event loop). ``read_only``
+    units do not take SQLite's write lock."""
+    session = session_factory(engine, read_only=read_only)()
     try:
         yield session
         session.commit()

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Exists, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from study import audit
+from study import audit, wiring
 from study.clock import now
 from study.db import Base
 from study.errors import Conflict, ConsentRequired, Forbidden, Gone, Invalid, NotFound
@@ -20,7 +19,6 @@ from study.models import (
     ConsentVersion,
     InviteCode,
     Participant,
-    ParticipantResearchData,
     ParticipantSession,
     ParticipantStatus,
     ProtocolVersion,
@@ -31,6 +29,8 @@ from study.protocol import Arm, validate_timezone
 from study.security import encrypt_contact, human_code, new_token, normalize_code, token_digest
 from study.settings import get_settings
 from study.studies import current_consent, current_protocol, current_version
+from study.validation import email_address
+from study.wiring import WithdrawalHook
 
 # Invites
 
@@ -253,6 +253,11 @@ def update_profile(
         validate_timezone(timezone)
     except ValueError as exc:
         raise Invalid(str(exc), code="invalid_timezone") from None
+    if contact_email is not None:
+        try:  # the one email check, whoever calls (the API's schema runs the same one first)
+            contact_email = email_address(contact_email)
+        except ValueError as exc:
+            raise Invalid(str(exc), code="invalid_email") from None
     protocol = current_protocol(session, participant.study_id)
     if contact_email is None and protocol.enrollment.contact_email == "required":
         raise Invalid("this study needs a contact email to send follow-up surveys",
@@ -290,10 +295,10 @@ def update_profile(
 
 # Withdrawal
 
-WithdrawalHook = Callable[[Session, Participant, WithdrawalLevel], None]
-withdrawal_hooks: list[WithdrawalHook] = []
-"""Called inside the withdrawal transaction; packages with pending work for a participant
-(follow-up invitations, say) register here to cancel it."""
+# What withdrawal ends and deletes is wired once per process from the packages' lifecycle entry
+# points (study.wiring). This is that registry's list of hooks, each called inside the withdrawal
+# transaction; packages register through their entry point, not by appending here on import.
+withdrawal_hooks: list[WithdrawalHook] = wiring.lifecycle.withdrawal_hooks
 
 
 @dataclass(frozen=True)
@@ -308,7 +313,7 @@ class WithdrawalReceipt:
 def _research_data_tables() -> list[type[Base]]:
     """Dependents before the rows they point at, so each table's own count is reported."""
     order = {table.name: i for i, table in enumerate(reversed(Base.metadata.sorted_tables))}
-    return sorted(ParticipantResearchData.registered, key=lambda table: order[table.__tablename__])
+    return sorted(wiring.lifecycle.research_tables, key=lambda table: order[table.__tablename__])
 
 
 def withdraw(
@@ -328,6 +333,7 @@ def withdraw(
         raise Conflict("this study's approved protocol does not allow deleting data already "
                        "collected; you can still stop all contact and participation",
                        code="deletion_not_allowed")
+    wiring.wire()  # a no-op once the process's entry point has wired it
     participant.status = ParticipantStatus.WITHDRAWN
     participant.withdrawal_level = level
     participant.withdrawn_at = participant.withdrawn_at or now()

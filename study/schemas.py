@@ -5,13 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, EmailStr, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from study.models import WithdrawalLevel
 from study.protocol import validate_timezone
+from study.validation import AwareDatetime, EmailAddress, RequestBody
 
 
-class _In(BaseModel):
+class _In(RequestBody):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
 
@@ -64,7 +65,7 @@ class SignedConsentRead(BaseModel):
 
 class ProfileUpdate(_In):
     timezone: str = Field(max_length=64, description="IANA time zone, e.g. Europe/Berlin")
-    contact_email: EmailStr | None = None
+    contact_email: EmailAddress | None = None
 
     @field_validator("timezone")
     @classmethod
@@ -102,7 +103,7 @@ class WithdrawalRead(BaseModel):
 
 
 class StaffLogin(_In):
-    email: str = Field(min_length=3, max_length=320)
+    email: str = Field(min_length=3, max_length=320, description="the staff account's email")
     password: str = Field(min_length=1, max_length=1000)
 
 
@@ -144,7 +145,7 @@ class InviteCreate(_In):
     count: int = Field(default=1, ge=1, le=1000)
     max_uses: int = Field(default=1, ge=1, le=100_000)
     label: str | None = Field(default=None, max_length=200)
-    expires_at: dt.datetime | None = None
+    expires_at: AwareDatetime | None = Field(default=None, description="with a time zone, e.g. 2026-12-31T23:59:00Z")
 
 
 class InvitesRead(BaseModel):

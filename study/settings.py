@@ -6,10 +6,10 @@ import base64
 import hashlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEV_SECRET = "development-only-secret-do-not-use"  # noqa: S105 - refused outside development
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +32,31 @@ class Settings(BaseSettings):
     base_url: str = "http://127.0.0.1:8000"
     session_ttl_days: int = 90
     staff_token_ttl_days: int = 30
-    login_max_failures: int = 5
+    login_max_failures: int = Field(default=5, ge=1, description="failed sign-ins from one client for one email "
+                                    "before each further attempt must wait (the wait doubles per failure)")
     login_window_seconds: int = 900
+    login_max_delay_seconds: int = Field(default=300, ge=1, description="longest wait between sign-in attempts")
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default=[], description="addresses of reverse proxies whose X-Forwarded-For is believed (comma-separated "
+        "in the environment); from anyone else the header is ignored")
+    max_body_bytes: int = Field(default=1_000_000, ge=1024, description="largest request body accepted")
+
+    # Database waits: nothing waits forever (PostgreSQL session settings, SQLite busy wait).
+    db_lock_timeout_ms: int = Field(default=5_000, ge=1)
+    db_statement_timeout_ms: int = Field(default=30_000, ge=1)
+    db_idle_in_transaction_timeout_ms: int = Field(default=60_000, ge=1)
+    db_pool_timeout_seconds: float = Field(default=10.0, gt=0)
+
+    # The audit chain is keyed (HMAC) with a key kept outside the database, and its head is anchored
+    # outside the database too, so someone with database access cannot rewrite or truncate it.
+    audit_key: SecretStr | None = Field(
+        default=None, description="HMAC key of the audit chain; derived from the secret key in development")
+    audit_anchor_path: Path = Field(
+        default=PROJECT_ROOT / "var" / "audit-anchors.jsonl",
+        description="append-only file of anchored chain heads (put it on storage the database admin cannot write)")
+    audit_anchor_webhook_url: str | None = Field(
+        default=None, description="also POST each anchor here (e.g. a mail relay to the IRB's mailbox)")
+    audit_anchor_interval_minutes: int = Field(default=60, ge=1, description="how often the dispatcher anchors")
 
     # LLM gateway (used by chat/): the offline provider needs no network and no key.
     llm_model: str = "offline/afterward"
@@ -48,6 +71,9 @@ class Settings(BaseSettings):
     offline_llm_delay_ms: float = Field(
         default=0.0, ge=0, description="Simulated generation time of the offline provider (demos, benches).")
     chat_max_message_chars: int = Field(default=4000, ge=100, le=100_000)
+    allow_offline_model: bool = Field(
+        default=False, description="let production run on the offline provider (demos only: its canned replies "
+        "would otherwise be recorded as research data)")
 
     # Follow-up delivery (used by scheduler/). The defaults suit a local test mail server.
     smtp_host: str = "127.0.0.1"
@@ -66,6 +92,11 @@ class Settings(BaseSettings):
     delivery_retry_seconds: int = Field(default=30, ge=1, description="first retry delay; doubles each time")
     channel_alert_after_failures: int = Field(default=3, ge=1)
 
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _refuse_unsafe_defaults(self) -> Settings:
         if self.environment == "production":
@@ -79,6 +110,16 @@ class Settings(BaseSettings):
                     "AFTERWARD_CONTACT_ENCRYPTION_KEYS must be set in production "
                     "(generate one with: afterward keys generate)"
                 )
+            if self.audit_key is None:
+                raise ValueError("AFTERWARD_AUDIT_KEY must be set in production, and kept outside the database "
+                                 "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(48))')")
+            offline = [m for m in (self.llm_model, self.llm_fallback_model, self.crisis_classifier_model)
+                       if m and m.startswith("offline/")]
+            if offline and not self.allow_offline_model:
+                raise ValueError(
+                    f"the offline model ({offline[0]}) gives canned replies and would be recorded as research data; "
+                    "set AFTERWARD_LLM_MODEL to a real provider in production, or AFTERWARD_ALLOW_OFFLINE_MODEL=true "
+                    "for a demo")
         return self
 
     def fernet_keys(self) -> list[bytes]:
@@ -87,6 +128,11 @@ class Settings(BaseSettings):
             return [k.strip().encode() for k in raw.split(",") if k.strip()]
         digest = hashlib.sha256(b"afterward-contact:" + self.secret_key.get_secret_value().encode())
         return [base64.urlsafe_b64encode(digest.digest())]
+
+    def audit_hmac_key(self) -> bytes:
+        if self.audit_key is not None:
+            return self.audit_key.get_secret_value().encode()
+        return hashlib.sha256(b"afterward-audit:" + self.secret_key.get_secret_value().encode()).digest()
 
 
 @lru_cache

@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from study.validation import RequestBody
 
 
 class SurveySummaryRead(BaseModel):
@@ -27,14 +29,16 @@ class SurveyRead(SurveySummaryRead):
     status: str
 
 
-class AnswersUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+SUBMISSION_ID_PATTERN = r"^[A-Za-z0-9_-]{8,64}$"
+
+
+class AnswersUpdate(RequestBody):
     answers: dict[str, Any] = Field(max_length=500, description="item id -> answer; null clears one")
 
 
 class SurveySubmit(AnswersUpdate):
     answers: dict[str, Any] = Field(default_factory=dict, max_length=500)
-    submission_id: str = Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+    submission_id: str = Field(pattern=SUBMISSION_ID_PATTERN,
                                description="Chosen by the client once per submission; a retry with the "
                                            "same id stores nothing new")
 

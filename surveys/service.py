@@ -7,17 +7,17 @@ import base64
 import datetime as dt
 import hashlib
 import hmac
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
+from study import wiring
 from study.clock import now
 from study.errors import Conflict, Forbidden, Gone, Invalid, NotFound
 from study.models import Participant
-from study.participants import require_current_consent, withdrawal_hooks
+from study.participants import require_current_consent
 from study.settings import get_settings
 from surveys import registry
 from surveys.definitions import Instrument
@@ -115,8 +115,10 @@ def render(session: Session, assignment: SurveyAssignment) -> RenderedSurvey:
         rendered = item.model_dump(mode="json", exclude={"reverse"})
         rendered["text"] = instrument.pipe(item.text, assignment.context)
         items.append(rendered)
+    # Answers are shown back only while the survey is open: a submitted survey's link shows "done".
+    saved = dict(response.answers) if response and assignment.status == "open" else {}
     return RenderedSurvey(assignment, instrument, instrument.pipe(instrument.instructions, assignment.context),
-                          items, dict(response.answers) if response else {})
+                          items, saved)
 
 
 def _response(session: Session, assignment: SurveyAssignment) -> SurveyResponse | None:
@@ -124,6 +126,10 @@ def _response(session: Session, assignment: SurveyAssignment) -> SurveyResponse 
 
 
 def _response_for_update(session: Session, assignment: SurveyAssignment) -> SurveyResponse:
+    """The assignment's response, created if missing, with the assignment row locked first: two
+    requests for one survey (an autosave and "Next", a double submit) take turns instead of
+    racing to insert the same response."""
+    session.refresh(assignment, with_for_update=True)
     response = _response(session, assignment)
     if response is None:
         response = SurveyResponse(assignment_id=assignment.id, participant_id=assignment.participant_id,
@@ -143,6 +149,7 @@ def save_partial(session: Session, participant: Participant, assignment: SurveyA
     if problems:
         raise AnswerError(problems)
     response = _response_for_update(session, assignment)
+    _require_answerable(assignment)  # again: it may have been submitted while we waited
     cleared = {k for k, v in answers.items() if v is None or v == "" or v == []}
     response.answers = {k: v for k, v in {**response.answers, **clean}.items() if k not in cleared}
     response.updated_at = now()
@@ -175,14 +182,15 @@ def submit(session: Session, participant: Participant, assignment: SurveyAssignm
                                 instrument_version=instrument.version, name=name, value=value,
                                 n_items=n_items, n_expected=n_expected))
     session.flush()
-    for hook in completion_hooks:
-        hook(session, assignment)
+    run_completion_hooks(session, assignment)
     return response
 
 
-CompletionHook = Callable[[Session, SurveyAssignment], None]
-# Called in the submitting transaction (the scheduler stops reminders for the survey here).
-completion_hooks: list[CompletionHook] = []
+def run_completion_hooks(session: Session, assignment: SurveyAssignment) -> None:
+    """In the submitting transaction: what the packages wired for a completed survey (the scheduler
+    stops its follow-up's reminders). Wires the process first if its entry point has not."""
+    for hook in wiring.wire().completion_hooks:
+        hook(session, assignment)
 
 
 def recompute_scores(session: Session, response: SurveyResponse) -> list[SurveyScore]:
@@ -243,4 +251,8 @@ def cancel_open_assignments(session: Session, participant: Participant, _level: 
     ).values(status="cancelled"))
 
 
-withdrawal_hooks.append(cancel_open_assignments)
+def wire_lifecycle(lifecycle: wiring.Lifecycle) -> None:
+    """The ``afterward.lifecycle`` entry point (pyproject.toml): withdrawal cancels open surveys,
+    deletion removes assignments, responses and scores."""
+    lifecycle.on_withdrawal(cancel_open_assignments)
+    lifecycle.research_data(SurveyAssignment, SurveyResponse, SurveyScore)

@@ -96,7 +96,9 @@ def frozen_clock() -> Iterator[clock.FrozenClock]:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_settings() -> Iterator[None]:
+def _fresh_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # Audit anchors of a test go to its own file, never a developer's var/audit-anchors.jsonl.
+    monkeypatch.setenv("AFTERWARD_AUDIT_ANCHOR_PATH", str(tmp_path / "audit-anchors.jsonl"))
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from api.cli import app
 from study.clock import FrozenClock
+from study.settings import get_settings
 from tests.builders import enroll_fully, make_invites
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +22,7 @@ runner = CliRunner()
 @pytest.fixture
 def cli_database(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Engine:
     monkeypatch.setenv("AFTERWARD_DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    get_settings.cache_clear()  # making the engine read the settings before the URL was set
     return engine
 
 

@@ -1,7 +1,7 @@
 """Chat endpoints. A turn runs in two short transactions around the LLM call (see chat.service),
-so these handlers open their own units of work instead of using the request session: the
-participant's message is committed before the model is asked, and no transaction (on SQLite,
-no write lock) is held while it answers. The units run inline on the event loop (``_inline``)."""
+so these handlers run their own units of work (``api.deps.run_unit``, on a worker thread) instead
+of using the request session: the participant's message is committed before the model is asked,
+and no transaction (on SQLite, no write lock) is held while it answers."""
 
 from __future__ import annotations
 
@@ -9,12 +9,20 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.deps import CurrentParticipant, SessionDep, participant_token
+from api.deps import (
+    ConsentedParticipant,
+    CurrentParticipant,
+    RowId,
+    SessionDep,
+    consented_participant,
+    participant_token,
+    run_unit,
+)
 from api.errors import error_body
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from chat import service
@@ -40,9 +48,7 @@ from chat.schemas import (
 )
 from scheduler import planner
 from study import audit
-from study import participants as participant_service
 from study.clock import now
-from study.db import session_scope
 from study.errors import NotFound, Unavailable
 from study.models import Participant
 from study.settings import get_settings
@@ -68,39 +74,28 @@ def gateway_of(request: Request) -> Gateway:
 GatewayDep = Annotated[Gateway, Depends(gateway_of)]
 
 
-def _authenticated(session: Session, token: str) -> Participant:
-    participant = participant_service.consented_participant_for_token(session, token)
-    if participant is None:
-        raise HTTPException(401, "your session has expired; open your invite link or sign in again",
-                            headers={"WWW-Authenticate": "Bearer"})
-    return participant
-
-
-def _inline(unit: Callable[[], T]) -> T:
-    """Units of work run on the event loop thread, not in a thread pool: each is a few short
-    statements that never await, so no two transactions of this process interleave, and measured
-    (bench/chat_turns.py) this beats a thread pool of any size under the GIL."""
-    return unit()
-
-
 async def as_participant(request: Request, token: str, work: Callable[[Session, Participant], T]) -> T:
     """Run ``work`` in its own committed transaction, as the consented participant."""
-    def unit() -> T:
-        with session_scope(request.app.state.engine) as session:
-            return work(session, _authenticated(session, token))
-    return _inline(unit)
+    return await run_unit(request, lambda session: work(session, consented_participant(session, token)))
 
 
 async def in_transaction(request: Request, work: Callable[[Session], T]) -> T:
-    def unit() -> T:
-        with session_scope(request.app.state.engine) as session:
-            return work(session)
-    return _inline(unit)
+    return await run_unit(request, work)
 
 
-def _resources(session: Session, participant: Participant) -> CrisisResourcesRead:
+GENERIC_CRISIS_RESOURCES = (
+    "If you are in danger or thinking about harming yourself, call your local emergency number now. "
+    "You can find a free, confidential helpline at https://findahelpline.com.")
+
+
+def crisis_resources(session: Session, participant: Participant | None) -> CrisisResourcesRead:
+    """The protocol's resources for the participant's region; generic ones for someone not signed in."""
+    if participant is None:
+        return CrisisResourcesRead(region="default", text=GENERIC_CRISIS_RESOURCES)
     region, text = current_protocol(session, participant.study_id).crisis_resources_for(participant.timezone)
     return CrisisResourcesRead(region=region, text=text)
+
+
 
 
 def _turn_read(session: Session, turn: Turn) -> TurnRead:
@@ -108,7 +103,7 @@ def _turn_read(session: Session, turn: Turn) -> TurnRead:
     if turn.stance == "escalate":
         participant = session.get(Participant, turn.participant_id)
         assert participant is not None
-        resources = _resources(session, participant)
+        resources = crisis_resources(session, participant)
     return TurnRead.of(turn, resources)
 
 
@@ -209,56 +204,51 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
 
 
 @router.get("/me/chat/roles")
-async def my_roles(request: Request, token: Token) -> RolesRead:
-    def work(session: Session, participant: Participant) -> RolesRead:
-        arm, offered = service.roles_offered(session, participant)
-        return RolesRead(mode=arm.mode, default_role=arm.default_role if arm.mode == "wellbeing" else "standard",
-                         roles=[DisclosureRead.of(spec) for spec in offered])
-    return await as_participant(request, token, work)
+def my_roles(session: SessionDep, participant: ConsentedParticipant) -> RolesRead:
+    arm, offered = service.roles_offered(session, participant)
+    return RolesRead(mode=arm.mode, default_role=arm.default_role if arm.mode == "wellbeing" else "standard",
+                     roles=[DisclosureRead.of(spec) for spec in offered])
 
 
 @router.get("/me/crisis-resources")
 def my_crisis_resources(session: SessionDep, participant: CurrentParticipant) -> CrisisResourcesRead:
     """Safety information is never gated: no consent needed, and still there after withdrawal."""
-    return _resources(session, participant)
+    return crisis_resources(session, participant)
 
 
 @router.post("/me/conversations", status_code=status.HTTP_201_CREATED)
-async def start_conversation(body: ConversationCreate, request: Request, token: Token) -> ConversationRead:
-    return await as_participant(
-        request, token, lambda s, p: ConversationRead.of(service.start_conversation(s, p, body.role)))
+def start_conversation(body: ConversationCreate, session: SessionDep,
+                       participant: ConsentedParticipant) -> ConversationRead:
+    return ConversationRead.of(service.start_conversation(session, participant, body.role))
 
 
 @router.get("/me/conversations")
-async def my_conversations(request: Request, token: Token) -> list[ConversationRead]:
-    return await as_participant(
-        request, token, lambda s, p: [ConversationRead.of(c) for c in service.list_conversations(s, p)])
+def my_conversations(session: SessionDep, participant: ConsentedParticipant) -> list[ConversationRead]:
+    return [ConversationRead.of(c) for c in service.list_conversations(session, participant)]
 
 
 @router.get("/me/conversations/{conversation_id}")
-async def my_conversation(conversation_id: int, request: Request, token: Token) -> ConversationDetail:
-    def work(session: Session, participant: Participant) -> ConversationDetail:
-        conversation = service.get_conversation(session, participant, conversation_id)
-        responses = pushback_responses(session, conversation.id)
-        resources = _resources(session, participant)
-        return ConversationDetail(**ConversationRead.of(conversation).model_dump(), turns=[
-            TurnRead.of(turn, resources, responses.get(turn.id)) for turn in service.turns(session, conversation)])
-    return await as_participant(request, token, work)
+def my_conversation(conversation_id: RowId, session: SessionDep,
+                    participant: ConsentedParticipant) -> ConversationDetail:
+    conversation = service.get_conversation(session, participant, conversation_id)
+    responses = pushback_responses(session, conversation.id)
+    resources = crisis_resources(session, participant)
+    return ConversationDetail(**ConversationRead.of(conversation).model_dump(), turns=[
+        TurnRead.of(turn, resources, responses.get(turn.id)) for turn in service.turns(session, conversation)])
 
 
 @router.put("/me/conversations/{conversation_id}/role")
-async def change_role(conversation_id: int, body: RoleChange, request: Request, token: Token) -> ConversationRead:
-    def work(session: Session, participant: Participant) -> ConversationRead:
-        service.switch_role(session, participant, conversation_id, body.role)
-        return ConversationRead.of(service.get_conversation(session, participant, conversation_id))
-    return await as_participant(request, token, work)
+def change_role(conversation_id: RowId, body: RoleChange, session: SessionDep,
+                participant: ConsentedParticipant) -> ConversationRead:
+    service.switch_role(session, participant, conversation_id, body.role)
+    return ConversationRead.of(service.get_conversation(session, participant, conversation_id))
 
 
 @router.post("/me/conversations/{conversation_id}/messages", response_model=ExchangeRead,
              responses={200: {"content": {"text/event-stream": {}}, "description": "The exchange, or an event "
                                   "stream with ?stream=true"},
                         503: {"description": "The model did not answer; the message is kept, retry"}})
-async def send_message(conversation_id: int, body: MessageCreate, request: Request, token: Token,
+async def send_message(conversation_id: RowId, body: MessageCreate, request: Request, token: Token,
                        gateway: GatewayDep,
                        stream: Annotated[bool, Query(description="stream the reply as server-sent events")] = False,
                        ) -> ExchangeRead | StreamingResponse:
@@ -274,13 +264,13 @@ async def send_message(conversation_id: int, body: MessageCreate, request: Reque
 
 
 @router.post("/me/conversations/{conversation_id}/retry", response_model=ExchangeRead)
-async def retry_reply(conversation_id: int, request: Request, token: Token, gateway: GatewayDep) -> ExchangeRead:
+async def retry_reply(conversation_id: RowId, request: Request, token: Token, gateway: GatewayDep) -> ExchangeRead:
     prepared = await as_participant(request, token, lambda s, p: service.prepare_retry(s, p, conversation_id))
     return await reply_to(request, gateway, prepared)
 
 
 @router.post("/me/conversations/{conversation_id}/turns/{turn_id}/override", response_model=ExchangeRead)
-async def override_pushback(conversation_id: int, turn_id: int, request: Request, token: Token,
+async def override_pushback(conversation_id: RowId, turn_id: RowId, request: Request, token: Token,
                             gateway: GatewayDep) -> ExchangeRead:
     """Go ahead anyway: the assistant answers the same message again, doing what was asked."""
     prepared = await as_participant(
@@ -289,22 +279,19 @@ async def override_pushback(conversation_id: int, turn_id: int, request: Request
 
 
 @router.post("/me/conversations/{conversation_id}/turns/{turn_id}/reconsider")
-async def reconsider_pushback(conversation_id: int, turn_id: int, request: Request,
-                              token: Token) -> PushbackResponseRead:
-    def work(session: Session, participant: Participant) -> PushbackResponseRead:
-        response = service.reconsider(session, participant, conversation_id, turn_id)
-        return PushbackResponseRead(turn_id=response.turn_id, action=response.action)
-    return await as_participant(request, token, work)
+def reconsider_pushback(conversation_id: RowId, turn_id: RowId, session: SessionDep,
+                        participant: ConsentedParticipant) -> PushbackResponseRead:
+    response = service.reconsider(session, participant, conversation_id, turn_id)
+    return PushbackResponseRead(turn_id=response.turn_id, action=response.action)
 
 
 @router.post("/me/conversations/{conversation_id}/end")
-async def end_conversation(conversation_id: int, body: ExitCheck, request: Request, token: Token) -> ConversationEnded:
+def end_conversation(conversation_id: RowId, body: ExitCheck, session: SessionDep,
+                     participant: ConsentedParticipant) -> ConversationEnded:
     """End with the exit check: the rating is stored as the immediate-rating survey; a decision is
     recorded for the decision-anchored follow-ups."""
-    def work(session: Session, participant: Participant) -> ConversationEnded:
-        return end_with_exit_check(session, participant, conversation_id, rating=body.rating,
-                                   made_decision=body.made_decision, decision=body.decision)
-    return await as_participant(request, token, work)
+    return end_with_exit_check(session, participant, conversation_id, rating=body.rating,
+                               made_decision=body.made_decision, decision=body.decision)
 
 
 def end_with_exit_check(session: Session, participant: Participant, conversation_id: int, *, rating: int | None,
@@ -345,23 +332,21 @@ def safety_events(session: SessionDep, access: ParticipantLevelAccess, actor: An
     if unreviewed:
         query = query.where(SafetyEvent.reviewed_at.is_(None))
     rows = session.execute(query).all()
+    reviews = service.safety_reviews(session, study_id=access.study.id) if rows and not unreviewed else {}
     audit.record(session, actor, "safety_events.read", study_id=access.study.id, count=len(rows))
-    return [SafetyEventRead.of(event, code) for event, code in rows]
+    return [SafetyEventRead.of(event, code, reviews.get(event.id, [])) for event, code in rows]
 
 
 @staff_router.post("/studies/{slug}/safety-events/{event_id}/review")
-def review_safety_event(event_id: int, body: SafetyReview, session: SessionDep, access: ParticipantLevelAccess,
+def review_safety_event(event_id: RowId, body: SafetyReview, session: SessionDep, access: ParticipantLevelAccess,
                         actor: Annotated[audit.Actor, Depends(staff_actor)]) -> SafetyEventRead:
     row = session.execute(select(SafetyEvent, Participant.code).join(Participant)
                           .where(SafetyEvent.id == event_id, SafetyEvent.study_id == access.study.id)).first()
     if row is None:
         raise NotFound(f"no safety event {event_id} in this study")
     event, code = row
-    event.reviewed_at = now()
-    event.reviewed_by = actor.name
-    event.review_note = body.note
-    session.flush()
+    review = service.review_safety_event(session, event, actor.name, body.note)
     audit.record(session, actor, "safety_event.reviewed", study_id=access.study.id, participant_code=code,
-                 event_id=event.id)
-    return SafetyEventRead.of(event, code)
+                 event_id=event.id, review_id=review.id)
+    return SafetyEventRead.of(event, code, service.safety_reviews(session, event_id=event.id)[event.id])
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response, status
 from fastapi.responses import PlainTextResponse
+from sqlalchemy.orm import Session
 
 from api.deps import CurrentParticipant, SessionDep, participant_token, set_session_cookie
 from scheduler import planner
@@ -29,6 +30,7 @@ from study.schemas import (
 from study.security import csrf_token_for
 from study.studies import current_protocol
 from surveys import service as survey_service
+from surveys.models import SurveyAssignment
 
 router = APIRouter(tags=["participant"])
 Token = Annotated[str, Depends(participant_token)]
@@ -116,14 +118,23 @@ def update_profile(body: ProfileUpdate, session: SessionDep, participant: Curren
                    token: Token) -> ParticipantRead:
     """Time zone and contact email; the first time, this completes enrollment (arm assigned,
     baseline surveys assigned)."""
-    was_enrolled = participant.enrolled_at is not None
-    service.update_profile(session, participant, timezone=body.timezone,
-                           contact_email=str(body.contact_email) if body.contact_email else None)
-    if not was_enrolled:
-        survey_service.assign_baseline(session, participant,
-                                       current_protocol(session, participant.study_id).baseline)
-        planner.on_enrollment(session, participant)
+    save_profile(session, participant, timezone=body.timezone, contact_email=body.contact_email)
     return _participant_read(session, participant, token)
+
+
+def save_profile(session: Session, participant: Participant, *, timezone: str,
+                 contact_email: str | None) -> list[SurveyAssignment]:
+    """Update the profile; the first time, complete enrollment: arm, baseline surveys and the
+    enrollment-anchored follow-ups. Returns the baseline surveys assigned now (the API and the
+    pages both complete enrollment here)."""
+    was_enrolled = participant.enrolled_at is not None
+    service.update_profile(session, participant, timezone=timezone, contact_email=contact_email)
+    if was_enrolled:
+        return []
+    baseline = survey_service.assign_baseline(session, participant,
+                                              current_protocol(session, participant.study_id).baseline)
+    planner.on_enrollment(session, participant)
+    return baseline
 
 
 @router.post("/me/withdrawal")

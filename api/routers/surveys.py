@@ -8,7 +8,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from sqlalchemy import select
 
-from api.deps import ConsentedParticipant, CurrentStaff, SessionDep, current_participant, participant_token
+from api.deps import (
+    Bearer,
+    ConsentedParticipant,
+    CurrentStaff,
+    RowId,
+    SessionDep,
+    current_participant,
+    participant_cookie,
+    participant_token,
+)
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from study import audit
 from study.models import Participant
@@ -71,19 +80,19 @@ def my_pending_surveys(session: SessionDep, participant: ConsentedParticipant) -
 
 
 @router.get("/me/surveys/{assignment_id}")
-def my_survey(assignment_id: int, session: SessionDep, participant: ConsentedParticipant) -> SurveyRead:
+def my_survey(assignment_id: RowId, session: SessionDep, participant: ConsentedParticipant) -> SurveyRead:
     return _survey_read(session, service.owned_assignment(session, participant, assignment_id))
 
 
 @router.put("/me/surveys/{assignment_id}/answers")
-def save_my_answers(assignment_id: int, body: AnswersUpdate, session: SessionDep,
+def save_my_answers(assignment_id: RowId, body: AnswersUpdate, session: SessionDep,
                     participant: ConsentedParticipant) -> SavedRead:
     assignment = service.owned_assignment(session, participant, assignment_id)
     return _saved(service.save_partial(session, participant, assignment, body.answers))
 
 
 @router.post("/me/surveys/{assignment_id}/submit")
-def submit_my_survey(assignment_id: int, body: SurveySubmit, session: SessionDep,
+def submit_my_survey(assignment_id: RowId, body: SurveySubmit, session: SessionDep,
                      participant: ConsentedParticipant) -> SubmittedRead:
     assignment = service.owned_assignment(session, participant, assignment_id)
     return _submitted(session, service.submit(session, participant, assignment, body.answers, body.submission_id))
@@ -92,10 +101,11 @@ def submit_my_survey(assignment_id: int, body: SurveySubmit, session: SessionDep
 # By signed link (from an email); refused if someone else is signed in
 
 
-def _optional_participant(request: Request, session: SessionDep) -> Participant | None:
-    if not request.headers.get("Authorization") and not request.cookies.get("afterward_session"):
+def _optional_participant(request: Request, session: SessionDep, bearer: Bearer,
+                          cookie: Annotated[str | None, Depends(participant_cookie)]) -> Participant | None:
+    if bearer is None and not cookie:
         return None
-    return current_participant(session, participant_token(request))
+    return current_participant(session, participant_token(request, bearer, cookie))
 
 
 LinkCaller = Annotated[Participant | None, Depends(_optional_participant)]

@@ -1,0 +1,144 @@
+"""The server stays up under one participant's ordinary use: the reproducers of the hang, run
+against a real uvicorn server over real sockets, with /healthz polled throughout.
+
+Before database work moved off the event loop, the first reproducer (autosave while pressing
+"Next") hung the whole server on PostgreSQL and stalled it with 500s on SQLite.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from sqlalchemy.engine import Engine
+
+from study.models import StaffRole
+from tests.builders import CONFIRMATIONS, load_study, make_invites, make_staff
+from tests.live import live_server
+
+HEALTH_LIMIT_SECONDS = 1.0
+
+
+@pytest.fixture
+def server(engine: Engine, example_protocol: str) -> Iterator[str]:
+    load_study(engine, example_protocol)
+    with live_server(engine) as url:
+        yield url
+
+
+@dataclass
+class Outcomes:
+    statuses: list[tuple[str, int, str]] = field(default_factory=list)
+    health_seconds: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, what: str, response: httpx.Response) -> None:
+        with self.lock:
+            self.statuses.append((what, response.status_code, response.text[:300]))
+
+    def server_errors(self) -> list[tuple[str, int, str]]:
+        return [s for s in self.statuses if s[1] >= 500]
+
+
+def browser(url: str, invite: str, onboard: bool = True) -> tuple[httpx.Client, str]:
+    """A participant's browser: the session cookie, consent signed, and (optionally) enrolled."""
+    client = httpx.Client(base_url=url, timeout=30)
+    joined = client.post("/api/v1/enrollment", json={"invite_code": invite})
+    assert joined.status_code == 201, joined.text
+    csrf = joined.json()["csrf_token"]
+    signed = client.post("/api/v1/me/consent", headers={"X-CSRF-Token": csrf}, json={
+        "version": "1.0", "confirmations": CONFIRMATIONS, "typed_signature": "A. Person"})
+    assert signed.status_code == 201, signed.text
+    if onboard:
+        profile = client.put("/api/v1/me/profile", headers={"X-CSRF-Token": csrf},
+                             json={"timezone": "Europe/Berlin", "contact_email": "someone@example.org"})
+        assert profile.status_code == 200, profile.text
+    return client, csrf
+
+
+def run_together(url: str, outcomes: Outcomes, workers: list[Callable[[], None]]) -> None:
+    """Run the workers at once while /healthz is polled; every wait is bounded."""
+    done = threading.Event()
+
+    def poll_health() -> None:
+        with httpx.Client(base_url=url, timeout=10) as client:
+            while not done.is_set():
+                started = time.perf_counter()
+                response = client.get("/healthz")
+                outcomes.health_seconds.append(time.perf_counter() - started)
+                outcomes.add("healthz", response)
+                time.sleep(0.02)
+
+    health = threading.Thread(target=poll_health)
+    health.start()
+    threads = [threading.Thread(target=work) for work in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    done.set()
+    health.join(timeout=15)
+    assert not any(t.is_alive() for t in [*threads, health]), "a request never finished: the server hangs"
+
+
+def test_autosave_while_pressing_next_keeps_the_server_up(server: str, engine: Engine) -> None:
+    slug = "wellbeing-pilot"
+    client, csrf = browser(server, make_invites(engine, slug)[0])
+    survey_id = client.get("/api/v1/me/surveys").json()[0]["assignment_id"]
+    outcomes = Outcomes()
+    rounds = 25
+
+    def autosave(value: int) -> Callable[[], None]:
+        def work() -> None:
+            for i in range(rounds):
+                outcomes.add("autosave", client.put(f"/api/v1/me/surveys/{survey_id}/answers",
+                                                    headers={"X-CSRF-Token": csrf},
+                                                    json={"answers": {"A1": (value + i) % 11}}))
+        return work
+
+    def press_next() -> None:
+        for i in range(rounds):
+            outcomes.add("next", client.post(f"/surveys/{survey_id}", data={
+                "csrf": csrf, "step": "0", "go": "next", "A1": str(i % 11), "E1": "4"}))
+
+    run_together(server, outcomes, [autosave(1), autosave(5), press_next, press_next])
+    client.close()
+
+    assert outcomes.server_errors() == []
+    assert {status for what, status, _ in outcomes.statuses if what == "autosave"} == {200}
+    assert {status for what, status, _ in outcomes.statuses if what == "next"} == {303}
+    assert max(outcomes.health_seconds) < HEALTH_LIMIT_SECONDS, max(outcomes.health_seconds)
+    assert len(outcomes.health_seconds) >= 5
+
+
+def test_staff_reading_participants_during_onboarding_keeps_the_server_up(server: str, engine: Engine) -> None:
+    slug = "wellbeing-pilot"
+    staff_token = make_staff(engine, slug, StaffRole.RESEARCHER, "r@uni.example")
+    browsers = [browser(server, invite, onboard=False) for invite in make_invites(engine, slug, count=6)]
+    outcomes = Outcomes()
+
+    def onboard(client: httpx.Client, csrf: str) -> Callable[[], None]:
+        def work() -> None:
+            outcomes.add("onboarding", client.post("/onboarding", data={
+                "csrf": csrf, "timezone": "America/New_York", "contact_email": "p@example.org"}))
+        return work
+
+    def read_participants() -> None:
+        with httpx.Client(base_url=server, timeout=30,
+                          headers={"Authorization": f"Bearer {staff_token}"}) as staff:
+            for _ in range(20):
+                outcomes.add("participants", staff.get(f"/api/v1/staff/studies/{slug}/participants"))
+
+    run_together(server, outcomes, [read_participants, read_participants,
+                                    *(onboard(client, csrf) for client, csrf in browsers)])
+    for client, _ in browsers:
+        client.close()
+
+    assert outcomes.server_errors() == []
+    assert {status for what, status, _ in outcomes.statuses if what == "onboarding"} == {303}
+    assert {status for what, status, _ in outcomes.statuses if what == "participants"} == {200}
+    assert max(outcomes.health_seconds) < HEALTH_LIMIT_SECONDS, max(outcomes.health_seconds)
