@@ -109,9 +109,9 @@ def make_engine(url: str, *, timeouts: bool = True, **kwargs: Any) -> Engine:
     """An engine with the platform's limits: lock, statement and idle-in-transaction timeouts on
     PostgreSQL, a bounded busy wait on SQLite, a bounded wait for a pooled connection, and no
     database work on an event loop. ``timeouts=False`` is for migrations."""
-    from study.settings import get_settings
+    from study.settings import Settings
 
-    settings = get_settings()
+    settings = Settings()  # read now, not cached: an engine is made rarely, and tests change the environment
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.orm import Session
 
 from study import audit
 from study.clock import now
@@ -67,25 +68,63 @@ def staff_for_token(session: Session, token: str) -> StaffAccount | None:
                StaffToken.expires_at > now(), StaffAccount.is_active.is_(True)))
 
 
-def _recent_failures(
-    session: Session, column: InstrumentedAttribute[str], value: str, since: dt.datetime,
-) -> int:
-    return session.scalar(select(func.count()).select_from(LoginAttempt).where(
-        column == value, LoginAttempt.succeeded.is_(False), LoginAttempt.at > since)) or 0
+# The first wait once an (email, client) pair or a client is past its failure limit; it doubles
+# with each further failure, up to settings.login_max_delay_seconds.
+FIRST_DELAY_SECONDS = 5
+# One client (all emails together) may fail this many times the pair limit before it must wait too:
+# room for a few people behind one office address to mistype, too little to spray a password
+# across many accounts.
+CLIENT_FAILURES_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class _Failures:
+    count: int
+    last_at: dt.datetime | None
+
+    def wait_seconds(self, limit: int, max_delay_seconds: int) -> float:
+        """How long from now until another attempt is allowed (0 or less: allowed now)."""
+        if self.count < limit or self.last_at is None:
+            return 0.0
+        delay = min(max_delay_seconds, FIRST_DELAY_SECONDS * 2 ** min(self.count - limit, 32))
+        return (self.last_at + dt.timedelta(seconds=delay) - now()).total_seconds()
+
+
+def _failures(session: Session, since: dt.datetime, *where: ColumnElement[bool]) -> _Failures:
+    count, last_at = session.execute(select(func.count(), func.max(LoginAttempt.at)).where(
+        *where, LoginAttempt.succeeded.is_(False), LoginAttempt.at > since)).one()
+    return _Failures(count or 0, last_at)
 
 
 def login(session: Session, *, email: str, password: str, client: str) -> str | None:
     """Check a password and issue a token, or return None for a wrong email or password (the
-    caller commits either way, so the failure counts). Failures are counted per email and per
-    client address over a sliding window; past the limit every attempt is refused until it passes."""
+    caller commits either way, so the failure counts).
+
+    Failures are limited per (email, client) pair, not per email, so someone who knows a staff
+    email cannot lock that person out from elsewhere; and per client across all emails, so one
+    address cannot spray passwords. Past either limit (within the sliding window) each further
+    attempt must wait a delay that doubles per failure; an attempt before the wait is over raises
+    TooManyAttempts without the password being checked or the attempt recorded. A success clears
+    the pair's failures (not the client's: signing in to one's own account must not reset a spray).
+    ``client`` is the resolved client IP (api.client_address)."""
     settings = get_settings()
     email = email.strip().lower()
-    window = dt.timedelta(seconds=settings.login_window_seconds)
-    since = now() - window
-    if max(_recent_failures(session, LoginAttempt.email, email, since),
-           _recent_failures(session, LoginAttempt.client, client, since)) >= settings.login_max_failures:
-        raise TooManyAttempts("too many failed logins; try again in a few minutes",
-                              retry_after_seconds=settings.login_window_seconds)
+    since = now() - dt.timedelta(seconds=settings.login_window_seconds)
+    pair = (LoginAttempt.email == email, LoginAttempt.client == client)
+    # By id, not time: attempts within one clock tick must still count after a success.
+    last_success_id = session.scalar(select(func.max(LoginAttempt.id)).where(
+        *pair, LoginAttempt.succeeded.is_(True), LoginAttempt.at > since))
+    after_success = () if last_success_id is None else (LoginAttempt.id > last_success_id,)
+    pair_wait = _failures(session, since, *pair, *after_success).wait_seconds(
+        settings.login_max_failures, settings.login_max_delay_seconds)
+    client_wait = _failures(session, since, LoginAttempt.client == client).wait_seconds(
+        settings.login_max_failures * CLIENT_FAILURES_FACTOR, settings.login_max_delay_seconds)
+    if max(pair_wait, client_wait) > 0:
+        seconds = max(1, math.ceil(max(pair_wait, client_wait)))
+        whose = f"for {email} from your address" if pair_wait >= client_wait else "from your address"
+        raise TooManyAttempts(f"too many failed sign-ins {whose}: wait {seconds} seconds, then try again "
+                              "(each further wrong password makes the wait longer)",
+                              retry_after_seconds=seconds)
     account = session.scalar(select(StaffAccount).where(StaffAccount.email == email))
     ok = account is not None and account.is_active and verify_password(account.password_hash, password)
     session.add(LoginAttempt(email=email, client=client, succeeded=ok))

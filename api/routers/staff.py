@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 
+from api.client_address import client_address
 from api.deps import CurrentStaff, SessionDep
 from api.errors import error_body
 from chat.models import SafetyEvent
@@ -53,11 +54,12 @@ def staff_actor(staff: CurrentStaff) -> audit.Actor:
     return audit.Actor("staff", staff.email)
 
 
-@router.post("/login", response_model=TokenRead, responses={403: {"description": "Wrong email or password"},
-                                  429: {"description": "Too many failed attempts"}})
+@router.post("/login", response_model=TokenRead, responses={
+    403: {"description": "Wrong email or password"},
+    429: {"description": "Too many failed attempts for this email from this address, or from this address; "
+                         "wait the Retry-After seconds"}})
 def login(body: StaffLogin, session: SessionDep, request: Request) -> TokenRead | JSONResponse:
-    client = request.client.host if request.client else "unknown"
-    token = service.login(session, email=body.email, password=body.password, client=client)
+    token = service.login(session, email=body.email, password=body.password, client=client_address(request))
     if token is None:
         # Returned, not raised: the failed attempt must be committed to count toward the limit.
         return JSONResponse(error_body("login_failed", "email or password is wrong"), status_code=403)
