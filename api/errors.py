@@ -39,6 +39,10 @@ STATUS_BY_ERROR: list[tuple[type[DomainError], int]] = [
 ]
 
 
+def status_of(exc: DomainError) -> int:
+    return next((s for cls, s in STATUS_BY_ERROR if isinstance(exc, cls)), 400)
+
+
 def error_body(code: str, message: str, fields: list[dict[str, str]] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code, "message": message}
     if fields:
@@ -54,7 +58,7 @@ def _field_name(loc: tuple[Any, ...]) -> str:
 def install(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
-        status = next((s for cls, s in STATUS_BY_ERROR if isinstance(exc, cls)), 400)
+        status = status_of(exc)
         retry_after = getattr(exc, "retry_after_seconds", None)
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
         return JSONResponse(error_body(exc.code, exc.message, getattr(exc, "fields", None)),

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import FormData
 
 from api.deps import SESSION_COOKIE, Form, RowId, SessionDep, run_unit, set_session_cookie
-from api.errors import error_body
+from api.errors import error_body, status_of
 from api.routers import chat as chat_api
 from api.routers.participants import save_profile
 from chat import service as chat_service
@@ -270,7 +270,11 @@ def _survey_page(request: Request, session: Session, assignment: SurveyAssignmen
 def _survey_post(request: Request, session: Session, form: FormData, assignment: SurveyAssignment,
                  participant: Participant, action: str, done: str) -> Response:
     screens = _blocks(survey_service.render(session, assignment))
-    step = max(0, min(form_int(form.get("step"), lo=0, hi=10_000) or 0, len(screens) - 1))
+    step = form_int(form.get("step", "0"), lo=0, hi=len(screens) - 1)
+    if step is None:
+        return page(request, "message.html", status_code=422, title="This form is out of date",
+                    body="The survey page you sent does not exist. Open the survey again; your saved answers "
+                         "are kept.", back=action)
     answers = _answers_from(form, screens[step]["items"])
     finishing = form.get("go") == "submit"
     submission_id = str(form.get("submission_id", ""))
@@ -397,7 +401,7 @@ async def _chat_action(request: Request, conversation_id: int, form: FormData, p
             return prepare(session, participant, form)
         except (DomainError, ValidationError) as exc:
             session.rollback()
-            return page(request, "message.html", status_code=409 if isinstance(exc, DomainError) else 422,
+            return page(request, "message.html", status_code=status_of(exc) if isinstance(exc, DomainError) else 422,
                         title="That didn't work", body=problem(exc), back=f"/chat/{conversation_id}")
     prepared = await run_unit(request, unit)
     if isinstance(prepared, Response):

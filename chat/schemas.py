@@ -39,7 +39,8 @@ class CrisisResourcesRead(BaseModel):
 
 
 class ConversationCreate(RequestBody):
-    role: str | None = Field(default=None, description="concierge, collaborator or coach (wellbeing arms)")
+    role: str | None = Field(default=None, max_length=40,
+                             description="concierge, collaborator or coach (wellbeing arms)")
 
 
 class RoleChange(RequestBody):
@@ -65,7 +66,7 @@ class TurnRead(BaseModel):
     id: int
     seq: int
     speaker: str
-    role: str = Field(max_length=40)
+    role: str
     content: str
     created_at: dt.datetime
     reply_status: str | None = None
@@ -87,7 +88,7 @@ class TurnRead(BaseModel):
 
 class ConversationRead(BaseModel):
     id: int
-    role: str = Field(max_length=40)
+    role: str
     mode: str
     status: str
     started_at: dt.datetime

@@ -43,6 +43,9 @@ def create_invites(
     ``max_uses`` > 1 makes a capped study link that several people can use."""
     if not 1 <= count <= 10_000 or max_uses < 1:
         raise Invalid("count must be 1..10000 and max_uses at least 1")
+    if expires_at is not None and expires_at <= now():
+        raise Invalid(f"expires_at ({expires_at.isoformat()}) is in the past; give a time after now, "
+                      "with a time zone", code="invalid_expiry")
     codes = [human_code() for _ in range(count)]
     session.add_all(
         InviteCode(study_id=study.id, code_sha256=token_digest(normalize_code(code)), label=label,

@@ -1,0 +1,376 @@
+"""Hostile and unlucky input gets a 4xx with a message a person can act on, never a 500; the
+same validators guard the API and the pages. Each test is one finding of the reliability issue."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from study.models import StaffRole
+from study.settings import Settings
+from tests.api.test_pages import csrf_of, join, sign
+from tests.builders import (
+    ParticipantHandle,
+    enroll,
+    enroll_fully,
+    load_study,
+    make_invites,
+    make_staff,
+    put_in_arm,
+    sign_consent,
+    start_chat,
+)
+from tests.live import live_server
+
+SLUG = "wellbeing-pilot"
+
+
+@pytest.fixture
+def slug(engine: Engine, example_protocol: str) -> str:
+    return load_study(engine, example_protocol)
+
+
+@pytest.fixture
+def who(engine: Engine, app_client: TestClient, slug: str) -> ParticipantHandle:
+    return enroll_fully(app_client, make_invites(engine, slug)[0])
+
+
+@pytest.fixture
+def staff_headers(engine: Engine, slug: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.ADMIN, 'admin@uni.example')}"}
+
+
+def refused(response: httpx.Response, status: int, *words: str) -> None:
+    assert response.status_code == status, response.text
+    message = response.json()["error"]["message"] if "json" in response.headers["content-type"] else response.text
+    for word in words:
+        assert word in message, message
+
+
+def count(engine: Engine, sql: str) -> int:
+    with engine.connect() as connection:
+        return int(connection.execute(text(sql)).scalar_one())
+
+
+def in_control_arm(app_client: TestClient, engine: Engine) -> None:
+    """The page's participant in the control arm: a standard assistant, no role to choose."""
+    code = re.search(r"<strong>(P[0-9A-Z]+)</strong>", app_client.get("/me").text)
+    assert code
+    put_in_arm(engine, code.group(1), "control")
+
+
+def onboarding_page(app_client: TestClient, engine: Engine, slug: str) -> str:
+    [invite] = make_invites(engine, slug)
+    sign(app_client, join(app_client, invite))
+    return csrf_of(app_client.get("/onboarding").text)
+
+
+# Email addresses: one validator for the API and the onboarding page.
+
+
+@pytest.mark.parametrize("email", ["me@x.org\r\nBcc: v@y.net", "a@x.org, v1@y.net", "a@x.org;b@y.net",
+                                   "Someone <a@x.org>", "no-at-sign.example.org"])
+def test_the_onboarding_page_refuses_an_injected_or_listed_email(engine: Engine, app_client: TestClient,
+                                                                 slug: str, email: str) -> None:
+    csrf = onboarding_page(app_client, engine, slug)
+    response = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris",
+                                                    "contact_email": email}, follow_redirects=False)
+    assert response.status_code == 422, response.text
+    assert "email" in response.text.lower()
+    assert count(engine, "SELECT count(*) FROM participants WHERE contact_email_encrypted IS NOT NULL") == 0
+    assert count(engine, "SELECT count(*) FROM participants WHERE status = 'enrolled'") == 0
+
+
+@pytest.mark.parametrize("email", ["me@x.org\r\nBcc: v@y.net", "a@x.org, v1@y.net"])
+def test_the_api_refuses_the_same_emails(engine: Engine, app_client: TestClient, slug: str, email: str) -> None:
+    who = enroll(app_client, make_invites(engine, slug)[0])
+    sign_consent(app_client, who)
+    refused(app_client.put("/api/v1/me/profile", headers=who.headers,
+                           json={"timezone": "Europe/Paris", "contact_email": email}), 422, "email")
+
+
+def test_a_valid_email_from_the_page_is_stored_normalized(engine: Engine, app_client: TestClient,
+                                                          slug: str) -> None:
+    csrf = onboarding_page(app_client, engine, slug)
+    response = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris",
+                                                    "contact_email": " someone@Example.ORG "}, follow_redirects=False)
+    assert response.status_code == 303
+
+
+# NUL characters: PostgreSQL cannot store them; every text input refuses them.
+
+
+def test_nul_in_every_text_input_is_refused(engine: Engine, app_client: TestClient, slug: str,
+                                            who: ParticipantHandle, staff_headers: dict[str, str]) -> None:
+    put_in_arm(engine, who.code, "control")
+    conversation = start_chat(app_client, who, role=None)
+    base = f"/api/v1/me/conversations/{conversation}"
+    refused(app_client.post(f"{base}/messages", headers=who.headers, json={"content": "hi\x00there"}), 422, "NUL")
+    refused(app_client.post(f"{base}/end", headers=who.headers,
+                            json={"made_decision": True, "decision": "quit\x00"}), 422, "NUL")
+    refused(app_client.post(f"/api/v1/staff/studies/{slug}/invites", headers=staff_headers,
+                            json={"label": "flyer\x00"}), 422, "NUL")
+    refused(app_client.post("/api/v1/staff/login", json={"email": "a\x00@x.org", "password": "pw"}), 422, "NUL")
+    newcomer = enroll(app_client, make_invites(engine, slug)[0])
+    refused(app_client.post("/api/v1/me/consent", headers=newcomer.headers, json={
+        "version": "1.0", "confirmations": ["adult"], "typed_signature": "A\x00B"}), 422, "NUL")
+    refused(app_client.get(f"/api/v1/staff/studies/{slug}/responses?instrument=perma%00", headers=staff_headers),
+            400, "NUL")
+    refused(app_client.get("/api/v1/staff/studies/wellbeing%00pilot/participants", headers=staff_headers),
+            400, "NUL")
+    assert count(engine, "SELECT count(*) FROM turns") == 0
+
+
+def test_nul_in_page_forms_is_refused(engine: Engine, app_client: TestClient, slug: str) -> None:
+    [invite] = make_invites(engine, slug)
+    html = join(app_client, invite)
+    response = app_client.post("/consent", data={"csrf": csrf_of(html), "version": "1.0", "typed_signature": "A\x00",
+                                                 "confirmations": ["read-and-understood", "adult", "voluntary"]})
+    refused(response, 422, "NUL")
+
+
+# Ids beyond what the database stores.
+
+
+@pytest.mark.parametrize("big", [2**31, 2**63, 10**30])
+def test_ids_out_of_range_are_refused_in_every_kind_of_path(app_client: TestClient, who: ParticipantHandle,
+                                                            staff_headers: dict[str, str], big: int) -> None:
+    api = [("GET", f"/api/v1/me/conversations/{big}"), ("POST", f"/api/v1/me/conversations/{big}/retry"),
+           ("POST", f"/api/v1/me/conversations/1/turns/{big}/reconsider"),
+           ("GET", f"/api/v1/me/surveys/{big}"), ("PUT", f"/api/v1/me/surveys/{big}/answers")]
+    for method, path in api:
+        body = {"answers": {}} if method == "PUT" else None
+        refused(app_client.request(method, path, headers=who.headers, json=body), 422)
+    refused(app_client.post(f"/api/v1/staff/studies/{SLUG}/safety-events/{big}/review", headers=staff_headers,
+                            json={"note": "checked"}), 422)
+    for path in (f"/surveys/{big}", f"/chat/{big}", f"/chat/{big}/end"):
+        assert app_client.get(path, follow_redirects=False).status_code == 422
+
+
+# Numbers: NaN and infinity are not answers.
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_answers_are_refused(engine: Engine, app_client: TestClient, who: ParticipantHandle,
+                                        literal: str) -> None:
+    survey = app_client.get("/api/v1/me/surveys", headers=who.headers).json()[0]["assignment_id"]
+    body = f'{{"answers": {{"A1": {literal}}}}}'.encode()
+    for method, path in (("PUT", "answers"), ("POST", "submit")):
+        payload = body if method == "PUT" else body[:-1] + b', "submission_id": "abcdefgh"}'
+        refused(app_client.request(method, f"/api/v1/me/surveys/{survey}/{path}", content=payload,
+                                   headers={**who.headers, "Content-Type": "application/json"}), 422, "finite")
+    assert count(engine, "SELECT count(*) FROM survey_responses") == 0
+
+
+def test_non_numeric_answers_on_the_page_are_named(engine: Engine, app_client: TestClient, slug: str) -> None:
+    csrf = onboarding_page(app_client, engine, slug)
+    moved = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris"}, follow_redirects=False)
+    survey = moved.headers["location"]
+    for raw in ("nan", "inf", "lots"):
+        response = app_client.post(survey, data={"csrf": csrf, "step": "0", "go": "next", "A1": raw})
+        assert response.status_code == 422, response.text
+        assert "A1" in response.text or "number" in response.text
+
+
+# Page forms with tampered fields.
+
+
+def test_page_forms_with_a_tampered_step_or_rating_get_a_clear_answer(engine: Engine, app_client: TestClient,
+                                                                     slug: str) -> None:
+    csrf = onboarding_page(app_client, engine, slug)
+    survey = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris"},
+                             follow_redirects=False).headers["location"]
+    for step in ("abc", "-1", "99999", "1e9", "٣"):
+        response = app_client.post(survey, data={"csrf": csrf, "step": step, "go": "next"})
+        assert response.status_code == 422, (step, response.text)
+        assert "out of date" in response.text
+    assert app_client.get(f"{survey}?step=abc").status_code == 200  # a bad link shows the first page
+    in_control_arm(app_client, engine)
+    conversation = app_client.post("/chat", data={"csrf": csrf},
+                                   follow_redirects=False).headers["location"]
+    for rating in ("great", "7.5", "0", "8"):
+        response = app_client.post(f"{conversation}/end", data={"csrf": csrf, "rating": rating})
+        assert response.status_code == 422, (rating, response.text)
+        assert "rating" in response.text
+
+
+def test_page_routes_apply_the_apis_length_checks(engine: Engine, app_client: TestClient, slug: str) -> None:
+    [invite] = make_invites(engine, slug)
+    html = join(app_client, invite)
+    long_signature = app_client.post("/consent", data={
+        "csrf": csrf_of(html), "version": "1.0", "typed_signature": "A" * 5000,
+        "confirmations": ["read-and-understood", "adult", "voluntary"]})
+    assert long_signature.status_code == 422
+    assert "typed signature" in long_signature.text
+    sign(app_client, html)
+    csrf = csrf_of(app_client.get("/onboarding").text)
+    app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris"})
+    in_control_arm(app_client, engine)
+    conversation = app_client.post("/chat", data={"csrf": csrf},
+                                   follow_redirects=False).headers["location"]
+    too_long = app_client.post(f"{conversation}/send", data={"csrf": csrf, "content": "x" * 50_000})
+    assert too_long.status_code == 422
+    decision = app_client.post(f"{conversation}/end", data={"csrf": csrf, "made_decision": "yes",
+                                                            "decision": "d" * 5000})
+    assert decision.status_code == 422
+    assert "decision" in decision.text
+    role = app_client.post("/chat", data={"csrf": csrf, "role": "r" * 500})
+    assert role.status_code == 422
+    assert count(engine, "SELECT count(*) FROM turns") == 0
+
+
+# Invite expiry: a moment with a time zone, in range, in the future.
+
+
+@pytest.mark.parametrize(("expires_at", "words"), [
+    ("2030-01-01T00:00:00", "time zone"), ("9999-12-31T23:59:59Z", "between"), (0, "between"),
+    ("2001-01-01T00:00:00Z", "in the past"), ("not a date", "datetime")])
+def test_invite_expiry_must_be_an_aware_future_time(app_client: TestClient, slug: str,
+                                                    staff_headers: dict[str, str], expires_at: object,
+                                                    words: str) -> None:
+    refused(app_client.post(f"/api/v1/staff/studies/{slug}/invites", headers=staff_headers,
+                            json={"expires_at": expires_at}), 422, words)
+
+
+# Body size: refused before it is read and parsed.
+
+
+def test_an_oversized_body_is_refused_before_parsing(app_client: TestClient, who: ParticipantHandle) -> None:
+    big = b'{"content": "' + b"x" * (20 * 1024 * 1024) + b'"}'
+    refused(app_client.post("/api/v1/me/conversations/1/messages", content=big,
+                            headers={**who.headers, "Content-Type": "application/json"}), 413, "larger than")
+
+    def chunks() -> object:
+        for _ in range(30):
+            yield b"x" * 100_000
+    streamed = app_client.post("/api/v1/me/conversations/1/messages", content=chunks(),  # type: ignore[arg-type]
+                               headers={**who.headers, "Content-Type": "application/json"})
+    refused(streamed, 413, "larger than")
+
+
+# Races: one stored row, never a duplicate-key 500.
+
+
+def test_parallel_submits_and_first_autosaves_store_one_row(engine: Engine, slug: str) -> None:
+    with live_server(engine) as url:
+        clients = []
+        for invite in make_invites(engine, slug, count=2):
+            client = httpx.Client(base_url=url, timeout=30)
+            token = client.post("/api/v1/enrollment", json={"invite_code": invite}).json()["token"]
+            client.cookies.clear()
+            client.headers["Authorization"] = f"Bearer {token}"
+            client.post("/api/v1/me/consent", json={"version": "1.0", "typed_signature": "A",
+                                                    "confirmations": ["read-and-understood", "adult", "voluntary"]})
+            client.put("/api/v1/me/profile", json={"timezone": "Europe/Paris"})
+            clients.append(client)
+        saver, submitter = clients
+        saved_survey = saver.get("/api/v1/me/surveys").json()[0]["assignment_id"]
+        submitted_survey = submitter.get("/api/v1/me/surveys").json()[0]["assignment_id"]
+        statuses: list[int] = []
+
+        def at_once(work: Callable[[int], httpx.Response], n: int = 8) -> None:
+            barrier = threading.Barrier(n)
+
+            def run(i: int) -> None:
+                barrier.wait()
+                statuses.append(work(i).status_code)
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+
+        at_once(lambda i: saver.put(f"/api/v1/me/surveys/{saved_survey}/answers", json={"answers": {"A1": i}}))
+        at_once(lambda i: submitter.post(f"/api/v1/me/surveys/{submitted_survey}/submit",
+                                         json={"answers": {"A1": 5}, "submission_id": "same-submission"}))
+        for client in clients:
+            client.close()
+    assert len(statuses) == 16
+    assert set(statuses) <= {200, 409}, statuses
+    assert statuses.count(200) >= 9  # every autosave, and the submit (repeats answer with the stored one)
+    assert count(engine, f"SELECT count(*) FROM survey_responses WHERE assignment_id = {saved_survey}") == 1
+    assert count(engine, f"SELECT count(*) FROM survey_responses WHERE assignment_id = {submitted_survey}") == 1
+    assert count(engine, "SELECT count(DISTINCT response_id) FROM survey_scores") == 1
+
+
+# Survey links after submission: "done", not the answers.
+
+
+def test_a_survey_link_shows_done_without_the_answers_after_submission(engine: Engine, app_client: TestClient,
+                                                                       who: ParticipantHandle) -> None:
+    from surveys.models import SurveyAssignment
+    from surveys.service import link_token
+    from study.db import session_scope
+
+    survey = app_client.get("/api/v1/me/surveys", headers=who.headers).json()[0]["assignment_id"]
+    with session_scope(engine) as session:
+        assignment = session.get(SurveyAssignment, survey)
+        assert assignment is not None
+        link = link_token(assignment)
+    answered = app_client.post(f"/api/v1/survey-links/{link}/submit",
+                               json={"answers": {"A1": 7, "P1": 3}, "submission_id": "secret-answers"})
+    assert answered.status_code == 200, answered.text
+    app_client.cookies.clear()
+    after = app_client.get(f"/api/v1/survey-links/{link}")
+    assert after.status_code == 200
+    assert (after.json()["status"], after.json()["saved_answers"]) == ("completed", {})
+    page = app_client.get(f"/s/{link}")
+    assert "already completed" in page.text
+    assert re.search(r'value="7"[^>]*checked|checked[^>]*value="7"', page.text) is None
+
+
+# Headers on every response, errors included; security schemes in the OpenAPI document.
+
+
+def test_every_response_is_not_stored_and_carries_the_security_headers(engine: Engine) -> None:
+    from api.app import create_app
+
+    app: FastAPI = create_app(engine)
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("an unexpected failure")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for path, status in (("/", 200), ("/api/v1/me", 401), ("/healthz", 200), ("/nowhere", 404),
+                             ("/boom", 500)):
+            response = client.get(path)
+            assert response.status_code == status
+            assert response.headers["Cache-Control"] == "no-store", path
+            assert response.headers["X-Content-Type-Options"] == "nosniff", path
+            assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"], path
+        assert "something went wrong" in client.get("/boom").json()["error"]["message"]
+
+
+def test_the_openapi_document_declares_how_each_operation_authenticates(app_client: TestClient) -> None:
+    document = app_client.get("/openapi.json").json()
+    schemes = document["components"]["securitySchemes"]
+    assert {"ParticipantToken", "ParticipantCookie", "StaffToken"} <= set(schemes)
+    operations = document["paths"]
+    assert {"ParticipantToken": []} in operations["/api/v1/me/conversations"]["get"]["security"]
+    assert {"StaffToken": []} in operations["/api/v1/staff/studies/{slug}/participants"]["get"]["security"]
+    assert "security" not in operations["/api/v1/enrollment"]["post"]
+
+
+# Production refuses the offline model unless a demo says so.
+
+
+def test_production_refuses_the_offline_model_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in {"AFTERWARD_ENVIRONMENT": "production", "AFTERWARD_SECRET_KEY": "s" * 40,
+                       "AFTERWARD_CONTACT_ENCRYPTION_KEYS": "k", "AFTERWARD_AUDIT_KEY": "a" * 40}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match="offline model"):
+        Settings()
+    monkeypatch.setenv("AFTERWARD_LLM_MODEL", "openai/gpt-4o-mini")
+    assert Settings().llm_model == "openai/gpt-4o-mini"
+    monkeypatch.setenv("AFTERWARD_LLM_MODEL", "offline/afterward")
+    monkeypatch.setenv("AFTERWARD_ALLOW_OFFLINE_MODEL", "true")
+    assert Settings().allow_offline_model
