@@ -6,18 +6,19 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator, Sequence
 
+import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy import text
-from starlette.routing import BaseRoute
 from sqlalchemy.engine import Engine
+from starlette.routing import BaseRoute
 
 from api.deps import SessionDep
-from study.db import session_scope
+from study.db import DatabaseWorkOnEventLoop, session_scope
 
 
-def test_a_coroutine_endpoint_touching_the_database_fails_loudly(engine: Engine, caplog: object) -> None:
+def test_a_coroutine_endpoint_touching_the_database_fails_loudly(engine: Engine) -> None:
     from api.app import create_app
 
     app: FastAPI = create_app(engine)
@@ -33,12 +34,8 @@ def test_a_coroutine_endpoint_touching_the_database_fails_loudly(engine: Engine,
 
     with TestClient(app, raise_server_exceptions=True) as client:
         assert client.get("/in-the-thread-pool").json() == {"one": 1}
-        try:
+        with pytest.raises(DatabaseWorkOnEventLoop, match="database work on the event loop"):
             client.get("/on-the-loop")
-        except Exception as exc:  # noqa: BLE001 - the guard's own error is what we expect
-            assert "database work on the event loop" in str(exc)
-        else:
-            raise AssertionError("database work on the event loop was not refused")
 
 
 def api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:

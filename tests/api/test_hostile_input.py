@@ -306,9 +306,9 @@ def test_parallel_submits_and_first_autosaves_store_one_row(engine: Engine, slug
 
 def test_a_survey_link_shows_done_without_the_answers_after_submission(engine: Engine, app_client: TestClient,
                                                                        who: ParticipantHandle) -> None:
+    from study.db import session_scope
     from surveys.models import SurveyAssignment
     from surveys.service import link_token
-    from study.db import session_scope
 
     survey = app_client.get("/api/v1/me/surveys", headers=who.headers).json()[0]["assignment_id"]
     with session_scope(engine) as session:
