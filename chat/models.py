@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, func, select
+from sqlalchemy.orm import Mapped, column_property, mapped_column
 
 from study.clock import now
 from study.db import Base, UTCDateTime
@@ -24,8 +24,10 @@ class Conversation(ParticipantResearchData, Base):
     role: Mapped[str] = mapped_column(String(16))  # the role in force now
     status: Mapped[str] = mapped_column(String(16), default="active")  # active | ended
     turn_count: Mapped[int] = mapped_column(Integer, default=0)
-    # Kept with the conversation so a turn needs no extra queries (derivable from turns and
-    # pushback_responses): when a reply started being awaited, pushbacks per concern, overrides.
+    # The reply state's one home: set when a reply starts being produced (a new message, a retry
+    # or an override), cleared when its outcome is stored; the guard against two replies at once
+    # (chat.service._claim_reply). Counts of pushbacks per concern and overridden concerns are kept
+    # here too, changed in SQL under the row's lock, so a turn needs no extra queries.
     awaiting_reply_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     concern_counts: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
     overridden_concerns: Mapped[list[str]] = mapped_column(JSON, default=list)
@@ -56,7 +58,9 @@ class Turn(ParticipantResearchData, Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
     # participant turns
     client_message_id: Mapped[str | None] = mapped_column(String(64))
-    reply_status: Mapped[str | None] = mapped_column(String(16))  # awaiting | answered | failed
+    # How the reply to this message ended: answered | failed; NULL until then. Whether a reply is
+    # being produced is the conversation's state (awaiting_reply_since), not the turn's.
+    reply_status: Mapped[str | None] = mapped_column(String(16))
     reply_error: Mapped[str | None] = mapped_column(String(300))
     reassurance_seeking: Mapped[bool] = mapped_column(Boolean, default=False)
     features: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -106,6 +110,20 @@ class RoleSwitch(ParticipantResearchData, Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 
+class SafetyEventReview(Base):
+    """One staff review of a safety event: when, by whom, what was done. Append-only: database
+    triggers refuse UPDATE, and DELETE while the event exists, so a second review never overwrites
+    the first note; reviews go only with their event (withdrawal with data deletion cascades)."""
+
+    __tablename__ = "safety_event_reviews"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    safety_event_id: Mapped[int] = mapped_column(ForeignKey("safety_events.id", ondelete="CASCADE"), index=True)
+    reviewed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+    reviewed_by: Mapped[str] = mapped_column(String(320))
+    note: Mapped[str] = mapped_column(Text)
+
+
 class SafetyEvent(ParticipantResearchData, Base):
     """An escalation, for study staff to review. Staff reads are audited."""
 
@@ -120,9 +138,11 @@ class SafetyEvent(ParticipantResearchData, Base):
     source: Mapped[str] = mapped_column(String(16))  # lexicon | classifier | model
     cue: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
-    reviewed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    reviewed_by: Mapped[str | None] = mapped_column(String(320))
-    review_note: Mapped[str | None] = mapped_column(Text)
+    # When it was last reviewed (None: never), read from the review history, its only home; usable
+    # in queries too (``SafetyEvent.reviewed_at.is_(None)`` selects the unreviewed).
+    reviewed_at: Mapped[dt.datetime | None] = column_property(
+        select(func.max(SafetyEventReview.reviewed_at)).where(SafetyEventReview.safety_event_id == id)
+        .correlate_except(SafetyEventReview).scalar_subquery())
 
 
 class Decision(ParticipantResearchData, Base):

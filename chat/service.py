@@ -14,27 +14,29 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import JSON, String, case, cast, func, literal, null, or_, select, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from chat import monitors
 from chat.answer_format import guidance, parse_answer
 from chat.gateway import Completion
-from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn
+from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, SafetyEventReview, Turn
 from chat.policy import Assessment, History, StanceDecision, decide, directive, with_classifier
 from chat.roles import ROLE_SPECS, RoleName, RoleSpec, roles_for_arm, system_prompt
 from study import audit
 from study.clock import now
+from study.db import is_postgres
 from study.errors import Conflict, Invalid, NotFound
-from study.models import Participant, ParticipantStatus
-from study.participants import WithdrawalLevel, withdrawal_hooks
+from study.models import Participant, ParticipantStatus, WithdrawalLevel
 from study.protocol import Arm
 from study.settings import get_settings
 from study.studies import current_protocol
+from study.wiring import Lifecycle
 
 HISTORY_TURNS = 20  # turns of the conversation sent to the model
 REASSURANCE_LOOKBACK = dt.timedelta(days=30)
-STUCK_AFTER = dt.timedelta(minutes=2)  # an 'awaiting' reply older than this may be retried
+STUCK_AFTER = dt.timedelta(minutes=2)  # a reply awaited longer than this is given up: a new claim may start
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class PreparedTurn:
     content: str = ""  # the participant's message
     crisis_source: str | None = None
     features: dict[str, object] = field(default_factory=dict)
+    # When this reply was claimed (the conversation's awaiting_reply_since): storing the outcome
+    # releases the claim only if it is still this one, not a newer one taken after it got stuck.
+    claimed_at: dt.datetime | None = None
 
 
 # Roles and conversations
@@ -189,7 +194,7 @@ def _messages(session: Session, conversation: ConversationState, role: RoleName,
 
 
 def _prepare(session: Session, conversation: Conversation | ConversationState, participant_turn: Turn,
-             assessment: Assessment, *, overridden: bool = False) -> PreparedTurn:
+             assessment: Assessment, *, claimed_at: dt.datetime | None, overridden: bool = False) -> PreparedTurn:
     if isinstance(conversation, Conversation):
         conversation = _state(conversation)
     role: RoleName = conversation.role  # type: ignore[assignment]
@@ -205,7 +210,8 @@ def _prepare(session: Session, conversation: Conversation | ConversationState, p
         model=model, prompt_version=system_prompt(role).version,
         messages=_messages(session, conversation, role, required, overridden=overridden),
         required=required, history=history, after_override=overridden, content=participant_turn.content,
-        crisis_source=assessment.crisis.source if assessment.crisis else None, features=assessment.features())
+        crisis_source=assessment.crisis.source if assessment.crisis else None, features=assessment.features(),
+        claimed_at=claimed_at)
 
 
 def reassess(session: Session, prepared: PreparedTurn, verdict: tuple[str, bool] | None) -> PreparedTurn:
@@ -218,7 +224,67 @@ def reassess(session: Session, prepared: PreparedTurn, verdict: tuple[str, bool]
     assessment = with_classifier(_assess(session, participant, turn.content, turn.id), verdict)
     turn.features = {**assessment.features(), "crisis_classifier": "error" if verdict is None else
                      f"{verdict[0]}{' (acute)' if verdict[1] else ''}"}
-    return _prepare(session, conversation, turn, assessment, overridden=prepared.after_override)
+    return _prepare(session, conversation, turn, assessment, overridden=prepared.after_override,
+                    claimed_at=prepared.claimed_at)
+
+
+# The reply state. ``Conversation.awaiting_reply_since`` is its one home: set when a reply starts
+# being produced, cleared when its outcome is stored. It lives on the conversation, not on the
+# participant's turn, because the rule it enforces is per conversation (one reply in flight at a
+# time) and only a conditional UPDATE of one row can enforce it atomically: PostgreSQL re-checks
+# the condition on the row a concurrent claim just committed, SQLite serializes writers. A turn's
+# ``reply_status`` records only how its reply ended (answered | failed; NULL until then).
+
+
+class ReplyInProgress(Conflict):
+    code = "reply_in_progress"
+    retry_after_seconds = 5
+
+
+def _claim_reply(session: Session, participant: Participant, conversation_id: int, *,
+                 new_message: bool) -> tuple[dt.datetime, ConversationState, int]:
+    """The one statement that starts a reply (new message, retry or override alike): the
+    conversation must be the participant's, open, and not awaiting a reply (unless that one is
+    stuck). A new message also takes the next sequence number. Returns the claim's time, the
+    conversation's state and its turn count; refuses with a retryable 409 while a reply is awaited."""
+    at = now()
+    values: dict[str, Any] = {"awaiting_reply_since": at}
+    if new_message:
+        values["turn_count"] = Conversation.turn_count + 1
+    claimed = session.execute(
+        update(Conversation).where(
+            Conversation.id == conversation_id, Conversation.participant_id == participant.id,
+            Conversation.status == "active", or_(Conversation.awaiting_reply_since.is_(None),
+                                                 Conversation.awaiting_reply_since <= at - STUCK_AFTER))
+        .values(values)
+        .returning(Conversation.turn_count, Conversation.id, Conversation.participant_id, Conversation.role,
+                   Conversation.arm, Conversation.concern_counts, Conversation.overridden_concerns)
+        .execution_options(synchronize_session=False)).first()
+    if claimed is None:
+        _require_active(get_conversation(session, participant, conversation_id))  # not yours / ended
+        raise ReplyInProgress("the assistant is still answering your previous message; wait a moment for it, "
+                              "then try again")
+    return at, ConversationState(*claimed[1:]), claimed.turn_count
+
+
+def _release(prepared: PreparedTurn) -> Any:
+    """SQL for awaiting_reply_since once this reply's outcome is stored: cleared if the claim is
+    still this reply's; a newer claim (taken when this one got stuck) stays in force."""
+    if prepared.claimed_at is None:
+        return None
+    return case((Conversation.awaiting_reply_since == prepared.claimed_at, null()),
+                else_=Conversation.awaiting_reply_since)
+
+
+def _one_more(session: Session, concern: str) -> Any:
+    """SQL for concern_counts with one more ``concern``, computed from the row being updated (under
+    its lock), so concurrent replies add up instead of writing back stale snapshots."""
+    after = func.coalesce(Conversation.concern_counts[concern].as_integer(), 0) + 1
+    if is_postgres(session):  # a json column: merge as jsonb
+        merged = cast(Conversation.concern_counts, JSONB).op("||")(
+            func.jsonb_build_object(cast(literal(concern), String), after))
+        return cast(merged, JSON)
+    return func.json_set(Conversation.concern_counts, f'$."{concern}"', after)
 
 
 def accept_message(session: Session, participant: Participant, conversation_id: int, content: str,
@@ -237,68 +303,51 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
             Turn.conversation_id == conversation_id, Conversation.participant_id == participant.id,
             Turn.client_message_id == client_message_id))
         if existing is not None:
-            conversation = get_conversation(session, participant, conversation_id, for_update=True)
-            return _resume(session, conversation, existing), existing
-    at = now()
-    # One statement checks ownership, that the conversation is open and not awaiting a reply, and
-    # takes the next sequence number (the row stays locked until commit).
-    claimed = session.execute(
-        update(Conversation).where(
-            Conversation.id == conversation_id, Conversation.participant_id == participant.id,
-            Conversation.status == "active", or_(Conversation.awaiting_reply_since.is_(None),
-                                                 Conversation.awaiting_reply_since <= at - STUCK_AFTER))
-        .values(turn_count=Conversation.turn_count + 1, awaiting_reply_since=at)
-        .returning(Conversation.turn_count, Conversation.id, Conversation.participant_id, Conversation.role,
-                   Conversation.arm, Conversation.concern_counts, Conversation.overridden_concerns)
-        .execution_options(synchronize_session=False)).first()
-    if claimed is None:
-        _require_active(get_conversation(session, participant, conversation_id))  # not yours / ended
-        raise Conflict("the assistant is still answering your previous message; wait for it, then send this one",
-                       code="reply_in_progress")
-    state = ConversationState(*claimed[1:])
+            return _resume(session, participant, existing), existing
+    at, state, seq = _claim_reply(session, participant, conversation_id, new_message=True)
     assessment = _assess(session, participant, text, None)
-    turn = Turn(conversation_id=conversation_id, participant_id=participant.id, seq=claimed.turn_count,
+    turn = Turn(conversation_id=conversation_id, participant_id=participant.id, seq=seq,
                 speaker="participant", role=state.role, content=text, client_message_id=client_message_id,
-                reply_status="awaiting", reassurance_seeking=assessment.reassurance_cue is not None,
+                reassurance_seeking=assessment.reassurance_cue is not None,
                 features=assessment.features(), created_at=at)
     session.add(turn)
     session.flush()
-    return _prepare(session, state, turn, assessment), turn
+    return _prepare(session, state, turn, assessment, claimed_at=at), turn
 
 
-def _resume(session: Session, conversation: Conversation, turn: Turn) -> PreparedTurn:
+def _resume(session: Session, participant: Participant, turn: Turn) -> PreparedTurn:
     if turn.reply_status == "answered":
         reply_id = session.scalar(select(Turn.id).where(Turn.reply_to_id == turn.id).order_by(Turn.seq.desc()))
-        return PreparedTurn(conversation.id, turn.id, conversation.role, None,  # type: ignore[arg-type]
+        return PreparedTurn(turn.conversation_id, turn.id, turn.role, None,  # type: ignore[arg-type]
                             "", [], StanceDecision("agree"), History(), existing_reply_id=reply_id)
-    return retry_turn(session, conversation, turn)
+    return _retry(session, participant, turn)
 
 
 def prepare_retry(session: Session, participant: Participant, conversation_id: int) -> PreparedTurn:
     """Ask again for a reply to the last message that did not get one."""
-    conversation = get_conversation(session, participant, conversation_id, for_update=True)
+    conversation = get_conversation(session, participant, conversation_id)
     _require_active(conversation)
     turn = session.scalar(select(Turn).where(Turn.conversation_id == conversation.id, Turn.speaker == "participant")
                           .order_by(Turn.seq.desc()).limit(1))
     if turn is None or turn.reply_status == "answered":
         raise Conflict("there is no unanswered message to retry", code="nothing_to_retry")
-    return retry_turn(session, conversation, turn)
+    return _retry(session, participant, turn)
 
 
-def retry_turn(session: Session, conversation: Conversation, turn: Turn) -> PreparedTurn:
-    claimed = session.execute(
-        update(Turn).where(Turn.id == turn.id, (Turn.reply_status == "failed")
-                           | ((Turn.reply_status == "awaiting") & (Turn.created_at <= now() - STUCK_AFTER)))
-        .values(reply_status="awaiting", reply_error=None)).rowcount  # type: ignore[attr-defined]
-    if not claimed and turn.reply_status == "awaiting":
-        raise Conflict("the assistant is still answering this message; wait a moment", code="reply_in_progress")
-    conversation.awaiting_reply_since = now()
-    participant = session.get(Participant, turn.participant_id)
-    assert participant is not None
+def _retry(session: Session, participant: Participant, turn: Turn) -> PreparedTurn:
+    at, state, _ = _claim_reply(session, participant, turn.conversation_id, new_message=False)
+    # Checked again under the claim: a reply stored just before it (a resend racing the answer)
+    # must not be asked for a second time.
+    reopened = session.execute(
+        update(Turn).where(Turn.id == turn.id, or_(Turn.reply_status.is_(None), Turn.reply_status != "answered"))
+        .values(reply_status=None, reply_error=None)
+        .execution_options(synchronize_session=False)).rowcount  # type: ignore[attr-defined]
+    if not reopened:
+        raise Conflict("this message has been answered meanwhile; reload the conversation", code="nothing_to_retry")
     assessment = _assess(session, participant, turn.content, turn.id)
     overridden = session.scalar(select(PushbackResponse.id).join(Turn, Turn.id == PushbackResponse.turn_id).where(
         Turn.reply_to_id == turn.id, PushbackResponse.action == "override")) is not None
-    return _prepare(session, conversation, turn, assessment, overridden=overridden)
+    return _prepare(session, state, turn, assessment, overridden=overridden, claimed_at=at)
 
 
 def _pushback_turn(session: Session, participant: Participant, conversation: Conversation, turn_id: int) -> Turn:
@@ -318,23 +367,29 @@ def _pushback_turn(session: Session, participant: Participant, conversation: Con
 
 def prepare_override(session: Session, participant: Participant, conversation_id: int,
                      turn_id: int) -> PreparedTurn:
-    """Record "go ahead anyway" and prepare a reply that does what was asked."""
-    conversation = get_conversation(session, participant, conversation_id, for_update=True)
+    """Record "go ahead anyway" and prepare a reply that does what was asked. Claimed like a new
+    message: refused while another reply is awaited, so a conversation never gets two at once."""
+    conversation = get_conversation(session, participant, conversation_id)
     _require_active(conversation)
     pushback = _pushback_turn(session, participant, conversation, turn_id)
-    session.add(PushbackResponse(turn_id=pushback.id, conversation_id=conversation.id, participant_id=participant.id,
-                                 action="override", stance=pushback.stance or "", concern=pushback.concern or "none",
-                                 created_at=now()))
-    session.flush()
     original = session.get(Turn, pushback.reply_to_id) if pushback.reply_to_id else None
     if original is None:
         raise Conflict("the message this note answered is gone", code="nothing_to_override")
-    original.reply_status = "awaiting"
-    conversation.awaiting_reply_since = now()
-    if pushback.concern and pushback.concern not in conversation.overridden_concerns:
-        conversation.overridden_concerns = [*conversation.overridden_concerns, pushback.concern]
+    at, state, _ = _claim_reply(session, participant, conversation_id, new_message=False)
+    session.add(PushbackResponse(turn_id=pushback.id, conversation_id=conversation.id, participant_id=participant.id,
+                                 action="override", stance=pushback.stance or "", concern=pushback.concern or "none",
+                                 created_at=at))
+    if pushback.concern and pushback.concern not in state.overridden_concerns:
+        # Read by the claim above, written under the row lock it holds until commit: not a stale copy.
+        state = state._replace(overridden_concerns=[*state.overridden_concerns, pushback.concern])
+        session.execute(update(Conversation).where(Conversation.id == conversation_id)
+                        .values(overridden_concerns=state.overridden_concerns)
+                        .execution_options(synchronize_session=False))
+    session.execute(update(Turn).where(Turn.id == original.id).values(reply_status=None, reply_error=None)
+                    .execution_options(synchronize_session=False))
+    session.flush()
     assessment = _assess(session, participant, original.content, original.id)
-    return _prepare(session, conversation, original, assessment, overridden=True)
+    return _prepare(session, state, original, assessment, overridden=True, claimed_at=at)
 
 
 def reconsider(session: Session, participant: Participant, conversation_id: int, turn_id: int) -> PushbackResponse:
@@ -362,11 +417,11 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
     reply = parsed.reply or (SAFETY_FALLBACK_REPLY if final.stance == "escalate" else "")
     if not reply:
         reply = "I'm sorry, I lost my train of thought. Could you say that again?"
-    values: dict[str, Any] = {"turn_count": Conversation.turn_count + 1, "awaiting_reply_since": None}
+    # One statement: the reply's sequence number, the claim released, the concern counted (in SQL,
+    # from the current row: the history the policy read may be stale by now).
+    values: dict[str, Any] = {"turn_count": Conversation.turn_count + 1, "awaiting_reply_since": _release(prepared)}
     if final.stance != "agree":
-        counts = dict(prepared.history.raised)
-        counts[final.concern] = counts.get(final.concern, 0) + 1
-        values["concern_counts"] = counts
+        values["concern_counts"] = _one_more(session, final.concern)
     claimed = session.execute(update(Conversation).where(Conversation.id == prepared.conversation_id).values(values)
                               .returning(Conversation.turn_count, Conversation.participant_id)
                               .execution_options(synchronize_session=False)).first()
@@ -412,10 +467,38 @@ def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Turn
     if prepared.required.stance == "escalate":
         return record_reply(session, prepared, Completion(text=SAFETY_FALLBACK_REPLY, model="platform/safety"))
     session.execute(update(Turn).where(Turn.id == prepared.participant_turn_id)
-                    .values(reply_status="failed", reply_error=error[:300]))
+                    .values(reply_status="failed", reply_error=error[:300])
+                    .execution_options(synchronize_session=False))
     session.execute(update(Conversation).where(Conversation.id == prepared.conversation_id)
-                    .values(awaiting_reply_since=None))
+                    .values(awaiting_reply_since=_release(prepared))
+                    .execution_options(synchronize_session=False))
     return None
+
+
+# Safety-event reviews: an append-only history (the table's triggers refuse UPDATE and DELETE)
+
+
+def review_safety_event(session: Session, event: SafetyEvent, reviewer: str, note: str) -> SafetyEventReview:
+    """Add a review to the event's history; earlier reviews stay as they were."""
+    review = SafetyEventReview(safety_event_id=event.id, reviewed_at=now(), reviewed_by=reviewer, note=note)
+    session.add(review)
+    session.flush()
+    return review
+
+
+def safety_reviews(session: Session, *, study_id: int | None = None,
+                   event_id: int | None = None) -> dict[int, list[SafetyEventReview]]:
+    """Reviews by event id, oldest first, of one study's events or of one event (one query)."""
+    query = select(SafetyEventReview).order_by(SafetyEventReview.reviewed_at, SafetyEventReview.id)
+    if study_id is not None:
+        query = query.join(SafetyEvent, SafetyEvent.id == SafetyEventReview.safety_event_id).where(
+            SafetyEvent.study_id == study_id)
+    if event_id is not None:
+        query = query.where(SafetyEventReview.safety_event_id == event_id)
+    by_event: dict[int, list[SafetyEventReview]] = {}
+    for review in session.scalars(query):
+        by_event.setdefault(review.safety_event_id, []).append(review)
+    return by_event
 
 
 # The end of a conversation
@@ -448,7 +531,11 @@ def end_conversation(session: Session, participant: Participant, conversation_id
 def _end_on_withdrawal(session: Session, participant: Participant, level: WithdrawalLevel) -> None:
     session.execute(update(Conversation).where(Conversation.participant_id == participant.id,
                                                Conversation.status == "active")
-                    .values(status="ended", ended_at=now()))
+                    .values(status="ended", ended_at=now(), awaiting_reply_since=None))
 
 
-withdrawal_hooks.append(_end_on_withdrawal)
+def wire_lifecycle(lifecycle: Lifecycle) -> None:
+    """The ``afterward.lifecycle`` entry point (pyproject.toml): withdrawal ends conversations,
+    and deletion removes every chat table. Safety-event reviews go with their event (cascade)."""
+    lifecycle.on_withdrawal(_end_on_withdrawal)
+    lifecycle.research_data(Conversation, Turn, PushbackResponse, RoleSwitch, SafetyEvent, Decision)

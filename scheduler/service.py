@@ -6,11 +6,10 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from scheduler.models import Delivery, FollowUp
+from scheduler.models import Anchor, Delivery, FollowUp
 from study.clock import now
 from study.models import Participant, WithdrawalLevel
-from study.participants import withdrawal_hooks
-from surveys import service as survey_service
+from study.wiring import Lifecycle
 from surveys.models import SurveyAssignment
 
 
@@ -47,7 +46,11 @@ def _on_withdrawal(session: Session, participant: Participant, level: Withdrawal
                     .values(status="cancelled", last_error="participant withdrew"))
 
 
-survey_service.completion_hooks.append(_on_completion)
-withdrawal_hooks.append(_on_withdrawal)
+def wire_lifecycle(lifecycle: Lifecycle) -> None:
+    """The ``afterward.lifecycle`` entry point (pyproject.toml): completing a survey ends its
+    follow-up and reminders, withdrawal cancels everything pending, deletion removes the schedule."""
+    lifecycle.on_completion(_on_completion)
+    lifecycle.on_withdrawal(_on_withdrawal)
+    lifecycle.research_data(Anchor, FollowUp, Delivery)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -225,15 +225,12 @@ class AuditEntry(Base):
 
 class ParticipantResearchData:
     """Mixin for tables holding a participant's research data (chat turns, survey responses...).
+    Such tables must have a ``participant_id`` column.
 
-    Withdrawal with deletion deletes every row of every table that uses this mixin, so a new
-    package's data is covered by declaring it here, not by editing the withdrawal code. Such
-    tables must have a ``participant_id`` column.
+    Withdrawal with deletion deletes every row of every table in ``registered``. A package adds
+    its tables from its lifecycle entry point (``study.wiring``), never as a side effect of
+    importing its models, so what is deleted does not depend on what a process imported.
     """
 
-    registered: set[type[Any]] = set()
+    registered: ClassVar[set[type[Any]]] = set()
     participant_id: Mapped[int]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        ParticipantResearchData.registered.add(cls)

@@ -48,7 +48,6 @@ from chat.schemas import (
 )
 from scheduler import planner
 from study import audit
-from study.clock import now
 from study.errors import NotFound, Unavailable
 from study.models import Participant
 from study.settings import get_settings
