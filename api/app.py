@@ -10,12 +10,14 @@ from api import errors, pages
 from api.edge import Edge
 from api.routers import chat, followups, participants, staff, surveys
 from chat.gateway import Gateway
+from study import wiring
 from study.db import get_engine
 from study.settings import get_settings
 
 API_PREFIX = "/api/v1"
 
 def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> FastAPI:
+    wiring.wire()  # what withdrawal and completion must do, registered before the first request
     app = FastAPI(
         title="Afterward",
         version="0.1.0",

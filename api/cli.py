@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from scheduler import planner
 from scheduler.models import FollowUp
-from study import audit, participants, staff, studies
+from study import audit, participants, staff, studies, wiring
 from study.db import migrate, session_scope
 from study.errors import DomainError
 from study.models import Participant, StaffAccount, StaffRole
@@ -373,6 +373,7 @@ def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, access_log:
 
 
 def main() -> None:
+    wiring.wire()  # every command (the dispatcher too) has withdrawal and completion wired first
     try:
         app()
     except DomainError as exc:

@@ -183,14 +183,15 @@ def compare(name: str, platform: tuple[list[float], float], bare: tuple[list[flo
 
 
 async def bench(name: str, url: str, participants: int, turns: int, workers: int) -> None:
-    migrate(url)
+    # Set-up and checks touch the database: off the event loop, as the engine insists.
+    await asyncio.to_thread(migrate, url)
     engine = make_engine(url)
     gateway = Gateway(Settings(llm_retries=0))
-    work = prepare(engine, participants + 1)
+    work = await asyncio.to_thread(prepare, engine, participants + 1)
     solo, work = work[:1], work[1:]
     await run_platform(engine, gateway, solo, 5)  # warm-up: imports, pools, caches
     await run_bare(gateway, 1, 5)
-    expected = stored_turns(engine)
+    expected = await asyncio.to_thread(stored_turns, engine)
 
     print(f" sequential (1 participant, {turns * 5} turns)")
     compare(name, await run_platform(engine, gateway, solo, turns * 5), await run_bare(gateway, 1, turns * 5))
@@ -210,7 +211,8 @@ async def bench(name: str, url: str, participants: int, turns: int, workers: int
             process.terminate()
             process.wait(30)
         expected += participants * turns
-    assert stored_turns(engine) == expected, (stored_turns(engine), expected)  # every turn stored
+    stored = await asyncio.to_thread(stored_turns, engine)
+    assert stored == expected, (stored, expected)  # every turn stored
     engine.dispose()
 
 

@@ -142,3 +142,39 @@ def test_staff_reading_participants_during_onboarding_keeps_the_server_up(server
     assert {status for what, status, _ in outcomes.statuses if what == "onboarding"} == {303}
     assert {status for what, status, _ in outcomes.statuses if what == "participants"} == {200}
     assert max(outcomes.health_seconds) < HEALTH_LIMIT_SECONDS, max(outcomes.health_seconds)
+
+
+def test_escalations_and_profile_updates_at_once_keep_the_server_up(server: str, engine: Engine) -> None:
+    """Both append to the audit log, whose appends are serialized (an advisory lock on PostgreSQL)."""
+    slug = "wellbeing-pilot"
+    browsers = [browser(server, invite) for invite in make_invites(engine, slug, count=8)]
+    outcomes = Outcomes()
+
+    def escalate(client: httpx.Client, csrf: str) -> Callable[[], None]:
+        def work() -> None:
+            roles = client.get("/api/v1/me/chat/roles").json()
+            body = {"role": roles["default_role"]} if roles["mode"] == "wellbeing" else {}
+            started = client.post("/api/v1/me/conversations", headers={"X-CSRF-Token": csrf}, json=body)
+            outcomes.add("start", started)
+            for _ in range(3):
+                outcomes.add("escalation", client.post(
+                    f"/api/v1/me/conversations/{started.json()['id']}/messages", headers={"X-CSRF-Token": csrf},
+                    json={"content": "I want to end it all tonight, I have a plan"}))
+        return work
+
+    def update_profile(client: httpx.Client, csrf: str) -> Callable[[], None]:
+        def work() -> None:
+            for zone in ("Europe/Paris", "Asia/Tokyo", "America/Chicago"):
+                outcomes.add("profile", client.put("/api/v1/me/profile", headers={"X-CSRF-Token": csrf},
+                                                   json={"timezone": zone}))
+        return work
+
+    run_together(server, outcomes, [*(escalate(*b) for b in browsers[:4]),
+                                    *(update_profile(*b) for b in browsers[4:])])
+    for client, _ in browsers:
+        client.close()
+
+    assert outcomes.server_errors() == []
+    assert {status for what, status, _ in outcomes.statuses if what != "healthz"} <= {200, 201}
+    assert sum(what == "escalation" for what, _, _ in outcomes.statuses) == 12
+    assert max(outcomes.health_seconds) < HEALTH_LIMIT_SECONDS, max(outcomes.health_seconds)
