@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -48,7 +49,8 @@ def staff_headers(engine: Engine, slug: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.ADMIN, 'admin@uni.example')}"}
 
 
-def refused(response: httpx.Response, status: int, *words: str) -> None:
+def refused(response: Any, status: int, *words: str) -> None:
+    """The response (from TestClient or httpx) is ``status`` with a message naming ``words``."""
     assert response.status_code == status, response.text
     message = response.json()["error"]["message"] if "json" in response.headers["content-type"] else response.text
     for word in words:
@@ -147,7 +149,7 @@ def test_ids_out_of_range_are_refused_in_every_kind_of_path(app_client: TestClie
            ("POST", f"/api/v1/me/conversations/1/turns/{big}/reconsider"),
            ("GET", f"/api/v1/me/surveys/{big}"), ("PUT", f"/api/v1/me/surveys/{big}/answers")]
     for method, path in api:
-        body = {"answers": {}} if method == "PUT" else None
+        body: dict[str, Any] | None = {"answers": {}} if method == "PUT" else None
         refused(app_client.request(method, path, headers=who.headers, json=body), 422)
     refused(app_client.post(f"/api/v1/staff/studies/{SLUG}/safety-events/{big}/review", headers=staff_headers,
                             json={"note": "checked"}), 422)
@@ -248,10 +250,10 @@ def test_an_oversized_body_is_refused_before_parsing(app_client: TestClient, who
     refused(app_client.post("/api/v1/me/conversations/1/messages", content=big,
                             headers={**who.headers, "Content-Type": "application/json"}), 413, "larger than")
 
-    def chunks() -> object:
+    def chunks() -> Iterator[bytes]:
         for _ in range(30):
             yield b"x" * 100_000
-    streamed = app_client.post("/api/v1/me/conversations/1/messages", content=chunks(),  # type: ignore[arg-type]
+    streamed = app_client.post("/api/v1/me/conversations/1/messages", content=chunks(),
                                headers={**who.headers, "Content-Type": "application/json"})
     refused(streamed, 413, "larger than")
 
