@@ -1,7 +1,8 @@
 """Delivery channels: email (SMTP), webhook (signed JSON POST) and in-app.
 
 A channel either returns (delivered) or raises ``DeliveryError`` naming the problem, so the
-dispatcher can retry, give up on one address, or alert staff about the channel itself.
+dispatcher can retry, give up on one address, or alert staff about the channel itself. (The
+dispatcher treats any other exception from a channel as a retryable failure too.)
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from typing import Protocol
 import httpx
 
 from study.settings import Settings
+from study.validation import email_address
 
 
 class DeliveryError(Exception):
-    """``problem``: auth_refused | unreachable | bouncing | rejected. ``permanent`` means this
-    message will never go through on this channel (retrying cannot help)."""
+    """``problem``: about the channel itself, auth_refused | unreachable | rejected; about one
+    delivery, bouncing (no, invalid or refused address) | unreadable_contact | error (an unexpected
+    exception). ``permanent`` means this message will never go through on this channel (retrying
+    cannot help)."""
 
     def __init__(self, problem: str, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
@@ -87,10 +91,20 @@ class EmailChannel:
     def compose(self, message: Invitation) -> EmailMessage:
         if not message.to_email:
             raise DeliveryError("bouncing", "the participant has no contact email", permanent=True)
+        # The edge validates addresses too; this is the last line before a header is written: one
+        # address, no list (strangers in copy) and no CR/LF (injected headers). A stored address was
+        # normalized at the edge, so a line break here (which the validator would strip) means it
+        # was bypassed: refused, not repaired.
+        try:
+            if "\r" in message.to_email or "\n" in message.to_email:
+                raise ValueError("a line break in an address could add mail headers")
+            to = email_address(message.to_email)
+        except ValueError as exc:
+            raise DeliveryError("bouncing", f"the contact email is refused: {exc}", permanent=True) from None
         sender = self.settings.mail_from
         email = EmailMessage()
         email["From"] = sender
-        email["To"] = message.to_email
+        email["To"] = to
         email["Subject"] = subject(message)
         email["Date"] = formatdate(localtime=False)
         email["Message-ID"] = message_id(message.idempotency_key, sender.rsplit("@", 1)[-1].strip(">"))

@@ -7,6 +7,12 @@ talks to the outside world, so a delivery is first claimed with a lease and comm
 sent, then marked; a dispatcher that dies mid-send leaves an expired lease and another one sends
 again with the same idempotency key (the email's Message-ID, the webhook's Idempotency-Key).
 Every step reads the injectable clock.
+
+Nothing one row can do stops the others: each phase of a tick is isolated, a failing batch is
+retried row by row, and every failure kind (a channel's ``DeliveryError``, an unexpected
+exception, a message that cannot be composed, a study that cannot be re-planned, a row that
+cannot be opened) counts an attempt, backs off, and is given up with its reason and a staff
+alert after ``delivery_max_attempts``.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ import logging
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import and_, exists, func, insert, or_, select, text, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import and_, exists, func, insert, not_, or_, select, text, update
+from sqlalchemy.engine import CursorResult, Engine
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from scheduler.channels import Channel, DeliveryError, EmailChannel, InAppChannel, Invitation, WebhookChannel
@@ -40,6 +48,14 @@ from surveys.models import SurveyAssignment
 
 log = logging.getLogger("afterward.scheduler")
 SENDING_CHANNELS = ("email", "webhook")
+# Problems with a channel as a whole: a delivery that goes through on it resolves their alert.
+# The others are about particular deliveries (an address, a contact, a bug one message hits) and
+# stay open for staff once raised.
+CHANNEL_PROBLEMS = ("auth_refused", "unreachable", "rejected")
+# The alert "channel" for follow-ups given up before any channel was involved (problems
+# replan_failed and open_failed).
+SCHEDULER_ALERTS = "scheduler"
+STOP_GRACE_SECONDS = 3.0  # how long SIGTERM waits for the delivery in flight before exiting anyway
 
 
 def build_channels(settings: Settings) -> dict[str, Channel]:
@@ -60,6 +76,60 @@ class TickReport:
     completed: int = 0
     errors: list[str] = field(default_factory=list)
 
+    def add(self, other: TickReport) -> None:
+        for counter in fields(self):
+            value = getattr(other, counter.name)
+            setattr(self, counter.name, getattr(self, counter.name) + value)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def backoff(settings: Settings, attempts: int) -> dt.timedelta:
+    """The wait after the ``attempts``-th failure: doubling from the first retry delay, at most an hour."""
+    return dt.timedelta(seconds=min(settings.delivery_retry_seconds * 2 ** (attempts - 1), 3600))
+
+
+class _Retries:
+    """Attempts and backoff for work with no attempts column of its own (re-planning a study,
+    opening a follow-up). Kept in the dispatcher's memory, so a restart starts counting again."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[int, int] = {}
+        self.not_before: dict[int, dt.datetime] = {}
+
+    def failed(self, key: int, settings: Settings, at: dt.datetime) -> int:
+        attempts = self.attempts[key] = self.attempts.get(key, 0) + 1
+        self.not_before[key] = at + backoff(settings, attempts)
+        return attempts
+
+    def waiting(self, at: dt.datetime) -> set[int]:
+        return {key for key, until in self.not_before.items() if until > at}
+
+    def succeeded(self, keys: Sequence[int]) -> None:
+        if self.attempts:
+            for key in keys:
+                self.attempts.pop(key, None)
+                self.not_before.pop(key, None)
+
+
+class _Claimed(NamedTuple):
+    id: int
+    channel: str
+    kind: str
+    idempotency_key: str
+    followup_id: int
+    participant_id: int
+
+
+@dataclass
+class _Outgoing:
+    delivery: _Claimed
+    message: Invitation | None = None
+    skip_reason: str | None = None  # nothing to send any more: cancel it
+    failure: DeliveryError | None = None  # the message could not even be composed
+
 
 class Dispatcher:
     def __init__(self, engine: Engine, settings: Settings, name: str | None = None,
@@ -68,77 +138,215 @@ class Dispatcher:
         self.settings = settings
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.channels = channels if channels is not None else build_channels(settings)
+        self.stopping = threading.Event()  # set by SIGTERM: finish the delivery in flight, then return
         self._seen_versions: dict[int, int] = {}
+        self._replans = _Retries()  # by study id
+        self._openings = _Retries()  # by follow-up id
 
-    # One pass of everything; the scheduler process runs it every poll interval.
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # One pass of everything; the scheduler process runs it every poll interval. It never raises:
+    # what failed is logged and listed in the report, and the other phases still run.
 
     def tick(self) -> TickReport:
         report = TickReport()
-        self.replan_changed_protocols()
-        self.open_due(report)
-        self.expire_closed(report)
-        self.send_due(report)
+        unplannable: dict[int, int] = {}
+        self._phase(report, "re-planning", lambda: unplannable.update(self.replan_changed_protocols(report)))
+        self._phase(report, "opening", lambda: self.open_due(report, unplannable=unplannable))
+        self._phase(report, "expiry", lambda: self.expire_closed(report))
+        self._phase(report, "sending", lambda: self.send_due(report))
         return report
+
+    def _phase(self, report: TickReport, name: str, work: Callable[[], None]) -> None:
+        if self.stopping.is_set():
+            return
+        try:
+            work()
+        except Exception as exc:
+            log.exception("dispatcher: %s failed", name)
+            report.errors.append(f"{name}: {_describe(exc)}")
 
     def _claim(self, session: Session, query: Any) -> Any:
         return query.with_for_update(skip_locked=True) if is_postgres(session) else query
 
     # Protocol edits: follow-ups not yet sent follow the newest version before anything is sent.
 
-    def replan_changed_protocols(self) -> None:
-        with session_scope(self.engine) as session:
+    def replan_changed_protocols(self, report: TickReport | None = None,
+                                 studies: set[int] | None = None) -> dict[int, int]:
+        """Re-plan the studies whose protocol changed (or ``studies``), each in its own
+        transaction. Returns the studies that could not be re-planned, with their newest version:
+        their follow-ups planned under an older one must not be opened."""
+        report = report if report is not None else TickReport()
+        with session_scope(self.engine, read_only=True) as session:
             versions = dict(session.execute(select(ProtocolVersion.study_id, func.max(ProtocolVersion.version))
                                             .group_by(ProtocolVersion.study_id)).all())
+        at = now()
+        waiting = self._replans.waiting(at)
+        unplannable: dict[int, int] = {}
         for study_id, version in versions.items():
-            if self._seen_versions.get(study_id) == version:
+            if (studies is None and self._seen_versions.get(study_id) == version) or (
+                    studies is not None and study_id not in studies):
                 continue
-            with session_scope(self.engine) as session:
-                _replan(session, study_id, version)
+            if study_id in waiting:
+                unplannable[study_id] = version
+                continue
+            try:
+                with session_scope(self.engine) as session:
+                    _replan(session, study_id, version)
+            except Exception as exc:
+                unplannable[study_id] = version
+                self._replan_failed(report, study_id, version, exc)
+                continue
             self._seen_versions[study_id] = version
+            self._replans.succeeded([study_id])
+        return unplannable
+
+    def _replan_failed(self, report: TickReport, study_id: int, version: int, exc: Exception) -> None:
+        """Back off; after the attempt limit give up the study's due follow-ups still planned
+        under an older version (they would go out on a schedule the protocol no longer has)."""
+        attempts = self._replans.failed(study_id, self.settings, now())
+        log.error("study %s: re-planning for protocol version %s failed (attempt %s): %s", study_id, version,
+                  attempts, _describe(exc), exc_info=exc)
+        report.errors.append(f"study {study_id}: re-planning for protocol version {version} failed: {_describe(exc)}")
+        if attempts < self.settings.delivery_max_attempts:
+            return
+        reason = f"re-planning for protocol version {version} failed {attempts} times: {_describe(exc)}"
+        with session_scope(self.engine) as session:
+            at = now()
+            given_up = _changed(session, update(FollowUp).where(
+                FollowUp.study_id == study_id, FollowUp.status == "planned", FollowUp.protocol_version != version,
+                FollowUp.due_at <= at).values(status="cancelled", ended_at=at, updated_at=at,
+                                              end_reason=f"not sent: {reason}"[:200]))
+            if given_up:
+                report.cancelled += given_up
+                _record_alert(session, SCHEDULER_ALERTS, DeliveryError("replan_failed", (
+                    f"study {study_id}: {given_up} due follow-up(s) given up, {reason}")),
+                    self.settings.channel_alert_after_failures, gave_up=True)
 
     # Opening follow-ups
 
-    def open_due(self, report: TickReport, only: int | None = None) -> None:
+    def open_due(self, report: TickReport, only: int | None = None,
+                 unplannable: dict[int, int] | None = None) -> None:
         """Open due follow-ups a batch at a time, each batch in the transaction that claims it: a
         survey assignment per follow-up (what the in-app channel shows) and its delivery rows.
-        Written as a few set-based statements per batch; a dispatcher's throughput is this loop."""
-        while True:
-            with session_scope(self.engine) as session:
-                at = now()
-                query = (select(FollowUp.id, FollowUp.participant_id, FollowUp.study_id, FollowUp.instrument_id,
-                                FollowUp.followup_key, FollowUp.context, FollowUp.due_at, FollowUp.closes_at,
-                                FollowUp.reminder_offsets, FollowUp.protocol_version, Participant.status,
-                                Participant.contact_email_encrypted.is_not(None).label("has_email"))
-                         .join(Participant, Participant.id == FollowUp.participant_id))
-                if only is not None:
-                    query = query.where(FollowUp.id == only, FollowUp.status == "planned")
+        Written as a few set-based statements per batch; a dispatcher's throughput is this loop.
+        A batch that fails is opened again row by row, so a poisoned row fails alone; it backs off
+        (it is not selected again ahead of the others) and is given up after the attempt limit.
+        ``unplannable``: studies whose follow-ups under an older protocol version must wait."""
+        unplannable = dict(unplannable or {})
+        replanned: set[int] = set()
+        while not self.stopping.is_set():
+            skip = self._openings.waiting(now()) if only is None else set()
+            batch: list[Any] = []
+            try:
+                stale = self._open_next(report, only, unplannable, skip, batch)
+            except Exception as exc:
+                if not batch or isinstance(exc, OperationalError):
+                    raise  # the select failed, or the database is unavailable or busy: no row's doing
+                if len(batch) == 1:
+                    self._open_failed(report, batch[0], exc)
                 else:
-                    query = (query.where(FollowUp.status == "planned", FollowUp.due_at <= at)
-                             .order_by(FollowUp.due_at).limit(self.settings.scheduler_batch_size))
-                if is_postgres(session):
-                    query = query.with_for_update(skip_locked=True, of=FollowUp)
-                batch = session.execute(query).all()
-                if not batch:
+                    for row in batch:
+                        try:
+                            self._open_next(report, row.id, {}, set(), [])
+                        except OperationalError:
+                            raise
+                        except Exception as row_exc:
+                            self._open_failed(report, row, row_exc)
+                if only is not None:
                     return
-                stale = self._stale(session, batch)
-                if not stale:
-                    self._open_batch(session, batch, at, report)
+                continue
+            if not batch:
+                return
             if stale:
-                # Re-plan outside this transaction (its row locks are released now), then select
-                # again: the rows may have moved.
-                self._seen_versions.clear()
-                self.replan_changed_protocols()
+                # Re-plan outside the claiming transaction (its row locks are released now), then
+                # select again: the rows may have moved. A study still stale after its re-plan in
+                # this pass is treated as failing, so this loop always ends.
+                self._seen_versions = {k: v for k, v in self._seen_versions.items() if k not in stale}
+                failed = self.replan_changed_protocols(report, studies=set(stale) - replanned)
+                for study_id in set(stale) & replanned:
+                    self._replan_failed(report, study_id, stale[study_id], RuntimeError(
+                        "its follow-ups were still planned under an older version after re-planning"))
+                    failed[study_id] = stale[study_id]
+                replanned |= set(stale)
+                unplannable.update(failed)
+                if only is not None and set(failed) & set(stale):
+                    return
                 continue
             if only is not None:
                 return
 
-    def _stale(self, session: Session, batch: Sequence[Any]) -> bool:
-        """Whether any claimed row was planned under an older protocol version."""
+    def _open_next(self, report: TickReport, only: int | None, unplannable: dict[int, int], skip: set[int],
+                   batch: list[Any]) -> dict[int, int]:
+        """Claim and open one batch (``batch`` is filled with the rows claimed). Returns the studies
+        with rows planned under an older protocol version, and that version: nothing was opened."""
+        part = TickReport()
+        with session_scope(self.engine) as session:
+            at = now()
+            query = (select(FollowUp.id, FollowUp.participant_id, FollowUp.study_id, FollowUp.instrument_id,
+                            FollowUp.followup_key, FollowUp.context, FollowUp.due_at, FollowUp.closes_at,
+                            FollowUp.reminder_offsets, FollowUp.protocol_version, Participant.status,
+                            Participant.contact_email_encrypted.is_not(None).label("has_email"))
+                     .join(Participant, Participant.id == FollowUp.participant_id))
+            if only is not None:
+                query = query.where(FollowUp.id == only, FollowUp.status == "planned")
+            else:
+                query = (query.where(FollowUp.status == "planned", FollowUp.due_at <= at)
+                         .order_by(FollowUp.due_at).limit(self.settings.scheduler_batch_size))
+                # Only when something failed: the happy path's query stays as it is.
+                if skip:
+                    query = query.where(FollowUp.id.not_in(skip))
+                for study_id, version in unplannable.items():
+                    query = query.where(not_(and_(FollowUp.study_id == study_id,
+                                                  FollowUp.protocol_version != version)))
+            if is_postgres(session):
+                query = query.with_for_update(skip_locked=True, of=FollowUp)
+            batch += session.execute(query).all()
+            if not batch:
+                return {}
+            stale = self._stale(session, batch)
+            if not stale:
+                self._open_batch(session, batch, at, part)
+        if not stale:
+            report.add(part)
+            self._openings.succeeded([row.id for row in batch])
+        return stale
+
+    def _open_failed(self, report: TickReport, row: Any, exc: Exception) -> None:
+        attempts = self._openings.failed(row.id, self.settings, now())
+        log.error("study %s: follow-up %s could not be opened (attempt %s): %s", row.study_id, row.id, attempts,
+                  _describe(exc), exc_info=exc)
+        report.errors.append(f"study {row.study_id}: follow-up {row.id} could not be opened: {_describe(exc)}")
+        if attempts < self.settings.delivery_max_attempts:
+            return
+        reason = f"could not be opened after {attempts} attempts: {_describe(exc)}"
+        try:
+            with session_scope(self.engine) as session:
+                at = now()
+                given_up = _changed(session, update(FollowUp).where(FollowUp.id == row.id, FollowUp.status == "planned")
+                                    .values(status="cancelled", ended_at=at, updated_at=at,
+                                            end_reason=f"not sent: {reason}"[:200]))
+                if given_up:
+                    _record_alert(session, SCHEDULER_ALERTS, DeliveryError("open_failed", (
+                        f"study {row.study_id}: follow-up {row.id} given up, {reason}")),
+                        self.settings.channel_alert_after_failures, gave_up=True)
+        except Exception as give_up_exc:  # it stays planned and backing off; the next give-up tries again
+            log.exception("follow-up %s: giving up failed", row.id)
+            report.errors.append(f"follow-up {row.id}: giving up failed: {_describe(give_up_exc)}")
+            return
+        if given_up:
+            report.cancelled += 1
+            self._openings.succeeded([row.id])
+
+    def _stale(self, session: Session, batch: Sequence[Any]) -> dict[int, int]:
+        """The studies with a claimed row planned under an older protocol version, and the newest."""
+        stale: dict[int, int] = {}
         for study_id in {row.study_id for row in batch}:
             version = current_version(session, study_id).version
             if any(row.protocol_version != version for row in batch if row.study_id == study_id):
-                return True
-        return False
+                stale[study_id] = version
+        return stale
 
     def _open_batch(self, session: Session, batch: Sequence[Any], at: dt.datetime, report: TickReport) -> None:
         ended: list[dict[str, Any]] = []
@@ -180,54 +388,115 @@ class Dispatcher:
     # Expiry
 
     def expire_closed(self, report: TickReport) -> None:
+        """Close the follow-ups whose window closed, in one transaction; if that fails, one by one."""
+        try:
+            self._expire(report, None)
+        except Exception as exc:
+            log.warning("expiry failed as a batch (%s); expiring one by one", _describe(exc))
+            with session_scope(self.engine, read_only=True) as session:
+                ids = session.scalars(select(FollowUp.id).where(FollowUp.status == "sent",
+                                                                FollowUp.closes_at <= now())).all()
+            for followup_id in ids:
+                try:
+                    self._expire(report, followup_id)
+                except Exception as row_exc:
+                    log.exception("follow-up %s could not be expired", followup_id)
+                    report.errors.append(f"follow-up {followup_id} could not be expired: {_describe(row_exc)}")
+
+    def _expire(self, report: TickReport, only: int | None) -> None:
+        part = TickReport()
         with session_scope(self.engine) as session:
             at = now()
-            rows = session.execute(self._claim(session, select(FollowUp, SurveyAssignment).join(
+            query = select(FollowUp, SurveyAssignment).join(
                 SurveyAssignment, SurveyAssignment.id == FollowUp.assignment_id).where(
-                FollowUp.status == "sent", FollowUp.closes_at <= at))).all()
-            for followup, assignment in rows:
+                FollowUp.status == "sent", FollowUp.closes_at <= at)
+            if only is not None:
+                query = query.where(FollowUp.id == only)
+            for followup, assignment in session.execute(self._claim(session, query)).all():
                 if assignment.status == "completed":
                     followup.status, followup.end_reason = "completed", None
-                    report.completed += 1
+                    part.completed += 1
                 else:
                     if assignment.status == "open":
                         assignment.status = "expired"
                     followup.status, followup.end_reason = "expired", "the window closed without a response"
-                    report.expired += 1
+                    part.expired += 1
                 followup.ended_at = followup.updated_at = at
                 cancel_deliveries(session, followup.id, "the survey window closed")
+        report.add(part)
 
     # Sending
 
     def send_due(self, report: TickReport, only: int | None = None) -> None:
-        while True:
-            claimed = self._claim_deliveries(only)
+        """Claim a batch (committed, with a lease), compose each message, send them one at a time.
+        Whatever one delivery does is recorded on it alone; on SIGTERM the rest of the batch is
+        handed back unsent."""
+        while not self.stopping.is_set():
+            claimed = self._claim_deliveries(report, only)
             if not claimed:
                 return
-            for delivery_id, channel, message, skip_reason in claimed:
-                self._deliver(delivery_id, channel, message, skip_reason, report)
+            outgoing = self._compose(claimed)
+            for index, item in enumerate(outgoing):
+                if self.stopping.is_set():
+                    self._release([later.delivery.id for later in outgoing[index:]])
+                    return
+                try:
+                    self._deliver(item, report)
+                except Exception as exc:  # recording the outcome failed: the lease brings it back
+                    log.exception("delivery %s: recording the outcome failed", item.delivery.id)
+                    report.errors.append(f"delivery {item.delivery.id}: {_describe(exc)}")
             if only is not None:
                 return
 
-    def _claim_deliveries(self, only: int | None) -> list[tuple[int, str, Invitation | None, str | None]]:
+    def _claim_deliveries(self, report: TickReport, only: int | None) -> list[_Claimed]:
+        s = self.settings
         with session_scope(self.engine) as session:
             at = now()
-            due = or_(and_(Delivery.status == "pending", Delivery.next_attempt_at <= at),
-                      and_(Delivery.status == "sending", Delivery.lease_until < at))  # a dispatcher died
-            query = select(Delivery).where(due, Delivery.channel != "in_app")
+            query = select(Delivery.id, Delivery.channel, Delivery.kind, Delivery.idempotency_key,
+                           Delivery.followup_id, Delivery.participant_id, Delivery.status, Delivery.attempts)
             if only is not None:
-                query = select(Delivery).where(Delivery.id == only, Delivery.status.in_(("pending", "failed")))
-            deliveries = list(session.scalars(self._claim(session, query.order_by(Delivery.next_attempt_at)
-                                                          .limit(self.settings.scheduler_batch_size))))
-            out = []
-            for delivery in deliveries:
-                delivery.status, delivery.claimed_by = "sending", self.name
-                delivery.lease_until = at + dt.timedelta(seconds=self.settings.delivery_lease_seconds)
-                delivery.attempts += 1
-                out.append((delivery.id, delivery.channel, *self._message(session, delivery)))
-            return out
+                query = query.where(Delivery.id == only, Delivery.status.in_(("pending", "failed")))
+            else:
+                due = or_(and_(Delivery.status == "pending", Delivery.next_attempt_at <= at),
+                          and_(Delivery.status == "sending", Delivery.lease_until < at))  # a dispatcher died
+                query = (query.where(due, Delivery.channel != "in_app").order_by(Delivery.next_attempt_at)
+                         .limit(s.scheduler_batch_size))
+            rows = session.execute(self._claim(session, query)).all()
+            # An attempt that never finished counts too: a row that kills its dispatcher every time
+            # is given up like any other, instead of being claimed again forever.
+            exhausted = [row for row in rows if row.status == "sending" and row.attempts >= s.delivery_max_attempts]
+            claimed = [_Claimed(*row[:6]) for row in rows if row not in exhausted]
+            if claimed:
+                session.execute(update(Delivery).where(Delivery.id.in_([c.id for c in claimed])).values(
+                    status="sending", claimed_by=self.name, attempts=Delivery.attempts + 1,
+                    lease_until=at + dt.timedelta(seconds=s.delivery_lease_seconds)))
+            for row in exhausted:
+                exc = DeliveryError("error", "the last attempt never finished (its dispatcher stopped mid-send)")
+                session.execute(update(Delivery).where(Delivery.id == row.id).values(
+                    status="failed", lease_until=None, last_error=f"{exc.problem}: {exc}"))
+                _record_alert(session, row.channel, exc, s.channel_alert_after_failures, gave_up=True,
+                              about=f"delivery {row.id} given up after {row.attempts} attempt(s)")
+                report.failed += 1
+                report.errors.append(f"{row.channel}: delivery {row.id}: {exc}")
+            return claimed
 
-    def _message(self, session: Session, delivery: Delivery) -> tuple[Invitation | None, str | None]:
+    def _compose(self, claimed: list[_Claimed]) -> list[_Outgoing]:
+        """Each delivery's message, read in one read-only transaction; a failure stays with its delivery."""
+        outgoing = []
+        with session_scope(self.engine, read_only=True) as session:
+            for delivery in claimed:
+                try:
+                    message, skip_reason = self._message(session, delivery)
+                    outgoing.append(_Outgoing(delivery, message, skip_reason))
+                except DeliveryError as exc:
+                    outgoing.append(_Outgoing(delivery, failure=exc))
+                except Exception as exc:
+                    session.rollback()  # a failed statement must not fail the reads of the others
+                    outgoing.append(_Outgoing(delivery, failure=DeliveryError(
+                        "error", f"the message could not be composed: {_describe(exc)}")))
+        return outgoing
+
+    def _message(self, session: Session, delivery: _Claimed) -> tuple[Invitation | None, str | None]:
         followup = session.get(FollowUp, delivery.followup_id)
         assert followup is not None
         participant = session.get(Participant, delivery.participant_id)
@@ -241,7 +510,12 @@ class Dispatcher:
         study = session.get(Study, participant.study_id)
         assert study is not None
         instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
-        email = decrypt_contact(participant.contact_email_encrypted) if participant.contact_email_encrypted else None
+        email = None
+        if delivery.channel == "email" and participant.contact_email_encrypted:
+            try:
+                email = decrypt_contact(participant.contact_email_encrypted)
+            except ValueError as exc:  # a key was rotated out: no retry can read it
+                raise DeliveryError("unreadable_contact", str(exc), permanent=True) from None
         closes = (assignment.closes_at.strftime("%Y-%m-%d %H:%M UTC") if assignment.closes_at else "it is done")
         return Invitation(
             idempotency_key=delivery.idempotency_key, kind=delivery.kind, participant_code=participant.code,
@@ -249,42 +523,52 @@ class Dispatcher:
             link=f"{self.settings.base_url.rstrip('/')}/s/{survey_service.link_token(assignment)}",
             closes_at_text=closes), None
 
-    def _deliver(self, delivery_id: int, channel_name: str, message: Invitation | None, skip_reason: str | None,
-                 report: TickReport) -> None:
-        ours = and_(Delivery.id == delivery_id, Delivery.claimed_by == self.name, Delivery.status == "sending")
-        if message is None:
+    def _deliver(self, item: _Outgoing, report: TickReport) -> None:
+        delivery = item.delivery
+        ours = and_(Delivery.id == delivery.id, Delivery.claimed_by == self.name, Delivery.status == "sending")
+        if item.skip_reason is not None:
             with session_scope(self.engine) as session:
-                session.execute(update(Delivery).where(ours).values(status="cancelled", last_error=skip_reason))
+                session.execute(update(Delivery).where(ours).values(status="cancelled", last_error=item.skip_reason))
             report.cancelled += 1
             return
-        channel = self.channels.get(channel_name)
-        try:
-            if channel is None:
-                raise DeliveryError("rejected", f"the {channel_name} channel is not configured", permanent=True)
-            channel.send(message)
-        except DeliveryError as exc:
-            self._failed(delivery_id, channel_name, exc, report)
+        failure = item.failure
+        if failure is None:
+            channel = self.channels.get(delivery.channel)
+            try:
+                if channel is None:
+                    raise DeliveryError("rejected", f"the {delivery.channel} channel is not configured", permanent=True)
+                assert item.message is not None
+                channel.send(item.message)
+            except DeliveryError as exc:
+                failure = exc
+            except Exception as exc:  # a bug in a channel counts like any failure: retried, then given up
+                failure = DeliveryError("error", f"the {delivery.channel} channel failed: {_describe(exc)}")
+        if failure is not None:
+            self._failed(delivery, failure, report)
             return
         with session_scope(self.engine) as session:
             at = now()
-            session.execute(update(Delivery).where(ours).values(status="sent", sent_at=at, last_error=None))
-            delivery = session.get(Delivery, delivery_id)
-            if delivery is not None and delivery.kind == "reminder":
+            marked = _changed(session, update(Delivery).where(ours).values(
+                status="sent", sent_at=at, lease_until=None, last_error=None))
+            if marked and delivery.kind == "reminder":
                 session.execute(update(FollowUp).where(FollowUp.id == delivery.followup_id)
                                 .values(reminders_sent=FollowUp.reminders_sent + 1))
-            session.execute(update(ChannelAlert).where(ChannelAlert.channel == channel_name,
-                                                       ChannelAlert.resolved_at.is_(None)).values(resolved_at=at))
+            session.execute(update(ChannelAlert).where(
+                ChannelAlert.channel == delivery.channel, ChannelAlert.resolved_at.is_(None),
+                or_(ChannelAlert.problem.in_(CHANNEL_PROBLEMS), ChannelAlert.raised_at.is_(None)))
+                .values(resolved_at=at))
         report.sent += 1
 
-    def _failed(self, delivery_id: int, channel: str, exc: DeliveryError, report: TickReport) -> None:
+    def _failed(self, claimed: _Claimed, exc: DeliveryError, report: TickReport) -> None:
         s = self.settings
         with session_scope(self.engine) as session:
-            delivery = session.get(Delivery, delivery_id)
-            followup = session.get(FollowUp, delivery.followup_id) if delivery else None
-            if delivery is None or followup is None or delivery.claimed_by != self.name:
-                return
+            delivery = session.get(Delivery, claimed.id)
+            followup = session.get(FollowUp, claimed.followup_id)
+            if (delivery is None or followup is None or delivery.claimed_by != self.name
+                    or delivery.status != "sending"):
+                return  # no longer ours (cancelled meanwhile, or its lease passed to another dispatcher)
             at = now()
-            delay = dt.timedelta(seconds=min(s.delivery_retry_seconds * 2 ** (delivery.attempts - 1), 3600))
+            delay = backoff(s, delivery.attempts)
             give_up = exc.permanent or delivery.attempts >= s.delivery_max_attempts or at + delay >= followup.closes_at
             delivery.last_error = f"{exc.problem}: {exc}"
             if give_up:
@@ -294,9 +578,21 @@ class Dispatcher:
                 delivery.status, delivery.next_attempt_at = "pending", at + delay
                 report.retrying += 1
             delivery.lease_until = None
-            _record_alert(session, channel, exc, s.channel_alert_after_failures)
-        report.errors.append(f"{channel}: {exc}")
-        log.warning("delivery %s on %s failed (%s): %s", delivery_id, channel, exc.problem, exc)
+            _record_alert(session, claimed.channel, exc, s.channel_alert_after_failures, gave_up=give_up,
+                          about=f"delivery {claimed.id} given up after {delivery.attempts} attempt(s)")
+        report.errors.append(f"{claimed.channel}: delivery {claimed.id}: {exc}")
+        log.warning("delivery %s on %s failed (%s, attempt %s%s): %s", claimed.id, claimed.channel, exc.problem,
+                    delivery.attempts, ", given up" if give_up else "", exc)
+
+    def _release(self, ids: list[int]) -> None:
+        """Hand claimed deliveries back unsent (stopping): pending again, the attempt not counted."""
+        try:
+            with session_scope(self.engine) as session:
+                session.execute(update(Delivery).where(
+                    Delivery.id.in_(ids), Delivery.claimed_by == self.name, Delivery.status == "sending")
+                    .values(status="pending", lease_until=None, attempts=Delivery.attempts - 1))
+        except Exception:  # their leases expire and another dispatcher takes them
+            log.exception("could not hand back %s claimed deliveries", len(ids))
 
     # One-off actions for the CLI
 
@@ -317,7 +613,6 @@ class Dispatcher:
         for delivery_id in ids:
             self.send_due(report, only=delivery_id)
         return report
-
 
 def _replan(session: Session, study_id: int, version: int) -> None:
     """Re-plan a study's unsent follow-ups for protocol ``version``; on PostgreSQL one dispatcher
@@ -377,35 +672,45 @@ def _delivery_rows(followup: Any, channels: Sequence[str], at: dt.datetime) -> l
     return rows
 
 
-def _record_alert(session: Session, channel: str, exc: DeliveryError, threshold: int) -> None:
-    """Count the failure on the channel's open alert; staff see it once it is raised (at once for a
-    refused login, after ``threshold`` failures otherwise)."""
+def _record_alert(session: Session, channel: str, exc: DeliveryError, threshold: int, *, gave_up: bool = False,
+                  about: str | None = None) -> None:
+    """Count the failure on the channel's open alert for that problem; staff see it once it is
+    raised: at once for a refused login or a delivery given up for good (a participant will not
+    hear from the study), after ``threshold`` failures otherwise. ``about`` prefixes a give-up."""
     alert = session.scalar(select(ChannelAlert).where(ChannelAlert.channel == channel,
                                                       ChannelAlert.problem == exc.problem,
                                                       ChannelAlert.resolved_at.is_(None)))
     at = now()
+    message = f"{about}: {exc}" if gave_up and about else str(exc)
     if alert is None:
-        alert = ChannelAlert(channel=channel, problem=exc.problem, message=str(exc), failures=0, first_at=at)
+        alert = ChannelAlert(channel=channel, problem=exc.problem, message=message, failures=0, first_at=at)
         session.add(alert)
     alert.failures += 1
-    alert.last_at, alert.message = at, str(exc)
-    if alert.raised_at is None and (exc.problem == "auth_refused" or alert.failures >= threshold):
+    alert.last_at, alert.message = at, message
+    if alert.raised_at is None and (exc.problem == "auth_refused" or gave_up or alert.failures >= threshold):
         alert.raised_at = at
-        log.error("ALERT: the %s channel is failing (%s): %s", channel, exc.problem, exc)
+        log.error("ALERT on %s (%s): %s", channel, exc.problem, message)
 
 
 def run(engine: Engine, settings: Settings, name: str | None = None,
         on_tick: Callable[[TickReport], None] | None = None) -> None:
-    """The scheduler process: APScheduler runs the dispatcher every poll interval until SIGTERM."""
+    """The scheduler process: APScheduler runs the dispatcher every poll interval until SIGTERM,
+    then the tick in flight stops before its next delivery and the process exits within seconds."""
     from apscheduler.schedulers.blocking import BlockingScheduler
 
     dispatcher = Dispatcher(engine, settings, name)
+    idle = threading.Event()
+    idle.set()
 
     def tick() -> None:
-        report = dispatcher.tick()
+        idle.clear()
+        try:
+            report = dispatcher.tick()
+        finally:
+            idle.set()
         if on_tick is not None:
             on_tick(report)
-        if report.opened or report.sent or report.failed or report.expired:
+        if report.opened or report.sent or report.failed or report.expired or report.errors:
             log.info("tick %s", report)
 
     scheduler = BlockingScheduler(timezone=dt.UTC)
@@ -414,9 +719,25 @@ def run(engine: Engine, settings: Settings, name: str | None = None,
 
     def stop(signum: int, _frame: object) -> None:
         log.info("stopping on signal %s", signum)
-        scheduler.shutdown(wait=False)
+        dispatcher.stop()
+        if scheduler.running:
+            scheduler.shutdown(wait=False)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log.info("dispatcher %s polling every %ss", dispatcher.name, settings.scheduler_poll_seconds)
-    scheduler.start()
+    if not dispatcher.stopping.is_set():
+        scheduler.start()  # returns once stop() has shut it down
+    # The tick in flight returns before its next delivery, handing the rest of its batch back. A
+    # send stuck on a dead server is cut off instead: its lease lets it be sent again later, with
+    # the same idempotency key.
+    if not idle.wait(STOP_GRACE_SECONDS):
+        log.warning("a delivery was still in flight %ss after the signal; exiting anyway", STOP_GRACE_SECONDS)
+        logging.shutdown()
+        os._exit(1)
+    log.info("dispatcher %s stopped", dispatcher.name)
+
+
+def _changed(session: Session, statement: Any) -> int:
+    """Run an UPDATE and return how many rows it changed."""
+    return cast(CursorResult[Any], session.execute(statement)).rowcount

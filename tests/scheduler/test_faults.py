@@ -1,5 +1,5 @@
-"""Fault tests: real dispatcher processes killed and run side by side, a mail server that is down
-then up, and a mail server that refuses the login."""
+"""Fault tests: real dispatcher processes killed, stopped with SIGTERM mid-batch and run side by
+side, a mail server that is down then up, and a mail server that refuses the login."""
 
 from __future__ import annotations
 
@@ -104,6 +104,45 @@ def test_a_dispatcher_killed_mid_batch_and_restarted_delivers_every_invitation(
                                                  "WHERE purpose = 'followup'")).scalar_one()
     assert statuses == {"sent": count}
     assert assignments == count  # each follow-up opened exactly once
+
+
+def test_sigterm_stops_a_dispatcher_mid_batch_within_seconds_and_hands_the_rest_back(
+    engine: Engine, app_client: TestClient, example_protocol: str, processes: list[subprocess.Popen[bytes]],
+    tmp_path: Path,
+) -> None:
+    count = 40
+    due_now(engine, app_client, example_protocol, count)
+    # The installed command, as an operator (or systemd, or Kubernetes) runs it; one batch holds
+    # every delivery, and the mail server takes 0.3 s a message: the batch would need 12 s.
+    command = Path(sys.executable).parent / "afterward"
+    env = {**os.environ, "AFTERWARD_DATABASE_URL": engine.url.render_as_string(hide_password=False),
+           "AFTERWARD_SCHEDULER_BATCH_SIZE": "200"}
+    with smtp_server(delay_seconds=0.3) as (inbox, port):
+        env["AFTERWARD_SMTP_PORT"] = str(port)
+        dispatcher = subprocess.Popen([str(command), "scheduler", "--poll-seconds", "0.2", "--name", "stopping"],
+                                      cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                      stderr=(tmp_path / "stopping.log").open("wb"))
+        processes.append(dispatcher)
+        wait_until(lambda: len(inbox.messages) >= 3)
+        signalled = time.monotonic()
+        dispatcher.send_signal(signal.SIGTERM)
+        try:
+            code = dispatcher.wait(5)
+        except subprocess.TimeoutExpired:
+            log = (tmp_path / "stopping.log").read_text()
+            pytest.fail(f"the dispatcher was still running 5 s after SIGTERM:\n{log}")
+        stopped_after = time.monotonic() - signalled
+        received = len(inbox.messages)
+    assert code == 0, (tmp_path / "stopping.log").read_text()
+    assert stopped_after < 5
+    assert 3 <= received < count, "it did not stop mid-batch"
+    with engine.connect() as connection:
+        rows = connection.execute(sa.text("SELECT status, attempts, lease_until FROM deliveries "
+                                          "WHERE channel = 'email'")).all()
+    # What went out is recorded as sent; the rest of the claimed batch is pending again, its
+    # attempt not counted, ready for the next dispatcher without waiting for a lease to run out.
+    assert Counter(status for status, _, _ in rows) == {"sent": received, "pending": count - received}
+    assert {(attempts, lease) for status, attempts, lease in rows if status == "pending"} == {(0, None)}
 
 
 @pytest.mark.skipif(not POSTGRES_URL, reason="several dispatchers at once need PostgreSQL (SQLite serializes them)")
