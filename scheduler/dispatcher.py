@@ -36,6 +36,7 @@ from scheduler.channels import Channel, DeliveryError, EmailChannel, InAppChanne
 from scheduler.models import ChannelAlert, Delivery, FollowUp
 from scheduler.planner import replan_study
 from scheduler.service import cancel_deliveries
+from study import audit
 from study.clock import now
 from study.db import bulk_insert, is_postgres, session_scope
 from study.models import Participant, ParticipantStatus, ProtocolVersion, Study
@@ -55,6 +56,7 @@ CHANNEL_PROBLEMS = ("auth_refused", "unreachable", "rejected")
 # The alert "channel" for follow-ups given up before any channel was involved (problems
 # replan_failed and open_failed).
 SCHEDULER_ALERTS = "scheduler"
+AUDIT_ALERTS = "audit"  # the alert "channel" of a failed audit anchor
 STOP_GRACE_SECONDS = 3.0  # how long SIGTERM waits for the delivery in flight before exiting anyway
 
 
@@ -596,6 +598,20 @@ class Dispatcher:
 
     # One-off actions for the CLI
 
+    def anchor_audit(self) -> audit.Anchored | None:
+        """Record the audit chain's head outside the database (run on a schedule); a failure
+        raises a staff alert at once instead of stopping the dispatcher."""
+        try:
+            anchored = audit.anchor(self.engine, self.settings)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, staff must hear of it
+            log.exception("anchoring the audit chain failed")
+            with session_scope(self.engine) as session:
+                _record_alert(session, AUDIT_ALERTS, DeliveryError("anchor_failed", f"audit anchor: {exc}"), 1)
+            return None
+        if anchored.new:
+            log.info("audit chain anchored at seq %s", anchored.anchor.seq)
+        return anchored
+
     def send_now(self, followup_id: int) -> TickReport:
         """Open a planned follow-up now (moving its due time) and send what it has due."""
         report = TickReport()
@@ -716,6 +732,8 @@ def run(engine: Engine, settings: Settings, name: str | None = None,
     scheduler = BlockingScheduler(timezone=dt.UTC)
     scheduler.add_job(tick, "interval", seconds=settings.scheduler_poll_seconds, id="dispatch",
                       max_instances=1, coalesce=True, next_run_time=dt.datetime.now(dt.UTC))
+    scheduler.add_job(dispatcher.anchor_audit, "interval", minutes=settings.audit_anchor_interval_minutes,
+                      id="audit-anchor", max_instances=1, coalesce=True, next_run_time=dt.datetime.now(dt.UTC))
 
     def stop(signum: int, _frame: object) -> None:
         log.info("stopping on signal %s", signum)

@@ -91,14 +91,15 @@ class Delivery(ParticipantResearchData, Base):
 
 
 class ChannelAlert(Base):
-    """A channel that keeps failing (refused login, server down, bouncing addresses). Open until
-    a delivery on that channel succeeds again."""
+    """A channel that keeps failing (refused login, server down, bouncing addresses), a delivery or
+    follow-up given up for good, or a failed audit anchor. Problems with a channel as a whole close
+    when a delivery on it succeeds again; the others stay open until staff resolve them."""
 
     __tablename__ = "channel_alerts"
 
     id: Mapped[int] = mapped_column(primary_key=True)
     channel: Mapped[str] = mapped_column(String(16))
-    problem: Mapped[str] = mapped_column(String(32))  # auth_refused | unreachable | bouncing | rejected
+    problem: Mapped[str] = mapped_column(String(32))  # auth_refused | unreachable | bouncing | rejected | ...
     message: Mapped[str] = mapped_column(Text)
     failures: Mapped[int] = mapped_column(Integer, default=1)
     first_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from scheduler.models import ChannelAlert, FollowUp
+from study.validation import RequestBody
 
 
 class MyFollowUpRead(BaseModel):
@@ -44,6 +45,10 @@ class FollowUpRead(MyFollowUpRead):
                    intended_local=f.intended_local, timezone=f.timezone, protocol_version=f.protocol_version,
                    sent_at=f.sent_at, lateness_seconds=f.lateness_seconds, reminders_sent=f.reminders_sent,
                    ended_at=f.ended_at, end_reason=f.end_reason, failed_deliveries=failed)
+
+
+class AlertResolve(RequestBody):
+    note: str = Field(min_length=1, max_length=2000, description="what was done about it")
 
 
 class ChannelAlertRead(BaseModel):

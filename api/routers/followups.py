@@ -7,12 +7,15 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from sqlalchemy import func, select
 
-from api.deps import ConsentedParticipant, CurrentStaff, SessionDep
+from api.deps import ConsentedParticipant, CurrentStaff, RowId, SessionDep
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from scheduler import service
 from scheduler.models import ChannelAlert, Delivery, FollowUp
-from scheduler.schemas import ChannelAlertRead, FollowUpRead, MyFollowUpRead
+from scheduler.schemas import AlertResolve, ChannelAlertRead, FollowUpRead, MyFollowUpRead
 from study import audit
+from study import staff as staff_service
+from study.clock import now
+from study.errors import Forbidden, NotFound
 from study.models import Participant
 
 router = APIRouter(tags=["follow-ups"])
@@ -32,6 +35,23 @@ def channel_alerts(session: SessionDep, staff: CurrentStaff, include_resolved: b
     if not include_resolved:
         query = query.where(ChannelAlert.resolved_at.is_(None))
     return [ChannelAlertRead.of(a) for a in session.scalars(query.order_by(ChannelAlert.raised_at.desc()))]
+
+
+@staff_router.post("/alerts/{alert_id}/resolve")
+def resolve_alert(alert_id: RowId, body: AlertResolve, session: SessionDep, staff: CurrentStaff) -> ChannelAlertRead:
+    """Close an alert once its cause is dealt with (a fixed address, a replaced key); the note is
+    kept in the audit log. Admins and researchers of any study may do it."""
+    if not any(access.participant_level for access in staff_service.memberships(session, staff)):
+        raise Forbidden("only admins and researchers can resolve alerts")
+    alert = session.get(ChannelAlert, alert_id)
+    if alert is None:
+        raise NotFound(f"no alert {alert_id}")
+    if alert.resolved_at is None:
+        alert.resolved_at = now()
+    session.flush()
+    audit.record(session, staff_actor(staff), "channel_alert.resolved", alert_id=alert.id, channel=alert.channel,
+                 problem=alert.problem, note=body.note)
+    return ChannelAlertRead.of(alert)
 
 
 @staff_router.get("/studies/{slug}/followups")

@@ -19,9 +19,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from scheduler.dispatcher import Dispatcher
+from scheduler.models import ChannelAlert
+from study import audit
 from study.clock import FrozenClock
+from study.db import session_scope
 from study.models import StaffRole
-from study.settings import Settings
+from study.settings import Settings, get_settings
 from tests.builders import enroll_fully, load_study, make_invites, make_staff
 from tests.conftest import POSTGRES_URL
 from tests.mail import free_port, smtp_server
@@ -219,3 +222,35 @@ def test_refused_smtp_login_raises_a_staff_alert_at_once(
         frozen_clock.advance(dt.timedelta(minutes=1))
         assert fixed.tick().sent == 1
     assert app_client.get("/api/v1/staff/alerts", headers=staff).json() == []
+
+
+def test_the_dispatcher_anchors_the_audit_chain_and_alerts_when_it_cannot(
+        engine: Engine, app_client: TestClient, example_protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with session_scope(engine) as session:
+        audit.record(session, audit.Actor.system("tests"), "something.happened")
+    dispatcher = Dispatcher(engine, get_settings(), channels={})
+    anchored = dispatcher.anchor_audit()
+    assert anchored is not None
+    assert (anchored.new, anchored.anchor.seq) == (True, 1)
+    assert len(get_settings().audit_anchor_path.read_text().splitlines()) == 1
+    with session_scope(engine) as session:
+        audit.record(session, audit.Actor.system("tests"), "something.else")
+    monkeypatch.setenv("AFTERWARD_AUDIT_ANCHOR_WEBHOOK_URL", "http://127.0.0.1:9/nobody-listens")
+    get_settings.cache_clear()
+    assert Dispatcher(engine, get_settings(), channels={}).anchor_audit() is None
+    with session_scope(engine) as session:
+        alert = session.scalars(sa.select(ChannelAlert).where(ChannelAlert.channel == "audit")).one()
+        assert (alert.problem, alert.raised_at is not None) == ("anchor_failed", True)
+        assert "audit anchor" in alert.message
+    # Staff close it once dealt with: viewers may not, the note is audited.
+    slug = load_study(engine, example_protocol)
+    viewer = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.VIEWER, 'v@example.org')}"}
+    admin = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.ADMIN, 'a@example.org')}"}
+    [shown] = app_client.get("/api/v1/staff/alerts", headers=viewer).json()
+    resolve = f"/api/v1/staff/alerts/{shown['id']}/resolve"
+    assert app_client.post(resolve, headers=viewer, json={"note": "ok"}).status_code == 403
+    assert app_client.post(resolve, headers=admin, json={"note": "webhook URL fixed"}).status_code == 200
+    assert app_client.get("/api/v1/staff/alerts", headers=viewer).json() == []
+    with engine.connect() as connection:
+        detail = connection.execute(sa.text("SELECT detail FROM audit_log WHERE action = 'channel_alert.resolved'"))
+        assert "webhook URL fixed" in str(detail.scalar_one())
