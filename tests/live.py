@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -11,12 +10,7 @@ from contextlib import contextmanager
 import uvicorn
 from sqlalchemy.engine import Engine
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from tests.mail import free_port
 
 
 @contextmanager

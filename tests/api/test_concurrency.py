@@ -90,7 +90,7 @@ def test_autosave_while_pressing_next_keeps_the_server_up(server: str, engine: E
     client, csrf = browser(server, make_invites(engine, slug)[0])
     survey_id = client.get("/api/v1/me/surveys").json()[0]["assignment_id"]
     outcomes = Outcomes()
-    rounds = 25
+    rounds = 40
 
     def autosave(value: int) -> Callable[[], None]:
         def work() -> None:
@@ -112,7 +112,7 @@ def test_autosave_while_pressing_next_keeps_the_server_up(server: str, engine: E
     assert {status for what, status, _ in outcomes.statuses if what == "autosave"} == {200}
     assert {status for what, status, _ in outcomes.statuses if what == "next"} == {303}
     assert max(outcomes.health_seconds) < HEALTH_LIMIT_SECONDS, max(outcomes.health_seconds)
-    assert len(outcomes.health_seconds) >= 5
+    assert len(outcomes.health_seconds) >= 3  # sampled while the load ran
 
 
 def test_staff_reading_participants_during_onboarding_keeps_the_server_up(server: str, engine: Engine) -> None:

@@ -15,7 +15,7 @@ import httpx
 from sqlalchemy.engine import Engine
 
 from tests.builders import CONFIRMATIONS, load_study, make_invites, put_in_arm
-from tests.live import free_port
+from tests.mail import free_port
 
 AFTERWARD = Path(sys.executable).parent / "afterward"
 

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,11 +35,13 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
+from tests.builders import CONFIRMATIONS
+from tests.mail import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "wellbeing-pilot.yaml"
 OUTPUT = Path(os.environ.get("AFTERWARD_CONTRACT_OUTPUT", ROOT / "var" / "contract"))
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-CONFIRMATIONS = ["read-and-understood", "adult", "voluntary"]
 
 SEED = int(os.environ.get("AFTERWARD_CONTRACT_SEED", "20260302"))
 MAX_EXAMPLES = int(os.environ.get("AFTERWARD_CONTRACT_MAX_EXAMPLES", "50"))
@@ -80,13 +81,6 @@ class PassResult:
     exit_code: int | None  # None: stopped at the time limit
     seconds: float
     server_errors: list[str]  # the operations in the failures section of schemathesis's report
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager
