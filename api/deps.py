@@ -88,8 +88,13 @@ staff_bearer = HTTPBearer(scheme_name="StaffToken", auto_error=False,
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(participant_bearer)]
 
 
-def participant_token(request: Request, bearer: Bearer,
-                      cookie: Annotated[str | None, Depends(participant_cookie)]) -> str:
+async def participant_token(request: Request, bearer: Bearer,
+                            cookie: Annotated[str | None, Depends(participant_cookie)]) -> str:
+    """The participant's token (a coroutine: no database, so no thread-pool hop)."""
+    return token_from(request, bearer, cookie)
+
+
+def token_from(request: Request, bearer: HTTPAuthorizationCredentials | None, cookie: str | None) -> str:
     """The participant's token from the Authorization header, or from the session cookie; a
     state-changing request authenticated by the cookie must carry the CSRF token."""
     if bearer is not None and bearer.credentials.strip():

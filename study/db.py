@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import fcntl
 import json
+import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -17,7 +21,7 @@ from typing import Any, cast
 
 from sqlalchemy import JSON, DateTime, Dialect, MetaData, Table, create_engine, event
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -60,6 +64,10 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
 READ_ONLY = "afterward_read_only"  # execution option: a unit of work that only reads
 
 
+class DatabaseBusy(SQLAlchemyError):
+    """The database stayed locked by another writer for longer than the lock timeout."""
+
+
 class DatabaseWorkOnEventLoop(RuntimeError):
     """Raised when a statement runs on a thread that is running an asyncio event loop: a lock
     wait there stops every other request of the process (run the work in the thread pool)."""
@@ -77,10 +85,41 @@ def _forbid_on_event_loop(engine: Engine) -> None:
                 "database work on the event loop; use a sync endpoint or api.deps.run_unit")
 
 
+class _WriterQueue:
+    """SQLite admits one writer at a time, and its busy handler polls with growing sleeps, so under
+    load a waiter can starve past its timeout while others keep getting in (seen with 50
+    concurrent chats). Writers queue here instead: first among this process's threads (a lock that
+    wakes the next waiter at once), then among processes (an exclusive lock on a file beside the
+    database, polled every few milliseconds). Held from BEGIN IMMEDIATE to COMMIT or ROLLBACK."""
+
+    def __init__(self, database: str | None, timeout_ms: int) -> None:
+        self.timeout = timeout_ms / 1000
+        self.threads = threading.Lock()
+        self.file = (os.open(f"{database}-writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
+                     if database and database != ":memory:" else None)
+
+    def acquire(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        if not self.threads.acquire(timeout=self.timeout):
+            raise DatabaseBusy(f"another writer held the database for more than {self.timeout:g} s")
+        while self.file is not None:
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.threads.release()
+                    raise DatabaseBusy(f"another process held the database for more than {self.timeout:g} s"
+                                       ) from None
+                time.sleep(0.002)
+
+    def release(self) -> None:
+        if self.file is not None:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.threads.release()
+
+
 def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
-    # pysqlite's own transaction handling defers BEGIN and cannot upgrade a read to a write
-    # safely under concurrency; a unit of work that may write takes the write lock up front
-    # (BEGIN IMMEDIATE), one that only reads does not take it at all (WAL readers never wait).
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
@@ -88,14 +127,46 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        # A writer waits for the lock this long (SQLite's busy handler backs off), then the
+        # Writers outside the queue (another tool, a migration) are waited for this long, then the
         # request answers 503 with Retry-After (api/errors.py).
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.close()
 
+    # pysqlite's own transaction handling defers BEGIN and cannot upgrade a read to a write safely
+    # under concurrency; a unit of work that may write queues, then takes the write lock up front
+    # (BEGIN IMMEDIATE); one that only reads takes no lock at all (WAL readers never wait).
+    queue = _WriterQueue(engine.url.database, busy_timeout_ms)
+
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
+        if conn.get_execution_options().get(READ_ONLY):
+            conn.exec_driver_sql("BEGIN")
+            return
+        queue.acquire()
+        conn.info[_WRITER] = queue
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except BaseException:
+            _release_writer(conn.info)
+            raise
+
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _on_end(conn: Any) -> None:
+        _release_writer(conn.info)
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        _release_writer(record.info)  # in case a transaction ended without either event
+
+
+_WRITER = "afterward_writer_queue"
+
+
+def _release_writer(info: dict[str, Any]) -> None:
+    queue = info.pop(_WRITER, None)
+    if queue is not None:
+        queue.release()
 
 
 def _configure_postgres(engine: Engine, lock_ms: int, statement_ms: int, idle_ms: int) -> None:
@@ -143,7 +214,7 @@ _RETRYABLE_SQLSTATES = {"55P03", "57014", "40P01", "40001", "25P03"}
 def is_contention(exc: BaseException) -> bool:
     """Whether a database error means "busy, try again" (a lock or time limit, a full pool)
     rather than a bug: such errors answer 503 with Retry-After, never 500."""
-    if isinstance(exc, PoolTimeout):
+    if isinstance(exc, PoolTimeout | DatabaseBusy):
         return True
     if not isinstance(exc, DBAPIError):
         return False

@@ -127,12 +127,13 @@ def participant_for_token(session: Session, token: str) -> Participant | None:
 @dataclass(frozen=True)
 class ConsentStatus:
     current: ConsentVersion
-    signed: ConsentSignature | None
+    signed: ConsentSignature | None  # the newest signature, whichever version
     signed_version: str | None
+    in_force_signed: bool  # the one definition, ``_signed_consent_in_force``, that every check uses
 
     @property
     def needs_consent(self) -> bool:
-        return self.signed is None or self.signed.consent_version_id != self.current.id
+        return not self.in_force_signed
 
 
 def consent_status(session: Session, participant: Participant) -> ConsentStatus:
@@ -143,7 +144,8 @@ def consent_status(session: Session, participant: Participant) -> ConsentStatus:
         .where(ConsentSignature.participant_id == participant.id)
         .order_by(ConsentSignature.signed_at.desc(), ConsentSignature.id.desc()).limit(1)
     ).first()
-    return ConsentStatus(current, row[0] if row else None, row[1] if row else None)
+    in_force = bool(session.scalar(select(_signed_consent_in_force(participant.id, participant.study_id))))
+    return ConsentStatus(current, row[0] if row else None, row[1] if row else None, in_force)
 
 
 def require_active(participant: Participant) -> None:

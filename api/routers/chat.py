@@ -70,7 +70,11 @@ def gateway_of(request: Request) -> Gateway:
     return gateway
 
 
-GatewayDep = Annotated[Gateway, Depends(gateway_of)]
+async def _gateway(request: Request) -> Gateway:
+    return gateway_of(request)  # a coroutine: a dependency without I/O needs no thread-pool hop
+
+
+GatewayDep = Annotated[Gateway, Depends(_gateway)]
 
 
 async def as_participant(request: Request, token: str, work: Callable[[Session, Participant], T]) -> T:

@@ -37,7 +37,7 @@ def study_access(slug: str, session: SessionDep, staff: CurrentStaff) -> service
     return service.study_access(session, staff, slug)
 
 
-def participant_level_access(
+async def participant_level_access(
     access: Annotated[service.StudyAccess, Depends(study_access)],
 ) -> service.StudyAccess:
     if not access.participant_level:

@@ -16,7 +16,7 @@ from api.deps import (
     SessionDep,
     current_participant,
     participant_cookie,
-    participant_token,
+    token_from,
 )
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from study import audit
@@ -105,7 +105,7 @@ def _optional_participant(request: Request, session: SessionDep, bearer: Bearer,
                           cookie: Annotated[str | None, Depends(participant_cookie)]) -> Participant | None:
     if bearer is None and not cookie:
         return None
-    return current_participant(session, participant_token(request, bearer, cookie))
+    return current_participant(session, token_from(request, bearer, cookie))
 
 
 LinkCaller = Annotated[Participant | None, Depends(_optional_participant)]

@@ -55,3 +55,25 @@ def test_a_held_lock_answers_503_with_retry_after_and_reads_go_on(impatient_engi
             holder.rollback()
         saved = client.put(f"/api/v1/me/surveys/{survey}/answers", headers=who.headers, json={"answers": {"A1": 4}})
         assert saved.status_code == 200  # the retry goes through once the lock is gone
+
+
+def test_writers_of_one_process_queue_and_a_long_wait_answers_503(impatient_engine: Engine, engine: Engine,
+                                                                  example_protocol: str) -> None:
+    """On SQLite a process's writers queue on a lock of their own (no starving in SQLite's busy
+    handler); past the lock timeout the answer is the same retryable 503."""
+    from api.app import create_app
+
+    if engine.dialect.name != "sqlite":
+        pytest.skip("the writer queue is SQLite's")
+    slug = load_study(engine, example_protocol)
+    with TestClient(create_app(impatient_engine), raise_server_exceptions=False) as client:
+        who = enroll_fully(client, make_invites(engine, slug)[0])
+        survey = client.get("/api/v1/me/surveys", headers=who.headers).json()[0]["assignment_id"]
+        with impatient_engine.connect() as holder:
+            holder.execute(text("UPDATE studies SET title = title"))  # this process's write lock
+            response = client.put(f"/api/v1/me/surveys/{survey}/answers", headers=who.headers,
+                                  json={"answers": {"A1": 4}})
+            assert (response.status_code, response.headers["Retry-After"]) == (503, "1")
+            holder.rollback()
+        assert client.put(f"/api/v1/me/surveys/{survey}/answers", headers=who.headers,
+                          json={"answers": {"A1": 4}}).status_code == 200
