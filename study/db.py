@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -97,6 +98,8 @@ class _WriterQueue:
         self.threads = threading.Lock()
         self.file = (os.open(f"{database}-writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
                      if database and database != ":memory:" else None)
+        if self.file is not None:
+            weakref.finalize(self, os.close, self.file)  # closed with its engine
 
     def acquire(self) -> None:
         deadline = time.monotonic() + self.timeout
