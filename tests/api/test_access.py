@@ -162,6 +162,75 @@ def test_viewer_sees_aggregates_only_and_researcher_reads_are_audited(
     assert app_client.get("/api/v1/staff/studies/other-study/summary", headers=researcher).status_code == 403
 
 
+# Every staff endpoint of one study: whether a viewer may call it (aggregates only) and a body
+# that would succeed for a researcher. A new endpoint under /api/v1/staff/studies fails
+# test_every_staff_study_endpoint_is_checked until added here.
+STAFF_STUDY_CALLS: dict[tuple[str, str], tuple[bool, dict | None]] = {
+    ("GET", "/api/v1/staff/studies/{slug}/summary"): (True, None),
+    ("GET", "/api/v1/staff/studies/{slug}/participants"): (False, None),
+    ("POST", "/api/v1/staff/studies/{slug}/invites"): (False, {"count": 1}),
+    ("GET", "/api/v1/staff/studies/{slug}/responses"): (False, None),
+    ("GET", "/api/v1/staff/studies/{slug}/followups"): (False, None),
+    ("GET", "/api/v1/staff/studies/{slug}/safety-events"): (False, None),
+    ("GET", "/api/v1/staff/studies/{slug}/safety-events/{event_id}"): (False, None),
+    ("POST", "/api/v1/staff/studies/{slug}/safety-events/{event_id}/review"): (False, {"note": "Called."}),
+    ("GET", "/api/v1/staff/studies/{slug}/conversations"): (False, None),
+    ("GET", "/api/v1/staff/studies/{slug}/conversations/{conversation_id}"): (False, None),
+}
+
+
+def test_every_staff_study_endpoint_is_checked(app_client: TestClient) -> None:
+    paths = app_client.get("/openapi.json").json()["paths"]
+    routes = {(method.upper(), path) for path, operations in paths.items()
+              if path.startswith("/api/v1/staff/studies/{slug}") for method in operations}
+    assert routes == set(STAFF_STUDY_CALLS)
+
+
+def staff_entries(engine: Engine) -> int:
+    with engine.connect() as connection:
+        query = sa.text("SELECT count(*) FROM audit_log WHERE actor_type = 'staff'")
+        return int(connection.execute(query).scalar_one())
+
+
+def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
+    engine: Engine, app_client: TestClient, example_protocol: str,
+) -> None:
+    slug = load_study(engine, example_protocol)
+    other = load_study(engine, example_protocol.replace("id: wellbeing-pilot", "id: other-study", 1))
+    [invite] = make_invites(engine, slug)
+    who = enroll_fully(app_client, invite, email="private@example.org")
+    put_in_arm(engine, who.code, "wellbeing")
+    conversation = start_chat(app_client, who, "concierge")
+    assert say(app_client, who, conversation, "I want to kill myself")["stance"] == "escalate"
+    with engine.connect() as connection:
+        event_id = connection.execute(sa.text("SELECT id FROM safety_events")).scalar_one()
+    ids = {"slug": slug, "event_id": event_id, "conversation_id": conversation}
+    viewer = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.VIEWER, 'v@example.org')}"}
+    outsider = {"Authorization": f"Bearer {make_staff(engine, other, StaffRole.ADMIN, 'o@example.org')}"}
+    researcher = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.RESEARCHER, 'r@example.org')}"}
+    for (method, template), (viewers_too, body) in STAFF_STUDY_CALLS.items():
+        path = template.format(**ids)
+        foreign = app_client.request(method, path, headers=outsider, json=body)
+        assert (foreign.status_code, foreign.json()["error"]["code"]) == (403, "no_study_access"), path
+        as_viewer = app_client.request(method, path, headers=viewer, json=body)
+        if viewers_too:
+            assert as_viewer.status_code == 200, (path, as_viewer.text)
+        else:
+            assert (as_viewer.status_code, as_viewer.json()["error"]["code"]) == (
+                403, "participant_data_forbidden"), path
+        assert who.code not in as_viewer.text, path
+        entries_before = staff_entries(engine)
+        allowed = app_client.request(method, path, headers=researcher, json=body)
+        assert allowed.status_code < 400, (path, allowed.text)
+        if not viewers_too:  # participant-level: every call leaves an audit entry
+            assert staff_entries(engine) > entries_before, path
+        assert "private@example.org" not in allowed.text, path
+    with engine.connect() as connection:
+        readers = {actor for (actor,) in connection.execute(sa.text(
+            "SELECT actor FROM audit_log WHERE actor_type = 'staff'"))}
+    assert readers == {"r@example.org"}  # refused calls leave no trace of a read
+
+
 def test_staff_login_is_rate_limited(engine: Engine, app_client: TestClient, example_protocol: str) -> None:
     make_staff(engine, load_study(engine, example_protocol), StaffRole.ADMIN, "a@example.org")
     good = {"email": "a@example.org", "password": "correct horse battery"}

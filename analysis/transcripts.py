@@ -1,0 +1,236 @@
+"""Conversations as study staff read them: a filtered, paginated listing, one whole transcript,
+and a safety event with the turns around it.
+
+Plain functions over a Session, each a fixed handful of set-based queries whatever the page size
+or the conversation's length (no query per row). Every function is scoped to one study: a
+conversation or event of another study is not found. Auditing the read is the caller's job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, TypeVarTuple
+
+from sqlalchemy import Select, exists, func, or_, select
+from sqlalchemy.orm import Session
+
+from analysis.schemas import (
+    STANCES,
+    ConversationPageRead,
+    ConversationSummaryRead,
+    DecisionRead,
+    ExitRatingRead,
+    PushbackResponseDetail,
+    RoleSwitchRead,
+    SafetyEventContextRead,
+    TranscriptRead,
+    TranscriptTurnRead,
+)
+from chat import service as chat_service
+from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, SafetyEventReview, Turn
+from chat.schemas import SafetyEventRead
+from study.errors import NotFound
+from study.models import Participant
+from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
+
+Ts = TypeVarTuple("Ts")
+EXIT_INSTRUMENT = "immediate-rating"  # what the chat exit check stores its rating as
+
+
+@dataclass(frozen=True)
+class ConversationFilters:
+    """Every field narrows the listing; None means any.
+
+    ``role``: the conversation was held in that role at some point (started in it, or switched to
+    or from it). ``stance``: at least one assistant turn took it. ``started_from`` (inclusive) and
+    ``started_before`` (exclusive) bound ``started_at``.
+    """
+
+    participant: str | None = None
+    arm: str | None = None
+    role: str | None = None
+    stance: str | None = None
+    started_from: dt.datetime | None = None
+    started_before: dt.datetime | None = None
+
+    def as_audit_detail(self) -> dict[str, Any]:
+        return {name: value for name, value in vars(self).items() if value is not None}
+
+
+_HAS_SAFETY_EVENT = exists().where(SafetyEvent.conversation_id == Conversation.id).label("has_safety_event")
+
+
+def _in_study(query: Select[*Ts], study_id: int) -> Select[*Ts]:
+    return query.join(Participant, Participant.id == Conversation.participant_id).where(
+        Participant.study_id == study_id)
+
+
+def _filtered(query: Select[*Ts], filters: ConversationFilters) -> Select[*Ts]:
+    if filters.participant is not None:
+        query = query.where(Participant.code == filters.participant)
+    if filters.arm is not None:
+        query = query.where(Conversation.arm == filters.arm)
+    if filters.role is not None:
+        # The role now, or one switched away from: together these are every role used.
+        query = query.where(or_(Conversation.role == filters.role, exists().where(
+            RoleSwitch.conversation_id == Conversation.id, RoleSwitch.from_role == filters.role)))
+    if filters.stance is not None:
+        query = query.where(exists().where(Turn.conversation_id == Conversation.id, Turn.speaker == "assistant",
+                                           Turn.stance == filters.stance))
+    if filters.started_from is not None:
+        query = query.where(Conversation.started_at >= filters.started_from)
+    if filters.started_before is not None:
+        query = query.where(Conversation.started_at < filters.started_before)
+    return query
+
+
+def _stance_counts(stances: list[tuple[str | None, int]]) -> dict[str, int]:
+    counts = dict.fromkeys(STANCES, 0)
+    for stance, n in stances:
+        if stance is not None:
+            counts[stance] = counts.get(stance, 0) + n
+    return counts
+
+
+def _roles_used(conversation: Conversation, switches: list[RoleSwitch]) -> list[str]:
+    if not switches:
+        return [conversation.role]
+    return [switches[0].from_role, *(switch.to_role for switch in switches)]
+
+
+def _summary(conversation: Conversation, code: str, has_safety_event: bool, switches: list[RoleSwitch],
+             stances: list[tuple[str | None, int]]) -> ConversationSummaryRead:
+    return ConversationSummaryRead(
+        id=conversation.id, participant=code, arm=conversation.arm, mode=conversation.mode, role=conversation.role,
+        roles_used=_roles_used(conversation, switches), status=conversation.status,
+        started_at=conversation.started_at, ended_at=conversation.ended_at, turn_count=conversation.turn_count,
+        stance_counts=_stance_counts(stances), has_safety_event=bool(has_safety_event))
+
+
+def _switches_by_conversation(session: Session, conversation_ids: list[int]) -> dict[int, list[RoleSwitch]]:
+    by_conversation: dict[int, list[RoleSwitch]] = {}
+    for switch in session.scalars(select(RoleSwitch).where(RoleSwitch.conversation_id.in_(conversation_ids))
+                                  .order_by(RoleSwitch.conversation_id, RoleSwitch.after_seq, RoleSwitch.id)):
+        by_conversation.setdefault(switch.conversation_id, []).append(switch)
+    return by_conversation
+
+
+def list_conversations(session: Session, study_id: int, filters: ConversationFilters, *, limit: int,
+                       offset: int = 0) -> ConversationPageRead:
+    """One page of a study's conversations, newest first, with the total matching the filters.
+
+    Four queries: the total, the page (with whether each has a safety event), the stance counts
+    and the role switches of the page's conversations.
+    """
+    matching = _filtered(_in_study(select(Conversation.id), study_id), filters)
+    total = session.scalar(select(func.count()).select_from(matching.subquery())) or 0
+    page = session.execute(
+        _filtered(_in_study(select(Conversation, Participant.code, _HAS_SAFETY_EVENT), study_id), filters)
+        .order_by(Conversation.started_at.desc(), Conversation.id.desc()).limit(limit).offset(offset)).all()
+    ids = [conversation.id for conversation, _, _ in page]
+    stances: dict[int, list[tuple[str | None, int]]] = {}
+    switches: dict[int, list[RoleSwitch]] = {}
+    if ids:
+        for conversation_id, stance, n in session.execute(
+                select(Turn.conversation_id, Turn.stance, func.count())
+                .where(Turn.conversation_id.in_(ids), Turn.speaker == "assistant", Turn.stance.is_not(None))
+                .group_by(Turn.conversation_id, Turn.stance)):
+            stances.setdefault(conversation_id, []).append((stance, n))
+        switches = _switches_by_conversation(session, ids)
+    return ConversationPageRead(total=total, limit=limit, offset=offset, items=[
+        _summary(conversation, code, has_event, switches.get(conversation.id, []), stances.get(conversation.id, []))
+        for conversation, code, has_event in page])
+
+
+def _turn_read(turn: Turn, response: str | None) -> TranscriptTurnRead:
+    return TranscriptTurnRead(
+        id=turn.id, seq=turn.seq, speaker=turn.speaker, role=turn.role, content=turn.content,
+        created_at=turn.created_at, reply_status=turn.reply_status, stance=turn.stance, concern=turn.concern,
+        rationale=turn.rationale, stance_source=turn.stance_source, model_stance=turn.model_stance,
+        after_override=turn.after_override, model=turn.model, prompt_version=turn.prompt_version, response=response)
+
+
+def _exit_rating(session: Session, conversation: Conversation) -> ExitRatingRead | None:
+    """The exit check's rating: an immediate-rating response whose assignment names the conversation."""
+    rows = session.execute(
+        select(SurveyAssignment.context, SurveyResponse.submitted_at, SurveyScore.value)
+        .join(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id)
+        .outerjoin(SurveyScore, (SurveyScore.response_id == SurveyResponse.id) & (SurveyScore.name == "helpful"))
+        .where(SurveyAssignment.participant_id == conversation.participant_id, SurveyAssignment.purpose == "exit",
+               SurveyAssignment.instrument_id == EXIT_INSTRUMENT, SurveyResponse.submitted_at.is_not(None))
+        .order_by(SurveyResponse.submitted_at.desc())).all()
+    # The context is JSON, compared here rather than with dialect-specific JSON operators; a
+    # participant has one exit assignment per ended conversation, so this stays small.
+    for context, submitted_at, value in rows:
+        if (context or {}).get("conversation_id") == str(conversation.id):
+            return ExitRatingRead(rating=value, submitted_at=submitted_at)
+    return None
+
+
+def _events_with_reviews(events: list[tuple[SafetyEvent, str]],
+                         reviews: list[SafetyEventReview]) -> list[SafetyEventRead]:
+    by_event: dict[int, list[SafetyEventReview]] = {}
+    for review in reviews:
+        by_event.setdefault(review.safety_event_id, []).append(review)
+    return [SafetyEventRead.of(event, code, by_event.get(event.id, [])) for event, code in events]
+
+
+def get_transcript(session: Session, study_id: int, conversation_id: int) -> TranscriptRead:
+    """A study's conversation with every turn, pushback response, role switch, the decision, the
+    exit rating and its safety events with their review history. Raises NotFound."""
+    row = session.execute(_in_study(select(Conversation, Participant.code, _HAS_SAFETY_EVENT), study_id)
+                          .where(Conversation.id == conversation_id)).first()
+    if row is None:
+        raise NotFound(f"no conversation {conversation_id} in this study")
+    conversation, code, has_event = row
+    turns = list(session.scalars(select(Turn).where(Turn.conversation_id == conversation.id).order_by(Turn.seq)))
+    responses = list(session.scalars(select(PushbackResponse).where(
+        PushbackResponse.conversation_id == conversation.id).order_by(PushbackResponse.created_at,
+                                                                       PushbackResponse.id)))
+    action_of = {response.turn_id: response.action for response in responses}
+    switches = _switches_by_conversation(session, [conversation.id]).get(conversation.id, [])
+    decision = session.scalars(select(Decision).where(Decision.conversation_id == conversation.id)).first()
+    events = [(event, code) for event in session.scalars(
+        select(SafetyEvent).where(SafetyEvent.conversation_id == conversation.id).order_by(SafetyEvent.created_at,
+                                                                                           SafetyEvent.id))]
+    reviews = list(session.scalars(
+        select(SafetyEventReview).join(SafetyEvent, SafetyEvent.id == SafetyEventReview.safety_event_id)
+        .where(SafetyEvent.conversation_id == conversation.id)
+        .order_by(SafetyEventReview.reviewed_at, SafetyEventReview.id))) if events else []
+    stances: dict[str | None, int] = {}
+    for turn in turns:
+        if turn.speaker == "assistant" and turn.stance is not None:
+            stances[turn.stance] = stances.get(turn.stance, 0) + 1
+    summary = _summary(conversation, code, has_event, switches, list(stances.items()))
+    return TranscriptRead(
+        **summary.model_dump(), made_decision=conversation.made_decision,
+        turns=[_turn_read(turn, action_of.get(turn.id)) for turn in turns],
+        pushback_responses=[PushbackResponseDetail(turn_id=r.turn_id, action=r.action, stance=r.stance,
+                                                   concern=r.concern, created_at=r.created_at) for r in responses],
+        role_switches=[RoleSwitchRead(from_role=s.from_role, to_role=s.to_role, after_seq=s.after_seq,
+                                      switched_at=s.created_at) for s in switches],
+        decision=DecisionRead(id=decision.id, text=decision.text, decided_at=decision.decided_at) if decision else None,
+        exit_rating=_exit_rating(session, conversation),
+        safety_events=_events_with_reviews(events, reviews))
+
+
+def safety_event_context(session: Session, study_id: int, event_id: int, *, around: int = 3,
+                         ) -> SafetyEventContextRead:
+    """A study's safety event, its review history and the ``around`` turns before and after the
+    turn that triggered it (the escalating reply), in order. Raises NotFound."""
+    row = session.execute(select(SafetyEvent, Participant.code).join(
+        Participant, Participant.id == SafetyEvent.participant_id)
+        .where(SafetyEvent.id == event_id, SafetyEvent.study_id == study_id)).first()
+    if row is None:
+        raise NotFound(f"no safety event {event_id} in this study")
+    event, code = row
+    trigger_seq = (select(Turn.seq).where(Turn.id == event.turn_id).scalar_subquery())
+    window = session.execute(
+        select(Turn, PushbackResponse.action).outerjoin(PushbackResponse, PushbackResponse.turn_id == Turn.id)
+        .where(Turn.conversation_id == event.conversation_id, Turn.seq >= trigger_seq - around,
+               Turn.seq <= trigger_seq + around).order_by(Turn.seq)).all()
+    reviews = chat_service.safety_reviews(session, event_id=event.id).get(event.id, [])
+    return SafetyEventContextRead(event=SafetyEventRead.of(event, code, reviews),
+                                  conversation_id=event.conversation_id, trigger_turn_id=event.turn_id,
+                                  turns=[_turn_read(turn, action) for turn, action in window])

@@ -1,0 +1,74 @@
+"""Staff transcript endpoints: a study's conversations, one whole transcript, and a safety event
+with the turns around it. Admins and researchers only (viewers see aggregates); every read is
+audited with who read what. The queries live in ``analysis.transcripts``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from analysis import transcripts
+from analysis.schemas import STANCES, ConversationPageRead, SafetyEventContextRead, TranscriptRead
+from api.deps import RowId, SessionDep
+from api.routers.staff import ParticipantLevelAccess, staff_actor
+from study import audit
+from study.validation import MAX_ROW_ID, AwareDatetime
+
+staff_router = APIRouter(prefix="/staff", tags=["staff"])
+Actor = Annotated[audit.Actor, Depends(staff_actor)]
+MAX_PAGE = 200
+
+
+def conversation_filters(
+    participant: Annotated[str | None, Query(max_length=16, description="a participant code")] = None,
+    arm: Annotated[str | None, Query(max_length=64)] = None,
+    role: Annotated[str | None, Query(max_length=40, description="held in this role at some point")] = None,
+    stance: Annotated[str | None, Query(pattern="^(" + "|".join(STANCES) + ")$",
+                                       description="at least one assistant turn took this stance")] = None,
+    started_from: Annotated[AwareDatetime | None, Query(description="started at or after (with a time zone)")] = None,
+    started_before: Annotated[AwareDatetime | None, Query(description="started before (with a time zone)")] = None,
+) -> transcripts.ConversationFilters:
+    return transcripts.ConversationFilters(participant=participant, arm=arm, role=role, stance=stance,
+                                           started_from=started_from, started_before=started_before)
+
+
+@staff_router.get("/studies/{slug}/conversations")
+def list_conversations(
+    session: SessionDep, access: ParticipantLevelAccess, actor: Actor,
+    filters: Annotated[transcripts.ConversationFilters, Depends(conversation_filters)],
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_ROW_ID)] = 0,
+) -> ConversationPageRead:
+    """A study's conversations, newest first, filtered and paginated (``total`` counts every match)."""
+    page = transcripts.list_conversations(session, access.study.id, filters, limit=limit, offset=offset)
+    audit.record(session, actor, "conversations.listed", study_id=access.study.id,
+                 filters=filters.as_audit_detail(), limit=limit, offset=offset, count=len(page.items),
+                 conversation_ids=[item.id for item in page.items])
+    return page
+
+
+@staff_router.get("/studies/{slug}/conversations/{conversation_id}", name="staff_transcript")
+def read_conversation(conversation_id: RowId, session: SessionDep, access: ParticipantLevelAccess,
+                      actor: Actor) -> TranscriptRead:
+    """One conversation with every turn, stance, rationale, pushback response, role switch, the
+    decision, the exit rating and its safety events."""
+    transcript = transcripts.get_transcript(session, access.study.id, conversation_id)
+    audit.record(session, actor, "conversation.read", study_id=access.study.id,
+                 participant_code=transcript.participant, conversation_id=transcript.id)
+    return transcript
+
+
+@staff_router.get("/studies/{slug}/safety-events/{event_id}")
+def read_safety_event(
+    event_id: RowId, slug: str, request: Request, session: SessionDep, access: ParticipantLevelAccess, actor: Actor,
+    around: Annotated[int, Query(ge=0, le=50, description="turns shown on each side of the triggering one")] = 3,
+) -> SafetyEventContextRead:
+    """A safety event with its review history and the turns around the one that triggered it,
+    linking to the full transcript."""
+    context = transcripts.safety_event_context(session, access.study.id, event_id, around=around)
+    audit.record(session, actor, "safety_event.read", study_id=access.study.id,
+                 participant_code=context.event.participant, event_id=event_id,
+                 conversation_id=context.conversation_id, turn_ids=[turn.id for turn in context.turns])
+    path = request.app.url_path_for("staff_transcript", slug=slug, conversation_id=str(context.conversation_id))
+    return context.model_copy(update={"transcript_path": str(path)})
