@@ -11,7 +11,7 @@ from api.edge import Edge
 from api.routers import chat, followups, participants, staff, surveys, transcripts
 from chat.gateway import Gateway
 from study import wiring
-from study.db import get_engine
+from study.db import get_engine, session_scope
 from study.settings import get_settings
 
 API_PREFIX = "/api/v1"
@@ -44,8 +44,8 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:
         """Liveness and database reachability (a worker thread; answers while other requests wait)."""
-        with app.state.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
+        with session_scope(app.state.engine, read_only=True) as session:  # never waits for a writer
+            session.execute(text("SELECT 1"))
         return {"status": "ok", "database": app.state.engine.dialect.name}
 
     return app

@@ -8,6 +8,7 @@ body is refused before it is read into memory or parsed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -54,10 +55,14 @@ class Edge:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        extra = [(k.encode(), v.encode()) for k, v in security_headers(path).items()]
+        extra = [(k.lower().encode(), v.encode()) for k, v in security_headers(path).items()]
+
+        started = False
 
         async def send_with_headers(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 present = {name.lower() for name, _ in message.get("headers", [])}
                 message["headers"] = [*message.get("headers", []), *(h for h in extra if h[0] not in present)]
             await send(message)
@@ -80,7 +85,19 @@ class Edge:
                     raise BodyTooLarge(self.max_body_bytes)
             return message
 
-        await self.app(scope, receive_limited, send_with_headers)
+        try:
+            await self.app(scope, receive_limited, send_with_headers)
+        except asyncio.CancelledError:
+            # The server is stopping (SIGTERM past the grace period): a clear, retryable answer
+            # instead of the 500 the server would send. (A unit of work already on its thread
+            # finishes first: retries are idempotent, e.g. a resent client_message_id.)
+            if not started:
+                start, body = _error(503, "shutting_down", "the server is restarting; please try again "
+                                                           "in a moment")
+                start["headers"].append((b"retry-after", b"2"))
+                await send_with_headers(start)
+                await send({"type": "http.response.body", "body": body})
+            raise
 
     def _refusal(self, scope: Scope) -> tuple[int, str, str] | None:
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()

@@ -70,8 +70,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        fields = [{"field": _field_name(tuple(e["loc"])),
-                   "message": str(e["msg"]).removeprefix("Value error, ")} for e in exc.errors()]
+        fields = [{"field": "body", "message": f"the body is not valid JSON (near character {e['loc'][-1]})"}
+                  if e["type"] == "json_invalid" else
+                  {"field": _field_name(tuple(e["loc"])), "message": str(e["msg"]).removeprefix("Value error, ")}
+                  for e in exc.errors()]
         summary = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
         return JSONResponse(error_body("validation_error", summary, fields), status_code=422)
 

@@ -17,12 +17,14 @@ from typing import Any
 from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from markdown_it import MarkdownIt
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.deps import SESSION_COOKIE, Form, RowId, SessionDep, run_unit, set_session_cookie
 from api.errors import error_body, status_of
@@ -37,7 +39,7 @@ from study import participants as participant_service
 from study.clock import now
 from study.errors import DomainError, NotFound
 from study.models import Participant, ParticipantStatus, Study, WithdrawalLevel
-from study.schemas import ConsentSign, ProfileUpdate
+from study.schemas import ConsentSign, ProfileUpdate, WithdrawalCreate
 from study.security import csrf_token_for, csrf_token_valid
 from study.studies import current_protocol
 from study.validation import form_int
@@ -50,7 +52,8 @@ templates = Jinja2Templates(directory=HERE / "templates")
 router = APIRouter(include_in_schema=False)
 PRE_COOKIE = "afterward_pre"  # double-submit CSRF token for the invite form (no session yet)
 _markdown = MarkdownIt("commonmark", {"html": False})
-ZONES = sorted(z for z in available_timezones() if "/" in z and not z.startswith(("Etc/", "SystemV/", "posix/")))
+ZONES = ["UTC", *sorted(z for z in available_timezones()
+                        if "/" in z and not z.startswith(("Etc/", "SystemV/", "posix/")))]
 
 # Helpers
 
@@ -65,6 +68,11 @@ def page(request: Request, name: str, status_code: int = 200, **context: Any) ->
     context.setdefault("csrf", csrf_token_for(token) if token else "")
     context.setdefault("signed_in", bool(token))
     return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def is_page(request: Request) -> bool:
+    """A participant page (HTML), as opposed to the API and the operational routes (JSON)."""
+    return not request.url.path.startswith(("/api/", "/healthz", "/docs", "/redoc", "/openapi.json", "/static/"))
 
 
 def see_other(to: str) -> RedirectResponse:
@@ -462,6 +470,9 @@ def chat_exit(conversation_id: RowId, request: Request, session: SessionDep) -> 
 def chat_end(conversation_id: RowId, request: Request, form: Form, session: SessionDep) -> Response:
     _check_csrf(request, form)
     made = form.get("made_decision") == "yes"
+    if form.get("made_decision", "no") not in ("yes", "no", ""):
+        return page(request, "message.html", status_code=422, title="That didn't work",
+                    body="Answer whether you made a decision with yes or no.", back=f"/chat/{conversation_id}/end")
     decision = str(form.get("decision", "")).strip() or None
     rating = form_int(form.get("rating"), lo=1, hi=7)
     participant = _ready(session, request)
@@ -504,7 +515,10 @@ def withdraw(request: Request, form: Form, session: SessionDep) -> Response:
                     study=session.get(Study, participant.study_id), followups=[],
                     deletion_allowed=protocol.withdrawal.allow_data_deletion, now=now(),
                     error="Tick the box to confirm that you want to withdraw.")
-    level = (WithdrawalLevel.DELETE_DATA if form.get("level") == "delete_data" else WithdrawalLevel.STOP_CONTACT)
+    try:
+        level = WithdrawalCreate(level=str(form.get("level", WithdrawalLevel.STOP_CONTACT)), confirm=True).level
+    except ValidationError as exc:
+        return page(request, "message.html", status_code=422, title="Withdrawal", body=problem(exc), back="/me")
     try:
         receipt = participant_service.withdraw(session, participant, level,
                                                audit.Actor("participant", participant.code))
@@ -538,6 +552,28 @@ def install(app: Any) -> None:
 
     @app.exception_handler(NotFound)
     async def _not_found(request: Request, exc: NotFound) -> Response:
-        if request.url.path.startswith("/api/"):
+        if not is_page(request):
             return JSONResponse(error_body(exc.code, exc.message), status_code=404)
         return page(request, "message.html", status_code=404, title="Not found", body=exc.message, back="/")
+
+    # A browser gets a page, not the API's JSON, when a page's address or form is refused.
+    json_validation = app.exception_handlers[RequestValidationError]
+    json_http = app.exception_handlers[StarletteHTTPException]
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        if not is_page(request):
+            return await json_validation(request, exc)
+        if any(error["loc"][:1] == ("path",) for error in exc.errors()):
+            return page(request, "message.html", status_code=404, title="Not found",
+                        body="There is no such page. Start again from the home page.", back="/")
+        return page(request, "message.html", status_code=422, title="That didn't work",
+                    body="Something in this request was not valid. Go back and try again.", back="/")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _refused(request: Request, exc: StarletteHTTPException) -> Response:
+        if not is_page(request) or exc.status_code in (401, 405):
+            return await json_http(request, exc)
+        title = "Not found" if exc.status_code == 404 else "That didn't work"
+        return page(request, "message.html", status_code=exc.status_code, title=title, body=str(exc.detail),
+                    back="/")

@@ -101,20 +101,22 @@ class _WriterQueue:
         if self.file is not None:
             weakref.finalize(self, os.close, self.file)  # closed with its engine
 
-    def acquire(self) -> None:
+    def acquire(self) -> float:
+        """Wait for our turn; returns the seconds left of the lock timeout."""
         deadline = time.monotonic() + self.timeout
         if not self.threads.acquire(timeout=self.timeout):
             raise DatabaseBusy(f"another writer held the database for more than {self.timeout:g} s")
         while self.file is not None:
             try:
                 fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
+                break
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     self.threads.release()
                     raise DatabaseBusy(f"another process held the database for more than {self.timeout:g} s"
                                        ) from None
                 time.sleep(0.002)
+        return max(0.0, deadline - time.monotonic())
 
     def release(self) -> None:
         if self.file is not None:
@@ -145,9 +147,11 @@ def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         if conn.get_execution_options().get(READ_ONLY):
             conn.exec_driver_sql("BEGIN")
             return
-        queue.acquire()
+        left = queue.acquire()
         conn.info[_WRITER] = queue
         try:
+            # A writer outside the queue (another tool) gets what is left of the same budget.
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={max(1, int(left * 1000))}")
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         except BaseException:
             _release_writer(conn.info)

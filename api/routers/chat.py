@@ -172,10 +172,10 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
                   message: TurnRead) -> AsyncIterator[bytes]:
     """Server-sent events: ``message`` (saved), ``delta`` (reply text as it comes), then ``reply``
     (the stored turn with its stance; its content replaces the streamed text) or ``error``."""
-    yield _sse("message", message.model_dump())
+    yield _sse("message", message.model_dump(mode="json"))
     if prepared.existing_reply_id is not None:
         exchange = await in_transaction(request, lambda s: _stored_exchange(s, prepared))
-        yield _sse("reply", exchange.reply.model_dump())
+        yield _sse("reply", exchange.reply.model_dump(mode="json"))
         return
     prepared = await _screened(request, gateway, prepared)
     splitter = StreamSplitter()
@@ -194,13 +194,13 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
         except Unavailable as unavailable:
             yield _sse("error", error_body(unavailable.code, unavailable.message)["error"])
             return
-        yield _sse("reply", exchange.reply.model_dump())
+        yield _sse("reply", exchange.reply.model_dump(mode="json"))
         return
 
     def store(session: Session) -> ExchangeRead:
         return _exchange(session, prepared, service.record_reply(session, prepared, sink), message)
     exchange = await in_transaction(request, store)
-    yield _sse("reply", exchange.reply.model_dump())
+    yield _sse("reply", exchange.reply.model_dump(mode="json"))
 
 
 # Participant endpoints

@@ -153,8 +153,8 @@ def test_ids_out_of_range_are_refused_in_every_kind_of_path(app_client: TestClie
         refused(app_client.request(method, path, headers=who.headers, json=body), 422)
     refused(app_client.post(f"/api/v1/staff/studies/{SLUG}/safety-events/{big}/review", headers=staff_headers,
                             json={"note": "checked"}), 422)
-    for path in (f"/surveys/{big}", f"/chat/{big}", f"/chat/{big}/end"):
-        assert app_client.get(path, follow_redirects=False).status_code == 422
+    for path in (f"/surveys/{big}", f"/chat/{big}", f"/chat/{big}/end"):  # pages: a page that says so
+        assert app_client.get(path, follow_redirects=False).status_code == 404
 
 
 # Numbers: NaN and infinity are not answers.
@@ -376,3 +376,44 @@ def test_production_refuses_the_offline_model_unless_allowed(monkeypatch: pytest
     monkeypatch.setenv("AFTERWARD_LLM_MODEL", "offline/afterward")
     monkeypatch.setenv("AFTERWARD_ALLOW_OFFLINE_MODEL", "true")
     assert Settings().allow_offline_model
+
+
+# What the new-user probe found after the fix.
+
+
+def test_healthz_never_waits_for_a_writer(engine: Engine, app_client: TestClient) -> None:
+    with engine.connect() as holder:
+        holder.execute(text("UPDATE studies SET title = title"))  # holds the write lock (SQLite) / a row
+        response = app_client.get("/healthz")
+        holder.rollback()
+    assert response.status_code == 200
+
+
+def test_pages_answer_a_browser_with_a_page(engine: Engine, app_client: TestClient, slug: str) -> None:
+    csrf = onboarding_page(app_client, engine, slug)
+    for path in ("/surveys/9223372036854775808", "/chat/2147483648", "/chat/99999999999999999999/end"):
+        response = app_client.get(path)
+        assert (response.status_code, response.headers["content-type"].split(";")[0]) == (404, "text/html"), path
+        assert "no such page" in response.text
+    nul = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "UTC", "contact_email": "a@b.org\x00"})
+    assert (nul.status_code, nul.headers["content-type"].split(";")[0]) == (422, "text/html")
+    assert "NUL" in nul.text
+    assert app_client.get("/api/v1/me/surveys/9223372036854775808").headers["content-type"] == "application/json"
+
+
+def test_page_forms_refuse_what_the_api_refuses(engine: Engine, app_client: TestClient, slug: str) -> None:
+    csrf = onboarding_page(app_client, engine, slug)
+    app_client.post("/onboarding", data={"csrf": csrf, "timezone": "UTC"})
+    in_control_arm(app_client, engine)
+    conversation = app_client.post("/chat", data={"csrf": csrf}, follow_redirects=False).headers["location"]
+    maybe = app_client.post(f"{conversation}/end", data={"csrf": csrf, "made_decision": "maybe"})
+    assert maybe.status_code == 422
+    obliterate = app_client.post("/me/withdraw", data={"csrf": csrf, "level": "obliterate", "confirm": "yes"})
+    assert obliterate.status_code == 422
+    assert count(engine, "SELECT count(*) FROM participants WHERE status = 'withdrawn'") == 0
+
+
+def test_malformed_json_is_named_as_such(app_client: TestClient, who: ParticipantHandle) -> None:
+    response = app_client.put("/api/v1/me/profile", content=b'{"timezone": "UTC"\x00}',
+                              headers={**who.headers, "Content-Type": "application/json"})
+    refused(response, 422, "not valid JSON")
