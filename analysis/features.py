@@ -1,0 +1,461 @@
+"""Conversation features: one row per conversation, and roll-ups per participant and per wave.
+
+Computed set-based: a handful of SQL aggregates grouped by conversation for the whole study,
+plus one streamed pass over the turns' text (words and the affirmation lexicon) and one query for
+each conversation's first and last participant message (VADER sentiment). No ORM objects.
+
+    >>> import analysis.features as f
+    >>> frame = f.conversation_features(engine, "wellbeing-pilot")
+    >>> f.FEATURES["pushback_rate"].definition
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pandas as pd
+from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
+from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+from analysis.lexicons import affirmation_pattern
+from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn
+from scheduler.models import FollowUp
+from study.models import Participant, Study
+from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
+
+Source = Engine | Connection | Session
+STANCES = ("agree", "nudge", "challenge", "escalate")
+TEXT_CHUNK_ROWS = 50_000
+LIST_SEPARATOR = ";"
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One column: what it means, its type (Frictionless names), its unit, and how it rolls up
+    to a participant or a wave (sum, mean, union of lists, ratio recomputed from sums, first)."""
+
+    definition: str
+    type: Literal["integer", "number", "string", "boolean", "datetime"]
+    unit: str | None = None
+    rollup: Literal["sum", "mean", "union", "first", "ratio", "none"] = "none"
+
+
+FEATURES: dict[str, Feature] = {
+    "conversation_id": Feature("Conversation id (the conversations table).", "integer"),
+    "participant_code": Feature("Pseudonymous participant code.", "string", rollup="first"),
+    "arm": Feature("Study arm the conversation ran in.", "string", rollup="first"),
+    "mode": Feature("Assistant mode of the arm: wellbeing (roles, pushback) or default.", "string",
+                    rollup="first"),
+    "starting_role": Feature("Role the conversation started in (the first switch's from-role, else its role).",
+                             "string"),
+    "final_role": Feature("Role in force when the data were read.", "string"),
+    "roles_used": Feature("Roles the conversation was in, starting role then switch targets, "
+                          "distinct, ';'-separated, alphabetical.", "string", rollup="union"),
+    "role_switches": Feature("Number of role switches.", "integer", "switches", "sum"),
+    "status": Feature("Conversation status: active or ended.", "string"),
+    "started_at": Feature("When the conversation started (UTC).", "datetime"),
+    "ended_at": Feature("When it ended (UTC); empty while active.", "datetime"),
+    "duration_seconds": Feature("ended_at - started_at; while active, last turn - started_at.", "number",
+                                "seconds", "sum"),
+    "participant_turns": Feature("Messages written by the participant.", "integer", "turns", "sum"),
+    "assistant_turns": Feature("Replies stored from the assistant.", "integer", "turns", "sum"),
+    "participant_words": Feature("Words in the participant's messages (runs of non-space characters).",
+                                 "integer", "words", "sum"),
+    "assistant_words": Feature("Words in the assistant's replies (runs of non-space characters).", "integer",
+                               "words", "sum"),
+    **{f"{stance}_turns": Feature(f"Assistant turns whose final stance was '{stance}'.", "integer", "turns", "sum")
+       for stance in STANCES},
+    "pushback_rate": Feature("(nudge + challenge) / assistant turns; empty without assistant turns.", "number",
+                             "proportion", "ratio"),
+    "concerns_raised": Feature("Distinct concerns of non-agree assistant turns, ';'-separated, alphabetical.",
+                               "string", rollup="union"),
+    "n_concerns_raised": Feature("Number of distinct concerns raised.", "integer", "concerns"),
+    "overrides": Feature("Pushbacks the participant overrode ('go ahead anyway').", "integer", "responses", "sum"),
+    "reconsiders": Feature("Pushbacks the participant answered with 'let me reconsider'.", "integer", "responses",
+                           "sum"),
+    "challenges_reconsidered": Feature("Challenges after which the participant changed course (reconsider).",
+                                       "integer", "challenges", "sum"),
+    "challenges_overridden": Feature("Challenges the participant overrode.", "integer", "challenges", "sum"),
+    "challenges_left": Feature("Challenges with no response and no later participant message (the "
+                               "participant left).", "integer", "challenges", "sum"),
+    "challenges_continued": Feature("Challenges with no response but a later participant message.", "integer",
+                                    "challenges", "sum"),
+    "reassurance_seeking_turns": Feature("Participant messages the monitor flagged as reassurance-seeking.",
+                                         "integer", "turns", "sum"),
+    "dependence_cues": Feature("Participant messages with a dependence cue (monitor feature dependence_signal).",
+                               "integer", "turns", "sum"),
+    "crisis_cues": Feature("Participant messages with a crisis finding (monitor feature crisis_category).",
+                           "integer", "turns", "sum"),
+    "safety_events": Feature("Safety events (escalations for staff review) raised in the conversation.",
+                             "integer", "events", "sum"),
+    "safety_categories": Feature("Distinct safety-event categories, ';'-separated, alphabetical.", "string",
+                                 rollup="union"),
+    "models": Feature("Distinct models that produced the replies, ';'-separated, alphabetical.", "string",
+                      rollup="union"),
+    "prompt_versions": Feature("Distinct system-prompt versions of the replies, ';'-separated, alphabetical.",
+                               "string", rollup="union"),
+    "prompt_tokens": Feature("Prompt tokens summed over the replies (missing counts as 0).", "integer", "tokens",
+                             "sum"),
+    "completion_tokens": Feature("Completion tokens summed over the replies (missing counts as 0).", "integer",
+                                 "tokens", "sum"),
+    "cost_usd": Feature("LLM cost summed over the replies (missing counts as 0).", "number", "USD", "sum"),
+    "exit_rating": Feature("Exit check: 'How helpful was this conversation?' (immediate-rating, 1-7); empty "
+                           "if not rated.", "number", "points (1-7)", "mean"),
+    "made_decision": Feature("Exit check: the participant said they made a decision; empty without an exit "
+                             "check.", "boolean", rollup="sum"),
+    "decision_id": Feature("Id of the decision recorded at the exit check, if any.", "integer"),
+    "affirmation_hits": Feature("Affirmation-lexicon hits in the assistant's replies (analysis.lexicons).",
+                                "integer", "hits", "sum"),
+    "affirmation_per_100_words": Feature("100 x affirmation_hits / assistant_words; empty without assistant "
+                                         "words.", "number", "hits per 100 words", "ratio"),
+    "first_message_sentiment": Feature("VADER compound sentiment of the participant's first message.", "number",
+                                       "compound (-1..1)", "mean"),
+    "last_message_sentiment": Feature("VADER compound sentiment of the participant's last message.", "number",
+                                      "compound (-1..1)", "mean"),
+    "sentiment_change": Feature("last_message_sentiment - first_message_sentiment.", "number",
+                                "compound (-2..2)", "mean"),
+}
+
+_ROLLUP_EXTRA: dict[str, Feature] = {
+    "n_conversations": Feature("Conversations rolled up into this row.", "integer", "conversations"),
+    "first_conversation_at": Feature("Start of the earliest conversation (UTC).", "datetime"),
+    "last_conversation_at": Feature("Start of the latest conversation (UTC).", "datetime"),
+}
+_WAVE_EXTRA: dict[str, Feature] = {
+    "followup_key": Feature("The protocol's follow-up id (the wave).", "string"),
+    "anchor_key": Feature("What the follow-up is counted from: 'enrollment' or 'decision:<id>'.", "string"),
+    "intended_at": Feature("The follow-up's intended send time (due_at, UTC); conversations started before it "
+                           "belong to the wave.", "datetime"),
+    "window_start": Feature("Start of the wave's window: empty (cumulative) or the previous follow-up's "
+                            "intended time.", "datetime"),
+}
+
+
+def _rolled(name: str, feature: Feature) -> tuple[str, Feature]:
+    if feature.rollup == "mean":
+        return f"mean_{name}", Feature(f"Mean over the conversations of: {feature.definition}", "number",
+                                       feature.unit)
+    if feature.rollup == "sum" and name == "made_decision":
+        return "decisions_made", Feature("Conversations that ended with a decision.", "integer", "conversations")
+    if feature.rollup in ("sum", "ratio"):
+        kind: Literal["integer", "number"] = "integer" if feature.type == "integer" else "number"
+        how = "Summed" if feature.rollup == "sum" else "Recomputed from the summed parts"
+        return name, Feature(f"{how} over the conversations: {feature.definition}", kind, feature.unit)
+    return name, feature
+
+
+_PER_PARTICIPANT = dict(_rolled(n, f) for n, f in FEATURES.items() if f.rollup != "none")
+PARTICIPANT_FEATURES: dict[str, Feature] = {"participant_code": FEATURES["participant_code"], **_ROLLUP_EXTRA,
+                                            **_PER_PARTICIPANT}
+WAVE_FEATURES: dict[str, Feature] = {"participant_code": FEATURES["participant_code"], **_WAVE_EXTRA,
+                                     **_ROLLUP_EXTRA, **_PER_PARTICIPANT}
+
+
+# Reading
+
+
+@contextmanager
+def _connection(source: Source) -> Iterator[Connection]:
+    if isinstance(source, Session):
+        yield source.connection()
+    elif isinstance(source, Connection):
+        yield source
+    else:
+        with source.connect() as connection:
+            yield connection
+
+
+def _study_id(connection: Connection, study: int | str) -> int:
+    if isinstance(study, int):
+        return study
+    found = connection.scalar(select(Study.id).where(Study.slug == study))
+    if found is None:
+        raise LookupError(f"no study {study!r}")
+    return int(found)
+
+
+def _in_scope(query: Any, participant_column: Any, study_id: int,
+              participant_codes: Sequence[str] | None) -> Any:
+    """Restrict a query to the study's participants (and to some of them, if given)."""
+    query = query.join(Participant, Participant.id == participant_column).where(Participant.study_id == study_id)
+    if participant_codes is not None:
+        query = query.where(Participant.code.in_(list(participant_codes)))
+    return query
+
+
+def _frame(connection: Connection, query: Any) -> pd.DataFrame:
+    result = connection.execute(query)
+    return pd.DataFrame(result.all(), columns=list(result.keys()))
+
+
+def _count(condition: Any) -> Any:
+    return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+
+def _joined(values: Iterable[Any]) -> str:
+    return LIST_SEPARATOR.join(sorted({str(v) for v in values if v is not None and v == v}))
+
+
+def _lists(frame: pd.DataFrame, column: str, name: str) -> pd.Series:
+    if frame.empty:
+        return pd.Series(dtype=object, name=name)
+    return frame.groupby("conversation_id")[column].agg(_joined).rename(name)
+
+
+def _text_counts(connection: Connection, study_id: int, codes: Sequence[str] | None) -> pd.DataFrame:
+    """Words per side and affirmation hits, streamed in chunks so memory stays flat."""
+    pattern = affirmation_pattern()
+    query = _in_scope(select(Turn.conversation_id, Turn.speaker, Turn.content), Turn.participant_id, study_id,
+                      codes)
+    parts: list[pd.DataFrame] = []
+    result = connection.execution_options(stream_results=True, yield_per=TEXT_CHUNK_ROWS).execute(query)
+    for rows in result.partitions():
+        chunk = pd.DataFrame(rows, columns=["conversation_id", "speaker", "content"])
+        text = chunk["content"]
+        chunk["words"] = [len(t.split()) for t in text]  # runs of non-space characters
+        assistant = chunk["speaker"] == "assistant"
+        chunk["hits"] = 0
+        chunk.loc[assistant, "hits"] = [len(pattern.findall(t)) for t in text[assistant]]
+        chunk["participant_words"] = chunk["words"].where(~assistant, 0)
+        chunk["assistant_words"] = chunk["words"].where(assistant, 0)
+        parts.append(chunk.groupby("conversation_id")[["participant_words", "assistant_words", "hits"]].sum())
+    if not parts:
+        return pd.DataFrame(columns=["participant_words", "assistant_words", "affirmation_hits"])
+    return pd.concat(parts).groupby(level=0).sum().rename(columns={"hits": "affirmation_hits"})
+
+
+def _sentiment(connection: Connection, study_id: int, codes: Sequence[str] | None) -> pd.DataFrame:
+    """VADER compound of each conversation's first and last participant message (only those
+    two messages are read)."""
+    ends = _in_scope(select(Turn.conversation_id, func.min(Turn.seq).label("first_seq"),
+                            func.max(Turn.seq).label("last_seq")), Turn.participant_id, study_id, codes) \
+        .where(Turn.speaker == "participant").group_by(Turn.conversation_id).subquery()
+    query = select(Turn.conversation_id, Turn.seq, Turn.content, ends.c.first_seq, ends.c.last_seq).join(
+        ends, and_(Turn.conversation_id == ends.c.conversation_id,
+                   or_(Turn.seq == ends.c.first_seq, Turn.seq == ends.c.last_seq)))
+    analyzer = SentimentIntensityAnalyzer()
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    result = connection.execution_options(stream_results=True, yield_per=TEXT_CHUNK_ROWS).execute(query)
+    for conversation_id, seq, content, first_seq, last_seq in result:
+        compound = float(analyzer.polarity_scores(content)["compound"])
+        if seq == first_seq:
+            first[conversation_id] = compound
+        if seq == last_seq:
+            last[conversation_id] = compound
+    frame = pd.DataFrame({"first_message_sentiment": pd.Series(first, dtype=float),
+                          "last_message_sentiment": pd.Series(last, dtype=float)})
+    frame["sentiment_change"] = frame["last_message_sentiment"] - frame["first_message_sentiment"]
+    return frame
+
+
+def conversation_features(source: Source, study: int | str, *,
+                          participant_codes: Sequence[str] | None = None) -> pd.DataFrame:
+    """One row per conversation of ``study`` (id or slug), columns as documented in ``FEATURES``.
+    ``participant_codes`` restricts it to some participants."""
+    codes = participant_codes
+    with _connection(source) as connection:
+        study_id = _study_id(connection, study)
+        base = _frame(connection, _in_scope(select(
+            Conversation.id.label("conversation_id"), Participant.code.label("participant_code"),
+            Conversation.arm, Conversation.mode, Conversation.role.label("final_role"), Conversation.status,
+            Conversation.started_at, Conversation.ended_at, Conversation.made_decision,
+            Decision.id.label("decision_id"),
+        ).outerjoin(Decision, Decision.conversation_id == Conversation.id), Conversation.participant_id, study_id,
+            codes))
+        if base.empty:
+            return pd.DataFrame({name: pd.Series(dtype=object) for name in FEATURES})
+        assistant, participant = Turn.speaker == "assistant", Turn.speaker == "participant"
+        turns = _frame(connection, _in_scope(select(
+            Turn.conversation_id,
+            _count(participant).label("participant_turns"), _count(assistant).label("assistant_turns"),
+            *[_count(and_(assistant, Turn.stance == stance)).label(f"{stance}_turns") for stance in STANCES],
+            _count(and_(participant, Turn.reassurance_seeking.is_(True))).label("reassurance_seeking_turns"),
+            _count(and_(participant, Turn.features["dependence_signal"].as_boolean().is_(True)))
+            .label("dependence_cues"),
+            _count(and_(participant, Turn.features["crisis_category"].as_string().is_not(None)))
+            .label("crisis_cues"),
+            func.coalesce(func.sum(Turn.prompt_tokens), 0).label("prompt_tokens"),
+            func.coalesce(func.sum(Turn.completion_tokens), 0).label("completion_tokens"),
+            func.coalesce(func.sum(Turn.cost_usd), 0.0).label("cost_usd"),
+            func.max(Turn.created_at).label("last_turn_at"),
+        ), Turn.participant_id, study_id, codes).group_by(Turn.conversation_id)).set_index("conversation_id")
+
+        # What happened after each challenge: its response, else whether the participant wrote again.
+        last_message = select(Turn.conversation_id, func.max(Turn.seq).label("last_seq")).where(participant) \
+            .group_by(Turn.conversation_id).subquery()
+        wrote_again = and_(last_message.c.last_seq.is_not(None), last_message.c.last_seq > Turn.seq)
+        unanswered = PushbackResponse.id.is_(None)
+        challenges = _frame(connection, _in_scope(select(
+            Turn.conversation_id,
+            _count(PushbackResponse.action == "reconsider").label("challenges_reconsidered"),
+            _count(PushbackResponse.action == "override").label("challenges_overridden"),
+            _count(and_(unanswered, ~wrote_again)).label("challenges_left"),
+            _count(and_(unanswered, wrote_again)).label("challenges_continued"),
+        ).outerjoin(PushbackResponse, PushbackResponse.turn_id == Turn.id)
+            .outerjoin(last_message, last_message.c.conversation_id == Turn.conversation_id),
+            Turn.participant_id, study_id, codes)
+            .where(assistant, Turn.stance == "challenge").group_by(Turn.conversation_id)).set_index("conversation_id")
+
+        responses = _frame(connection, _in_scope(select(
+            PushbackResponse.conversation_id, _count(PushbackResponse.action == "override").label("overrides"),
+            _count(PushbackResponse.action == "reconsider").label("reconsiders"),
+        ), PushbackResponse.participant_id, study_id, codes).group_by(PushbackResponse.conversation_id)) \
+            .set_index("conversation_id")
+
+        switches = _frame(connection, _in_scope(select(
+            RoleSwitch.conversation_id, RoleSwitch.from_role, RoleSwitch.to_role, RoleSwitch.after_seq, RoleSwitch.id,
+        ), RoleSwitch.participant_id, study_id, codes).order_by(RoleSwitch.conversation_id, RoleSwitch.after_seq,
+                                                                 RoleSwitch.id))
+        concerns = _frame(connection, _in_scope(select(Turn.conversation_id, Turn.concern).distinct(),
+                                                Turn.participant_id, study_id, codes)
+                          .where(assistant, Turn.stance != "agree", Turn.concern.is_not(None),
+                                 Turn.concern != "none"))
+        versions = _frame(connection, _in_scope(select(Turn.conversation_id, Turn.model, Turn.prompt_version)
+                                                .distinct(), Turn.participant_id, study_id, codes).where(assistant))
+        safety = _frame(connection, _in_scope(select(SafetyEvent.conversation_id, SafetyEvent.category,
+                                                     func.count().label("n")),
+                                              SafetyEvent.participant_id, study_id, codes)
+                        .group_by(SafetyEvent.conversation_id, SafetyEvent.category))
+        ratings = _frame(connection, _in_scope(select(
+            SurveyAssignment.context["conversation_id"].as_string().label("conversation_id"),
+            SurveyScore.value.label("exit_rating"),
+        ).join(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id)
+            .join(SurveyScore, SurveyScore.response_id == SurveyResponse.id), SurveyAssignment.participant_id,
+            study_id, codes).where(SurveyAssignment.purpose == "exit",
+                                   SurveyAssignment.instrument_id == "immediate-rating",
+                                   SurveyScore.name == "helpful", SurveyResponse.submitted_at.is_not(None)))
+        text = _text_counts(connection, study_id, codes)
+        sentiment = _sentiment(connection, study_id, codes)
+
+    frame = base.set_index("conversation_id")
+    frame = frame.join(turns).join(text).join(challenges).join(responses)
+    first_switch = switches.groupby("conversation_id").first() if not switches.empty else pd.DataFrame(
+        columns=["from_role"])
+    frame["starting_role"] = first_switch["from_role"].reindex(frame.index).fillna(frame["final_role"])
+    targets = switches[["conversation_id", "to_role"]].rename(columns={"to_role": "role"}) if not switches.empty \
+        else pd.DataFrame(columns=["conversation_id", "role"])
+    starts = frame["starting_role"].rename("role").reset_index()
+    frame["roles_used"] = _lists(pd.concat([starts, targets]), "role", "roles_used")
+    frame["role_switches"] = switches.groupby("conversation_id").size().reindex(frame.index).fillna(0) \
+        if not switches.empty else 0
+    frame["concerns_raised"] = _lists(concerns, "concern", "concerns_raised").reindex(frame.index).fillna("")
+    frame["n_concerns_raised"] = (concerns.groupby("conversation_id").size().reindex(frame.index).fillna(0)
+                                  if not concerns.empty else 0)
+    frame["models"] = _lists(versions, "model", "models").reindex(frame.index).fillna("")
+    frame["prompt_versions"] = _lists(versions, "prompt_version", "prompt_versions").reindex(frame.index).fillna("")
+    frame["safety_events"] = (safety.groupby("conversation_id")["n"].sum().reindex(frame.index).fillna(0)
+                              if not safety.empty else 0)
+    frame["safety_categories"] = _lists(safety, "category", "safety_categories").reindex(frame.index).fillna("")
+    if not ratings.empty:
+        ratings["conversation_id"] = ratings["conversation_id"].astype(int)
+        frame["exit_rating"] = ratings.groupby("conversation_id")["exit_rating"].last().reindex(frame.index)
+    else:
+        frame["exit_rating"] = float("nan")
+    frame = frame.join(sentiment)
+
+    counts = [name for name, feature in FEATURES.items() if feature.type == "integer"
+              and name not in ("conversation_id", "decision_id")]
+    frame[counts] = frame[counts].fillna(0).astype("int64")
+    frame["cost_usd"] = frame["cost_usd"].fillna(0.0).astype(float)
+    frame["pushback_rate"] = ((frame["nudge_turns"] + frame["challenge_turns"])
+                              / frame["assistant_turns"].where(frame["assistant_turns"] > 0))
+    frame["affirmation_per_100_words"] = (100 * frame["affirmation_hits"]
+                                          / frame["assistant_words"].where(frame["assistant_words"] > 0))
+    end = frame["ended_at"].where(frame["ended_at"].notna(), frame["last_turn_at"])
+    frame["duration_seconds"] = (pd.to_datetime(end, utc=True)
+                                 - pd.to_datetime(frame["started_at"], utc=True)).dt.total_seconds()
+    frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True)
+    frame["ended_at"] = pd.to_datetime(frame["ended_at"], utc=True)
+    frame["made_decision"] = frame["made_decision"].astype("boolean")
+    frame["decision_id"] = frame["decision_id"].astype("Int64")
+    for column in ("exit_rating", "first_message_sentiment", "last_message_sentiment", "sentiment_change"):
+        frame[column] = frame[column].astype(float)
+    frame = frame.reset_index().sort_values("conversation_id", kind="stable").reset_index(drop=True)
+    return frame[list(FEATURES)]
+
+
+# Roll-ups
+
+
+def _roll_up(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Aggregate conversation features over ``keys`` as each feature's ``rollup`` says."""
+    grouped = frame.groupby(keys, sort=True, dropna=False)
+    out = grouped.size().rename("n_conversations").to_frame()
+    out["first_conversation_at"] = grouped["started_at"].min()
+    out["last_conversation_at"] = grouped["started_at"].max()
+    for name, feature in FEATURES.items():
+        if name in keys or feature.rollup in ("none", "ratio"):
+            continue
+        column, _ = _rolled(name, feature)
+        if feature.rollup == "sum":
+            out[column] = grouped[name].sum().astype(float if feature.type == "number" else "int64")
+        elif feature.rollup == "mean":
+            out[column] = grouped[name].mean().astype(float)
+        elif feature.rollup == "union":
+            out[column] = grouped[name].agg(
+                lambda values: _joined([part for value in values for part in str(value).split(LIST_SEPARATOR)
+                                        if part]))
+        elif feature.rollup == "first":
+            out[column] = grouped[name].first()
+    out["pushback_rate"] = ((out["nudge_turns"] + out["challenge_turns"])
+                            / out["assistant_turns"].where(out["assistant_turns"] > 0))
+    out["affirmation_per_100_words"] = (100 * out["affirmation_hits"]
+                                        / out["assistant_words"].where(out["assistant_words"] > 0))
+    return out.reset_index()
+
+
+def participant_features(source: Source, study: int | str, *, participant_codes: Sequence[str] | None = None,
+                         conversations: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per participant with at least one conversation; columns in ``PARTICIPANT_FEATURES``.
+    Pass ``conversations`` (from ``conversation_features``) to reuse it instead of reading again."""
+    frame = conversations if conversations is not None else conversation_features(
+        source, study, participant_codes=participant_codes)
+    return _roll_up(frame, ["participant_code"])[list(PARTICIPANT_FEATURES)]
+
+
+def wave_features(source: Source, study: int | str, *, participant_codes: Sequence[str] | None = None,
+                  followup_keys: Sequence[str] | None = None,
+                  window: Literal["cumulative", "since_previous"] = "cumulative",
+                  conversations: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per follow-up (participant x wave), rolling up the conversations started before
+    its intended time: all of them (``cumulative``), or only those since the participant's
+    previous follow-up of the selection (``since_previous``). A wave without conversations has
+    ``n_conversations`` 0 and zero counts. Columns in ``WAVE_FEATURES``."""
+    frame = conversations if conversations is not None else conversation_features(
+        source, study, participant_codes=participant_codes)
+    with _connection(source) as connection:
+        study_id = _study_id(connection, study)
+        query = _in_scope(select(Participant.code.label("participant_code"), FollowUp.followup_key,
+                                 FollowUp.anchor_key, FollowUp.due_at.label("intended_at")),
+                          FollowUp.participant_id, study_id, participant_codes)
+        if followup_keys is not None:
+            query = query.where(FollowUp.followup_key.in_(list(followup_keys)))
+        waves = _frame(connection, query)
+    if waves.empty:
+        return pd.DataFrame({name: pd.Series(dtype=object) for name in WAVE_FEATURES})
+    waves["intended_at"] = pd.to_datetime(waves["intended_at"], utc=True)
+    waves = waves.sort_values(["participant_code", "intended_at", "followup_key", "anchor_key"])
+    previous = waves.groupby("participant_code")["intended_at"].shift()
+    waves["window_start"] = previous if window == "since_previous" else pd.NaT
+    waves["window_start"] = pd.to_datetime(waves["window_start"], utc=True)
+    keys = ["participant_code", "followup_key", "anchor_key", "intended_at", "window_start"]
+    paired = waves.merge(frame, on="participant_code", how="inner")
+    inside = paired["started_at"] < paired["intended_at"]
+    inside &= paired["window_start"].isna() | (paired["started_at"] >= paired["window_start"])
+    rolled = _roll_up(paired[inside], keys) if inside.any() else pd.DataFrame(columns=keys)
+    out = waves[keys].merge(rolled, on=keys, how="left")
+    out["n_conversations"] = out["n_conversations"].fillna(0).astype("int64")
+    for name, feature in WAVE_FEATURES.items():
+        if name in out.columns and feature.type == "integer" and name != "n_conversations":
+            out[name] = out[name].fillna(0).astype("int64")
+        elif name not in out.columns:
+            out[name] = pd.NA
+    for name in ("roles_used", "concerns_raised", "safety_categories", "models", "prompt_versions"):
+        out[name] = out[name].fillna("")
+    return out[list(WAVE_FEATURES)].reset_index(drop=True)
