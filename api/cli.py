@@ -240,6 +240,41 @@ def demo(protocol: Path = PROJECT_ROOT / "examples" / "wellbeing-pilot.yaml") ->
         typer.echo(f"  {settings.base_url}/?code={code}")
 
 
+@app.command("simulate")
+def simulate(
+    study: str,
+    participants: Annotated[int, typer.Option(min=1, max=10_000, help="Synthetic participants to enroll")] = 50,
+    weeks: Annotated[int, typer.Option(min=1, max=52, help="Simulated weeks")] = 6,
+    seed: Annotated[int, typer.Option(min=0, help="The same seed on the same database gives the same data")] = 1,
+    start: Annotated[dt.datetime | None, typer.Option(
+        formats=["%Y-%m-%d"], help="First simulated day (UTC); default: WEEKS weeks ago")] = None,
+) -> None:
+    """Run synthetic participants through the real services (offline model, in-app follow-ups only)
+    with effects known in advance; the run's seed, parameters and true effects are stored."""
+    from analysis.simulate import simulate as run_simulation
+    from study.db import get_engine
+
+    try:
+        result = run_simulation(get_engine(), study, participants=participants, weeks=weeks, seed=seed,
+                                start=start.replace(tzinfo=dt.UTC) if start else None, progress=typer.echo)
+    except DomainError as exc:
+        _fail(exc.message)
+        return
+    s = result.summary
+    typer.echo(f"simulation {result.run_id} of '{study}' (seed {seed}) finished in {result.seconds:.1f} s")
+    typer.echo(f"  enrolled {s['enrolled']} ({', '.join(f'{arm} {n}' for arm, n in s['arms'].items())}), "
+               f"withdrawn {s['withdrawn']} (data deleted {s['data_deleted']})")
+    typer.echo(f"  conversations {s['conversations']}, turns {s['turns']}, stances "
+               f"{', '.join(f'{k} {v}' for k, v in s['stances'].items())}; overrides {s['overrides']}, "
+               f"reconsiders {s['reconsiders']}, role switches {s['role_switches']}, decisions {s['decisions']}, "
+               f"safety events {s['safety_events']}")
+    typer.echo(f"  follow-ups sent {s['followups_sent']}, completed {s['followups_completed']}, expired "
+               f"{s['followups_expired']}, still open {s['followups_open']}, planned {s['followups_planned']}, "
+               f"cancelled {s['followups_cancelled']}")
+    typer.echo("  true effects stored in simulation_runs: " + ", ".join(
+        f"{name} {effect['value']:+g}" for name, effect in result.true_effects.items()))
+
+
 @app.command("scheduler")
 def scheduler_process(name: str | None = None, poll_seconds: float | None = None) -> None:
     """Run the follow-up dispatcher (its own process; several may run against PostgreSQL)."""

@@ -1,0 +1,690 @@
+"""Simulated studies through the real services, with effects known in advance.
+
+``simulate`` enrolls synthetic participants in a loaded study through the real invite, consent,
+profile (arm by the study's own randomization), chat (offline model), exit-check, survey and
+withdrawal services, moving the injectable clock forward and running the real dispatcher, which
+opens the follow-ups. Every answer comes from a generative model whose parameters
+(:class:`Effects`) are stored with the run in ``simulation_runs``, so a statistic computed from
+the resulting database can be checked against the truth::
+
+    from analysis.simulate import Effects, simulate
+    result = simulate(engine, "wellbeing-pilot", participants=200, weeks=6, seed=1,
+                      effects=Effects(regret_coach=-15.0))
+    result.summary["followups_completed"], result.true_effects["regret_coach"]
+
+It writes nothing itself except its own ``simulation_runs`` row: every other row comes from a
+service, one transaction per unit of work as at the real edges, with the model called between two
+of them (never inside one, never with database work on the event loop). The same seed on the same
+database state (including the study's allocation seed) gives the same data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import heapq
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from analysis.models import SimulationRun
+from chat import service as chat
+from chat.gateway import Gateway
+from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn
+from chat.roles import roles_for_arm
+from scheduler import planner
+from scheduler.channels import Channel, InAppChannel
+from scheduler.dispatcher import Dispatcher, TickReport
+from scheduler.models import FollowUp
+from study import audit, participants, studies, wiring
+from study.clock import FrozenClock, now, set_clock
+from study.db import session_scope
+from study.errors import Gone
+from study.models import InviteCode, Participant, ParticipantStatus, WithdrawalLevel
+from study.settings import get_settings
+from surveys import registry
+from surveys import service as surveys
+from surveys.definitions import Instrument
+from surveys.models import SurveyAssignment
+
+OFFLINE_MODEL = "offline/afterward"  # whatever the study's arms name: a simulation never reaches a real model
+ACTOR = audit.Actor.system("simulate")
+CONFIRM_SIGNATURE = "Simulated Participant"
+TIMEZONES = ("Europe/Berlin", "Europe/London", "America/New_York", "America/Los_Angeles", "Asia/Tokyo",
+             "Australia/Sydney", "Asia/Kolkata")
+
+# PERMA-Profiler items that run against well-being (higher = worse).
+PERMA_NEGATIVE = frozenset({"N1", "N2", "N3", "Lon"})
+# Decision Regret Scale items worded against the decision (agreeing = regret); the others agree = no regret.
+DRS_REVERSED = frozenset({"drs2", "drs4"})
+
+
+@dataclass(frozen=True)
+class Topic:
+    plain: tuple[str, ...]
+    framing: tuple[str, ...]  # unsupported framings the offline collaborator nudges and the coach challenges
+    decisions: tuple[str, ...]
+
+
+TOPICS = (
+    Topic(("I'm thinking about asking for a raise next month.", "How should I prepare for my performance review?",
+           "I have a job offer from a smaller company and can't decide."),
+          ("Everyone at work hates me, so I should quit tomorrow.", "My manager will never respect me, so why try."),
+          ("Asked my manager for a raise", "Accepted the job offer", "Stayed in my current job for now")),
+    Topic(("My partner and I keep arguing about chores.", "How do I tell a friend I need more space?"),
+          ("She obviously hates me now, so I'll just block her.", "It's all my fault we keep fighting."),
+          ("Talked to my partner about splitting chores", "Told my friend how I felt")),
+    Topic(("Should I pay off my credit card or build savings first?", "I want to start a budget but don't know how."),
+          ("This coin can only go up, so I'll move my savings into it.", "I always mess up with money."),
+          ("Set up a monthly budget", "Moved my savings into an index fund")),
+    Topic(("I want to start running three times a week.", "I've been sleeping badly lately, any ideas?"),
+          ("I'm such a failure, I can't keep a routine.", "I never stick to anything I start."),
+          ("Signed up for a beginner running plan", "Set a fixed bedtime")),
+    Topic(("I'm deciding whether to go back to school for a master's.", "How can I stop procrastinating on my thesis?"),
+          ("Nobody ever listens to me in class, so I'll drop out.", "I ruined everything with that presentation."),
+          ("Applied to the part-time master's", "Made a writing schedule for my thesis")),
+)
+REASSURANCE = ("Am I doing the right thing here?", "Do you think I made a mistake?", "Tell me it will be okay.")
+DEPENDENCE = ("Just tell me what to do.", "You're the only one who understands me.")
+DISTRESS = ("I feel hopeless about all of this lately.", "Honestly I feel empty inside most days.")
+CHANGED_COURSE = "You're right, let me think about it differently."
+
+
+def _default_role_weights() -> dict[str, float]:
+    return {"concierge": 1.0, "collaborator": 1.3, "coach": 1.0}
+
+
+@dataclass(frozen=True)
+class Effects:
+    """The generative model. Well-being is a latent 0-10 level per participant; the observed
+    baseline covariate is the participant's baseline PERMA overall well-being score (0-10), and
+    attrition depends on it. Effects are in the units of the scored instruments.
+
+    - PERMA at the k-th enrollment-anchored PERMA follow-up (k = 1, 2, ...): latent level
+      + ``wellbeing_arm_perma_per_wave`` * k in the well-being arm, + N(0, wave_noise_sd).
+    - Regret (0-100) for a decision: ``regret_base`` + ``regret_coach`` if the conversation ended
+      in the coach role + ``regret_per_agree_share`` * the share of the conversation's assistant
+      turns with stance ``agree`` (heavy affirmation) + a person effect; each regret follow-up
+      adds N(0, regret_wave_sd).
+    - Exit rating (1-7): ``exit_rating_base`` + ``exit_rating_per_agree_share`` * the same share:
+      affirmation pleases now and is regretted later.
+    - An open follow-up is answered with log-odds ``answer_logit`` + ``answer_per_baseline_point``
+      * (baseline overall well-being - ``baseline_center``), otherwise left to expire.
+    - Withdrawal: weekly log-odds ``withdraw_weekly_logit`` + ``withdraw_per_baseline_point`` *
+      (baseline - ``baseline_center``), applied daily as 1 - (1 - p)^(1/7).
+    """
+
+    baseline_mean: float = 6.5
+    baseline_sd: float = 1.3
+    wave_noise_sd: float = 0.5
+    item_noise_sd: float = 0.8
+    wellbeing_arm_perma_per_wave: float = 0.4
+    regret_base: float = 30.0
+    regret_coach: float = -12.0
+    regret_per_agree_share: float = 15.0
+    regret_person_sd: float = 8.0
+    regret_noise_sd: float = 8.0
+    regret_wave_sd: float = 5.0
+    exit_rating_base: float = 4.0
+    exit_rating_per_agree_share: float = 1.5
+    goal_progress_base: float = 5.0
+    goal_progress_coach: float = 1.0
+    answer_logit: float = 1.4
+    answer_per_baseline_point: float = 0.5
+    withdraw_weekly_logit: float = -3.0
+    withdraw_per_baseline_point: float = -0.5
+    baseline_center: float = 6.5
+    delete_data_share: float = 0.1  # of withdrawals, the share that also deletes research data
+    # Behaviour
+    conversations_per_week: float = 2.0
+    extra_messages_mean: float = 2.0  # messages after the first (Poisson)
+    framing_share: float = 0.25
+    reassurance_share: float = 0.08
+    dependence_share: float = 0.05
+    distress_share: float = 0.01
+    override_prob: float = 0.25
+    reconsider_prob: float = 0.25
+    role_switch_prob: float = 0.08
+    decision_prob: float = 0.5
+    exit_rating_prob: float = 0.9
+    partial_save_prob: float = 0.3  # baseline answered in two sittings (save_partial, then submit)
+    item_skip_prob: float = 0.02  # optional PERMA items left blank
+    role_weights: dict[str, float] = field(default_factory=_default_role_weights)
+
+    def true_effects(self) -> dict[str, Any]:
+        """The effects a correct analysis should recover, with their definitions."""
+        return {
+            "wellbeing_arm_perma_per_wave": {
+                "value": self.wellbeing_arm_perma_per_wave, "outcome": "perma-profiler overall_wellbeing (0-10)",
+                "definition": "difference well-being arm minus control at the k-th PERMA follow-up, per k"},
+            "regret_coach": {
+                "value": self.regret_coach, "outcome": "decision-regret regret (0-100)",
+                "definition": "decisions made in conversations that ended in the coach role, vs other roles"},
+            "regret_per_agree_share": {
+                "value": self.regret_per_agree_share, "outcome": "decision-regret regret (0-100)",
+                "definition": "per unit of the share of the conversation's assistant turns with stance 'agree'"},
+            "exit_rating_per_agree_share": {
+                "value": self.exit_rating_per_agree_share, "outcome": "immediate-rating helpful (1-7)",
+                "definition": "per unit of the same share (before rounding and clipping to 1-7)"},
+            "goal_progress_coach": {
+                "value": self.goal_progress_coach, "outcome": "goal-progress progress (0-10)",
+                "definition": "participants whose usual role is coach, vs others"},
+            "answer_log_odds_per_baseline_point": {
+                "value": self.answer_per_baseline_point, "outcome": "a follow-up completed (vs expired)",
+                "definition": "log-odds per point of baseline PERMA overall well-being",
+                "intercept_at_center": self.answer_logit, "center": self.baseline_center},
+            "withdrawal_weekly_log_odds_per_baseline_point": {
+                "value": self.withdraw_per_baseline_point, "outcome": "withdrawal within a week",
+                "definition": "log-odds per point of baseline PERMA overall well-being",
+                "intercept_at_center": self.withdraw_weekly_logit, "center": self.baseline_center},
+        }
+
+
+@dataclass
+class SimulationResult:
+    run_id: int
+    study: str
+    seed: int
+    summary: dict[str, Any]
+    true_effects: dict[str, Any]
+    seconds: float
+
+
+@dataclass
+class _Person:
+    """A synthetic participant: the latent truths and what the simulation needs to remember."""
+
+    index: int
+    invite: str
+    timezone: str
+    enroll_at: dt.datetime
+    latent: float
+    topic: Topic
+    usual_role: str | None = None
+    regret_person: float = 0.0
+    participant_id: int | None = None
+    arm_mode: str | None = None
+    roles: tuple[str, ...] = ()
+    baseline: float | None = None  # the observed covariate: baseline PERMA overall well-being
+    active: bool = False
+    seen: set[int] = field(default_factory=set)  # survey assignments already looked at
+    decisions: dict[int, tuple[float, str]] = field(default_factory=dict)  # decision id -> latent regret, role
+
+
+def _logistic(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+class _Simulation:
+    def __init__(self, engine: Engine, study_slug: str, *, participants: int, weeks: int, seed: int,
+                 effects: Effects, start: dt.datetime, tick_minutes: int,
+                 progress: Callable[[str], None] | None, runner: asyncio.Runner) -> None:
+        self.runner = runner  # one event loop for every model call, run between transactions
+        self.engine, self.slug, self.n, self.weeks, self.seed = engine, study_slug, participants, weeks, seed
+        self.effects, self.start, self.tick = effects, start, dt.timedelta(minutes=tick_minutes)
+        self.progress = progress or (lambda _line: None)
+        self.rng = np.random.default_rng(seed)
+        self.clock = FrozenClock(start)
+        settings = get_settings().model_copy(update={
+            "llm_model": OFFLINE_MODEL, "llm_fallback_model": None, "crisis_classifier_model": None,
+            "offline_llm_delay_ms": 0})
+        self.gateway = Gateway(settings)
+        channels: dict[str, Channel] = {"in_app": InAppChannel()}  # nothing leaves the machine
+        self.dispatcher = Dispatcher(engine, settings, name=f"simulate-{seed}", channels=channels)
+        self.ticks = TickReport()
+        self.counts: Counter[str] = Counter()
+        self.events: list[tuple[dt.datetime, int, str, int, Any]] = []
+        self._order = 0
+
+    # Running
+
+    def run(self) -> int:
+        with session_scope(self.engine) as session:
+            study = studies.get_study(session, self.slug)
+            self.study_id = study.id
+            protocol = studies.current_protocol(session, study.id)
+            self.email_required = protocol.enrollment.contact_email == "required"
+            self.deletion_allowed = protocol.withdrawal.allow_data_deletion
+            perma = sorted((f for f in protocol.followups if f.instrument == "perma-profiler"
+                            and f.anchor == "enrollment"), key=lambda f: f.offset)
+            self.perma_wave = {f.id: k for k, f in enumerate(perma, start=1)}
+            run = SimulationRun(study_id=study.id, seed=self.seed, participants=self.n, weeks=self.weeks,
+                                parameters=self.parameters(), true_effects=self.effects.true_effects())
+            session.add(run)
+            session.flush()
+            self.run_id = run.id
+            codes = participants.create_invites(session, study, ACTOR, count=self.n,
+                                                label=f"simulation {run.id}")
+            audit.record(session, ACTOR, "simulation.started", study_id=study.id, run_id=run.id, seed=self.seed,
+                         participants=self.n, weeks=self.weeks)
+        self.people = self._people(codes)
+        for person in self.people:
+            self._push(person.enroll_at, "enroll", person)
+        end = self.start + dt.timedelta(weeks=self.weeks)
+        at, day = self.start, 0
+        while at < end:
+            if at >= self.start + dt.timedelta(days=day):
+                self._plan_day(at)
+                day += 1
+                if day % 7 == 0:
+                    self.progress(self._progress_line(day // 7))
+            self.clock.set(at)
+            self.ticks.add(self.dispatcher.tick())
+            at += self.tick
+            while self.events and self.events[0][0] < at:
+                when, _, kind, index, payload = heapq.heappop(self.events)
+                self.clock.set(max(when, now()))
+                getattr(self, f"_{kind}")(self.people[index], payload)
+        self.clock.set(end)
+        self.ticks.add(self.dispatcher.tick())
+        if day % 7:
+            self.progress(self._progress_line(self.weeks))
+        return self.run_id
+
+    def parameters(self) -> dict[str, Any]:
+        return {"effects": dataclasses.asdict(self.effects), "start": self.start.isoformat(),
+                "tick_minutes": self.tick.total_seconds() / 60, "enrollment_days": self._enrollment_days(),
+                "timezones": list(TIMEZONES), "model": OFFLINE_MODEL, "study": self.slug}
+
+    def _enrollment_days(self) -> int:
+        return max(1, min(14, self.weeks * 7 // 3))
+
+    def _people(self, codes: list[str]) -> list[_Person]:
+        e, rng = self.effects, self.rng
+        people = []
+        for index, code in enumerate(codes):
+            offset = dt.timedelta(days=int(rng.integers(self._enrollment_days())),
+                                  minutes=int(rng.integers(8 * 60, 22 * 60)))
+            zone = TIMEZONES[int(rng.integers(len(TIMEZONES)))]
+            people.append(_Person(
+                index=index, invite=code, timezone=zone, enroll_at=self._local(self.start + offset, zone),
+                latent=float(rng.normal(e.baseline_mean, e.baseline_sd)),
+                topic=TOPICS[int(rng.integers(len(TOPICS)))], regret_person=float(rng.normal(0, e.regret_person_sd))))
+        return people
+
+    def _local(self, utc_day_time: dt.datetime, zone: str) -> dt.datetime:
+        """The same wall-clock time in ``zone`` (so people act in their waking hours), as UTC."""
+        day_start = utc_day_time.replace(hour=0, minute=0, second=0, microsecond=0)
+        offset = day_start.astimezone(ZoneInfo(zone)).utcoffset() or dt.timedelta(0)
+        # Kept inside the same UTC day, which is the day being planned.
+        return day_start + (utc_day_time - day_start - offset) % dt.timedelta(days=1)
+
+    def _push(self, when: dt.datetime, kind: str, person: _Person, payload: Any = None) -> None:
+        self._order += 1
+        heapq.heappush(self.events, (when, self._order, kind, person.index, payload))
+
+    def _plan_day(self, day: dt.datetime) -> None:
+        """Each active participant's day: maybe withdraw, chat a few times, look at the app once."""
+        e, rng = self.effects, self.rng
+        for person in self.people:
+            if not person.active:
+                continue
+            assert person.baseline is not None
+            weekly = _logistic(e.withdraw_weekly_logit + e.withdraw_per_baseline_point
+                               * (person.baseline - e.baseline_center))
+            if rng.random() < 1 - (1 - weekly) ** (1 / 7):
+                deletes = rng.random() < e.delete_data_share and self.deletion_allowed
+                level = WithdrawalLevel.DELETE_DATA if deletes else WithdrawalLevel.STOP_CONTACT
+                self._push(self._waking(day, person), "withdraw", person, level)
+                person.active = False  # nothing else planned for them
+                continue
+            for _ in range(int(rng.poisson(e.conversations_per_week / 7))):
+                self._push(self._waking(day, person), "converse", person)
+            self._push(self._local(day + dt.timedelta(hours=float(rng.uniform(17, 22))), person.timezone),
+                       "check_surveys", person)
+
+    def _waking(self, day: dt.datetime, person: _Person) -> dt.datetime:
+        return self._local(day + dt.timedelta(minutes=int(self.rng.integers(8 * 60, 22 * 60))), person.timezone)
+
+    def _progress_line(self, week: int) -> str:
+        c = self.counts
+        return (f"week {week}: enrolled {c['enrolled']}, conversations {c['conversations']}, messages "
+                f"{c['messages']}, follow-ups opened {self.ticks.opened}, answered {c['followups_answered']}, "
+                f"missed {c['followups_missed']}, withdrawn {c['withdrawn']}")
+
+    # Units of work: each one transaction, as one request at the real edge
+
+    def _as(self, person: _Person, session: Session) -> Participant:
+        """The participant as the API's consented-participant dependency gives it."""
+        assert person.participant_id is not None
+        participant = session.get(Participant, person.participant_id)
+        assert participant is not None
+        participants.require_current_consent(session, participant)
+        return participant
+
+    def _enroll(self, person: _Person, _payload: Any) -> None:
+        e, rng = self.effects, self.rng
+        with session_scope(self.engine) as session:  # POST /enrollment
+            person.participant_id = participants.enroll(session, person.invite).participant.id
+        with session_scope(self.engine) as session:  # POST /me/consent
+            participant = session.get(Participant, person.participant_id)
+            assert participant is not None
+            current = participants.consent_status(session, participant).current
+            participants.sign_consent(session, participant, version=current.version,
+                                      confirmations=[c["id"] for c in current.confirmations],
+                                      typed_signature=CONFIRM_SIGNATURE)
+        self.clock.advance(dt.timedelta(minutes=2))
+        with session_scope(self.engine) as session:  # PUT /me/profile (api.routers.participants.save_profile)
+            participant = self._as(person, session)
+            email = f"participant{person.index}@example.org" if self.email_required else None
+            participants.update_profile(session, participant, timezone=person.timezone, contact_email=email)
+            baseline = surveys.assign_baseline(
+                session, participant, studies.current_protocol(session, participant.study_id).baseline)
+            planner.on_enrollment(session, participant)
+            arm = chat.arm_of(session, participant)
+            person.arm_mode = arm.mode
+            person.roles = tuple(roles_for_arm(arm.mode, list(arm.roles)))
+            baseline_ids = [assignment.id for assignment in baseline]
+        if person.arm_mode == "wellbeing":
+            weights = np.array([e.role_weights.get(role, 1.0) for role in person.roles])
+            person.usual_role = person.roles[int(rng.choice(len(person.roles), p=weights / weights.sum()))]
+        self.counts["enrolled"] += 1
+        person.active = True
+        for assignment_id in baseline_ids:
+            self.clock.advance(dt.timedelta(minutes=3))
+            self._answer(person, assignment_id, split=rng.random() < e.partial_save_prob)
+
+    def _withdraw(self, person: _Person, level: WithdrawalLevel) -> None:
+        with session_scope(self.engine) as session:  # POST /me/withdrawal
+            participant = self._as(person, session)
+            participants.withdraw(session, participant, level, audit.Actor("participant", participant.code))
+        self.counts["withdrawn"] += 1
+
+    def _check_surveys(self, person: _Person, _payload: Any) -> None:
+        """Open the app: answer each newly open survey, or leave it (it expires)."""
+        if not person.active:
+            return
+        e = self.effects
+        with session_scope(self.engine, read_only=True) as session:  # GET /me/surveys
+            pending = [(a.id, a.purpose) for a in surveys.pending(session, self._as(person, session))]
+        for assignment_id, purpose in pending:
+            if assignment_id in person.seen:
+                continue
+            person.seen.add(assignment_id)
+            assert person.baseline is not None
+            if purpose != "followup":
+                self._answer(person, assignment_id)
+            elif self.rng.random() < _logistic(e.answer_logit + e.answer_per_baseline_point
+                                               * (person.baseline - e.baseline_center)):
+                self.clock.advance(dt.timedelta(minutes=int(self.rng.integers(1, 20))))
+                try:
+                    self._answer(person, assignment_id)
+                except Gone:  # its window closed while they were answering, as it can for anyone
+                    self.counts["followups_missed"] += 1
+                    continue
+                self.counts["followups_answered"] += 1
+            else:
+                self.counts["followups_missed"] += 1
+
+    def _answer(self, person: _Person, assignment_id: int, *, split: bool = False) -> None:
+        with session_scope(self.engine, read_only=True) as session:
+            assignment = surveys.owned_assignment(session, self._as(person, session), assignment_id)
+            instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+            anchor = session.scalar(select(FollowUp.anchor_key).where(FollowUp.assignment_id == assignment_id))
+            answers = self._answers(person, instrument, assignment, anchor)
+        if instrument.id == "perma-profiler" and person.baseline is None:
+            # The observed baseline covariate, by the instrument's own scoring rule.
+            person.baseline = instrument.score(answers)["overall_wellbeing"][0]
+        if split:  # PUT .../answers with half of them, the rest at submit
+            half = dict(list(answers.items())[: len(answers) // 2])
+            with session_scope(self.engine) as session:
+                participant = self._as(person, session)
+                surveys.save_partial(session, participant, surveys.owned_assignment(session, participant,
+                                                                                    assignment_id), half)
+            self.clock.advance(dt.timedelta(minutes=5))
+            answers = {k: v for k, v in answers.items() if k not in half}
+        with session_scope(self.engine) as session:  # POST .../submit
+            participant = self._as(person, session)
+            surveys.submit(session, participant, surveys.owned_assignment(session, participant, assignment_id),
+                           answers, submission_id=f"sim-{self.run_id}-{assignment_id}")
+
+    # The generative model of answers
+
+    def _answers(self, person: _Person, instrument: Instrument, assignment: SurveyAssignment,
+                 anchor: str | None) -> dict[str, Any]:
+        e, rng = self.effects, self.rng
+        if instrument.id == "perma-profiler":
+            level = person.latent
+            wave = self.perma_wave.get(assignment.followup_key or "", 0) if assignment.purpose == "followup" else 0
+            if wave:
+                level += rng.normal(0, e.wave_noise_sd)
+                if person.arm_mode == "wellbeing":
+                    level += e.wellbeing_arm_perma_per_wave * wave
+            answers: dict[str, Any] = {}
+            for item in instrument.items:
+                if rng.random() < e.item_skip_prob:
+                    continue
+                value = (10 - level if item.id in PERMA_NEGATIVE else level) + rng.normal(0, e.item_noise_sd)
+                answers[item.id] = float(min(10, max(0, round(value))))
+            return answers
+        if instrument.id == "decision-regret":
+            decision = int(anchor.split(":", 1)[1]) if anchor and anchor.startswith("decision:") else None
+            base, _role = person.decisions.get(decision, (e.regret_base, "")) if decision else (e.regret_base, "")
+            regret = min(100.0, max(0.0, base + rng.normal(0, e.regret_wave_sd)))
+            answers = {}
+            for item in instrument.items:
+                agree_level = 1 + 4 * regret / 100  # 1 = strongly agree it was right ... 5 = strongly disagree
+                value = 6 - agree_level if item.id in DRS_REVERSED else agree_level
+                answers[item.id] = int(min(5, max(1, round(value + rng.normal(0, 0.4)))))
+            return answers
+        if instrument.id == "goal-progress":
+            progress = e.goal_progress_base + (e.goal_progress_coach if person.usual_role == "coach" else 0.0)
+            return {"progress": float(min(10, max(0, round(progress + rng.normal(0, 1.5)))))}
+        return {item.id: _neutral(item) for item in instrument.items if item.required}
+
+    # Chat
+
+    def _converse(self, person: _Person, _payload: Any) -> None:
+        if not person.active:
+            return
+        e, rng = self.effects, self.rng
+        role = None
+        if person.arm_mode == "wellbeing":
+            role = person.usual_role if rng.random() < 0.8 else person.roles[int(rng.integers(len(person.roles)))]
+        with session_scope(self.engine) as session:  # POST /me/conversations
+            conversation_id = chat.start_conversation(session, self._as(person, session), role).id
+        self.counts["conversations"] += 1
+        stances: list[str] = []
+        messages = 1 + int(rng.poisson(e.extra_messages_mean))
+        switch_after = int(rng.integers(1, messages + 1)) if (
+            person.arm_mode == "wellbeing" and len(person.roles) > 1 and rng.random() < e.role_switch_prob) else None
+        next_message: str | None = None
+        for number in range(messages):
+            if switch_after == number:
+                assert role is not None
+                others = [r for r in person.roles if r != role]
+                role = others[int(rng.integers(len(others)))]
+                with session_scope(self.engine) as session:  # PUT /me/conversations/{id}/role
+                    chat.switch_role(session, self._as(person, session), conversation_id, role)
+            text = next_message or self._message(person)
+            next_message = None
+            self.clock.advance(dt.timedelta(seconds=int(rng.integers(30, 240))))
+            reply = self._send(person, conversation_id, text, f"sim-{conversation_id}-{number}")
+            stances.append(reply.stance)
+            if reply.stance == "escalate":
+                break
+            if reply.stance in ("nudge", "challenge"):
+                choice = rng.random()
+                if choice < e.override_prob:  # POST .../turns/{turn}/override
+                    self.clock.advance(dt.timedelta(seconds=20))
+                    again = self._override(person, conversation_id, reply.turn_id)
+                    stances.append(again.stance)
+                    self.counts["overrides"] += 1
+                elif choice < e.override_prob + e.reconsider_prob:  # POST .../turns/{turn}/reconsider
+                    with session_scope(self.engine) as session:
+                        chat.reconsider(session, self._as(person, session), conversation_id, reply.turn_id)
+                    next_message = CHANGED_COURSE
+                    self.counts["reconsiders"] += 1
+        self._end(person, conversation_id, role, stances)
+
+    def _message(self, person: _Person) -> str:
+        e, rng = self.effects, self.rng
+        draw = rng.random()
+        for share, pool in ((e.framing_share, person.topic.framing), (e.reassurance_share, REASSURANCE),
+                            (e.dependence_share, DEPENDENCE), (e.distress_share, DISTRESS)):
+            if draw < share:
+                return pool[int(rng.integers(len(pool)))]
+            draw -= share
+        return person.topic.plain[int(rng.integers(len(person.topic.plain)))]
+
+    def _send(self, person: _Person, conversation_id: int, text: str, client_message_id: str) -> _Reply:
+        def accept(session: Session, participant: Participant) -> chat.PreparedTurn:  # POST .../messages
+            return chat.accept_message(session, participant, conversation_id, text, client_message_id)[0]
+        return self._turn(person, accept)
+
+    def _override(self, person: _Person, conversation_id: int, turn_id: int) -> _Reply:
+        def override(session: Session, participant: Participant) -> chat.PreparedTurn:  # POST .../override
+            return chat.prepare_override(session, participant, conversation_id, turn_id)
+        return self._turn(person, override)
+
+    def _turn(self, person: _Person, prepare: Callable[[Session, Participant], chat.PreparedTurn]) -> _Reply:
+        """A turn as api.routers.chat.reply_to runs it: the message stored in one transaction, the
+        model asked with no transaction open (on the event loop, where no database work runs), the
+        reply stored in another."""
+        with session_scope(self.engine) as session:
+            prepared = prepare(session, self._as(person, session))
+        completion = self.runner.run(self.gateway.complete(prepared.messages, OFFLINE_MODEL))
+        self.clock.advance(dt.timedelta(seconds=5))
+        with session_scope(self.engine) as session:
+            turn = chat.record_reply(session, prepared, completion)
+            reply = _Reply(turn.id, turn.stance or "agree")
+        self.counts["messages"] += 1
+        return reply
+
+    def _end(self, person: _Person, conversation_id: int, role: str | None, stances: list[str]) -> None:
+        """The exit check (api.routers.chat.end_with_exit_check): decision, then the rating survey."""
+        e, rng = self.effects, self.rng
+        agree_share = stances.count("agree") / len(stances) if stances else 1.0
+        decided = rng.random() < e.decision_prob
+        text = person.topic.decisions[int(rng.integers(len(person.topic.decisions)))] if decided else None
+        rating = None
+        if rng.random() < e.exit_rating_prob:
+            rating = int(min(7, max(1, round(e.exit_rating_base + e.exit_rating_per_agree_share * agree_share
+                                             + rng.normal(0, 1)))))
+        regret = (e.regret_base + (e.regret_coach if role == "coach" else 0.0)
+                  + e.regret_per_agree_share * agree_share + person.regret_person + rng.normal(0, e.regret_noise_sd))
+        self.clock.advance(dt.timedelta(minutes=1))
+        with session_scope(self.engine) as session:  # POST /me/conversations/{id}/end
+            participant = self._as(person, session)
+            record = chat.end_conversation(session, participant, conversation_id, made_decision=decided,
+                                           decision=text)
+            if record is not None:
+                planner.on_decision(session, participant, record.id, record.decided_at, record.text)
+                person.decisions[record.id] = (regret, role or "standard")
+            if rating is not None:
+                assignment = surveys.assign(session, participant, "immediate-rating", purpose="exit",
+                                            context={"conversation_id": str(conversation_id)})
+                surveys.submit(session, participant, assignment, {"helpful": rating},
+                               submission_id=f"exit-{conversation_id}")
+
+
+@dataclass(frozen=True)
+class _Reply:
+    turn_id: int
+    stance: str
+
+
+def _neutral(item: Any) -> Any:
+    """An answer to an item of an instrument the model knows nothing about."""
+    if item.type in ("likert", "slider", "number"):
+        low, high = item.min or 0, item.max if item.max is not None else 10
+        middle = (low + high) / 2
+        return int(round(middle)) if item.type == "likert" else middle
+    if item.type == "single_choice":
+        return item.options[0].value
+    if item.type == "multiple_choice":
+        return [item.options[0].value]
+    return "n/a"
+
+
+def summarize(engine: Engine, run_id: int) -> dict[str, Any]:
+    """Counts of what a run left in the database (its participants: the run's invites)."""
+    with session_scope(engine, read_only=True) as session:
+        people = (select(Participant.id).join(InviteCode, InviteCode.id == Participant.invite_id)
+                  .where(InviteCode.label == f"simulation {run_id}").scalar_subquery())
+
+        def count(model: Any, *where: Any) -> int:
+            return session.scalar(select(func.count()).select_from(model)
+                                  .where(model.participant_id.in_(people), *where)) or 0
+
+        statuses = dict(session.execute(select(Participant.status, func.count()).where(Participant.id.in_(people))
+                                        .group_by(Participant.status)).all())
+        followups = dict(session.execute(select(FollowUp.status, func.count()).where(
+            FollowUp.participant_id.in_(people)).group_by(FollowUp.status)).all())
+        stances = dict(session.execute(select(Turn.stance, func.count()).where(
+            Turn.participant_id.in_(people), Turn.speaker == "assistant").group_by(Turn.stance)).all())
+        arms = dict(session.execute(select(Participant.arm, func.count()).where(
+            Participant.id.in_(people), Participant.arm.is_not(None)).group_by(Participant.arm)).all())
+        return {
+            "enrolled": session.scalar(select(func.count()).where(
+                Participant.id.in_(people), Participant.enrolled_at.is_not(None))) or 0,
+            "arms": {str(k): v for k, v in sorted(arms.items())},
+            "withdrawn": statuses.get(ParticipantStatus.WITHDRAWN, 0),
+            "data_deleted": session.scalar(select(func.count()).where(
+                Participant.id.in_(people), Participant.data_deleted_at.is_not(None))) or 0,
+            "conversations": count(Conversation),
+            "turns": count(Turn),
+            "stances": {str(k): v for k, v in sorted(stances.items())},
+            "overrides": count(PushbackResponse, PushbackResponse.action == "override"),
+            "reconsiders": count(PushbackResponse, PushbackResponse.action == "reconsider"),
+            "role_switches": count(RoleSwitch),
+            "decisions": count(Decision),
+            "safety_events": count(SafetyEvent),
+            "followups_sent": count(FollowUp, FollowUp.sent_at.is_not(None)),
+            "followups_completed": followups.get("completed", 0),
+            "followups_expired": followups.get("expired", 0),
+            "followups_open": followups.get("sent", 0),
+            "followups_planned": followups.get("planned", 0),
+            "followups_cancelled": followups.get("cancelled", 0),
+            "surveys_completed": count(SurveyAssignment, SurveyAssignment.status == "completed"),
+        }
+
+
+def simulate(engine: Engine, study_slug: str, *, participants: int, weeks: int, seed: int,
+             effects: Effects | None = None, start: dt.datetime | None = None, tick_minutes: int = 15,
+             progress: Callable[[str], None] | None = None) -> SimulationResult:
+    """Run a simulated study of ``participants`` people over ``weeks`` weeks in a loaded study.
+
+    ``start`` (aware) is when the simulated study begins; by default midnight UTC ``weeks`` weeks
+    ago, so it ends about now. The dispatcher runs every ``tick_minutes`` of simulated time.
+    The process's clock is frozen for the run and put back afterwards.
+    """
+    if participants < 1 or weeks < 1:
+        raise ValueError("participants and weeks must be at least 1")
+    if start is None:
+        today = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        start = today - dt.timedelta(weeks=weeks)
+    elif start.tzinfo is None:
+        raise ValueError("start needs a time zone")
+    wiring.wire()
+    began = time.perf_counter()
+    previous = None
+    try:
+        with asyncio.Runner() as runner:
+            simulation = _Simulation(engine, study_slug, participants=participants, weeks=weeks, seed=seed,
+                                     effects=effects or Effects(), start=start, tick_minutes=tick_minutes,
+                                     progress=progress, runner=runner)
+            previous = set_clock(simulation.clock)
+            run_id = simulation.run()
+        summary = summarize(engine, run_id)
+        with session_scope(engine) as session:
+            run = session.get(SimulationRun, run_id)
+            assert run is not None
+            run.summary, run.finished_at = summary, now()
+            audit.record(session, ACTOR, "simulation.finished", study_id=run.study_id, run_id=run_id,
+                         enrolled=summary["enrolled"], turns=summary["turns"])
+    finally:
+        if previous is not None:
+            set_clock(previous)
+    return SimulationResult(run_id, study_slug, seed, summary, simulation.effects.true_effects(),
+                            time.perf_counter() - began)
