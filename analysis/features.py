@@ -448,7 +448,8 @@ def wave_features(source: Source, study: int | str, *, participant_codes: Sequen
     paired = waves.merge(frame, on="participant_code", how="inner")
     inside = paired["started_at"] < paired["intended_at"]
     inside &= paired["window_start"].isna() | (paired["started_at"] >= paired["window_start"])
-    rolled = _roll_up(paired[inside], keys) if inside.any() else pd.DataFrame(columns=keys)
+    rolled = (_roll_up(paired[inside], keys) if inside.any()
+              else pd.DataFrame(columns=[*keys, "n_conversations"]))  # no conversation before any wave
     out = waves[keys].merge(rolled, on=keys, how="left")
     out["n_conversations"] = out["n_conversations"].fillna(0).astype("int64")
     for name, feature in WAVE_FEATURES.items():

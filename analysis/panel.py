@@ -1,0 +1,338 @@
+"""The participant x wave panel and the survival (attrition) table, read set-based: a few SQL
+queries for the whole study (participants, survey assignments with their responses and scores,
+follow-ups with their deliveries and decisions), shaped with pandas. No ORM objects.
+
+A wave is ``baseline`` or one of the protocol's follow-up keys. Enrollment-anchored follow-ups give
+one row per participant and key; a decision-anchored follow-up (e.g. ``regret-day-3``) gives one
+row per decision it asks about, with ``anchor_key`` ``decision:<id>``, ``decision_id`` and
+``decision_conversation_id`` filled, so (participant_code, wave, anchor_key) is the row's key.
+
+    >>> from analysis.panel import panel, survival, PANEL_COLUMNS
+    >>> frame = panel(engine, "wellbeing-pilot")
+    >>> frame[frame.wave == "perma-week-1"].groupby("arm").perma_overall_wellbeing.mean()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import String, and_, cast, func, select
+from sqlalchemy.engine import Connection
+
+from analysis.features import (
+    WAVE_FEATURES,
+    Source,
+    _connection,
+    _frame,
+    _study_id,
+    conversation_features,
+    participant_features,
+    wave_features,
+)
+from chat.models import Decision
+from scheduler.models import Delivery, FollowUp
+from study.clock import now
+from study.models import Participant, ProtocolVersion
+from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
+
+PERMA = "perma-profiler"
+REGRET = "decision-regret"
+PERMA_SCORES = ("positive_emotion", "engagement", "relationships", "meaning", "accomplishment",
+                "negative_emotion", "health", "loneliness", "happiness", "overall_wellbeing")
+STATUSES = ("completed", "open", "expired", "withdrawn", "not_yet_due", "overdue", "cancelled", "not_assigned")
+WITHDREW = "participant withdrew"  # the end_reason the scheduler's withdrawal hook writes
+DAY_SECONDS = 86_400.0
+# Wave features that are keys or times of the wave itself, not conversation features.
+_WAVE_KEYS = ("participant_code", "followup_key", "anchor_key", "intended_at", "window_start")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One panel or survival column for the codebook: meaning, Frictionless type, unit."""
+
+    definition: str
+    type: Literal["integer", "number", "string", "boolean", "datetime"]
+    unit: str | None = None
+
+
+PANEL_COLUMNS: dict[str, Column] = {
+    "participant_code": Column("Pseudonymous participant code.", "string"),
+    "arm": Column("Study arm the participant was assigned to.", "string"),
+    "mode": Column("Assistant mode of the arm (the protocol in force): wellbeing or default.", "string"),
+    "roles_used": Column("Roles used in any of the participant's conversations, ';'-separated, alphabetical; "
+                         "empty without conversations.", "string"),
+    "first_role": Column("Starting role of the participant's first conversation; empty without conversations.",
+                         "string"),
+    "participant_status": Column("Participant status when the data were read: enrolled or withdrawn.", "string"),
+    "enrolled_at": Column("When enrollment completed (UTC); the origin of enrollment-anchored waves.", "datetime"),
+    "withdrawn_at": Column("When the participant withdrew (UTC); empty if not withdrawn.", "datetime"),
+    "timezone": Column("Baseline covariate: the participant's IANA time zone.", "string"),
+    "timezone_region": Column("Baseline covariate: the time zone's region (its part before the first '/', "
+                              "e.g. Europe, America).", "string"),
+    **{f"baseline_perma_{name}": Column(f"Baseline PERMA-Profiler score '{name}' (mean of its answered items); "
+                                        "empty if the baseline was not submitted.", "number", "points (0-10)")
+       for name in PERMA_SCORES},
+    "wave": Column("The wave: 'baseline' or the protocol's follow-up key.", "string"),
+    "anchor_key": Column("What the wave is counted from: 'enrollment' or 'decision:<id>' (one row per decision "
+                         "for decision-anchored follow-ups).", "string"),
+    "decision_id": Column("For a decision-anchored wave: the decision it asks about; else empty.", "integer"),
+    "decision_conversation_id": Column("For a decision-anchored wave: the conversation the decision was "
+                                       "reported in; else empty.", "integer"),
+    "instrument_id": Column("The wave's instrument.", "string"),
+    "instrument_version": Column("Version of the instrument the participant was given; empty if the survey "
+                                 "was never opened.", "string"),
+    "intended_at": Column("Intended survey time (UTC): the follow-up's due time, moved out of quiet hours; for "
+                          "baseline, when it was assigned.", "datetime"),
+    "intended_local": Column("Intended time on the participant's wall clock, as the protocol asked for it "
+                             "(before quiet hours); empty for baseline.", "string"),
+    "days_since_enrollment": Column("intended_at - enrolled_at.", "number", "days"),
+    "closes_at": Column("When the survey window closes (UTC); empty for a baseline without a window.",
+                        "datetime"),
+    "opened_at": Column("When the dispatcher opened the survey (UTC); for baseline, when it was assigned; "
+                        "empty if never opened.", "datetime"),
+    "invitation_sent_at": Column("Earliest invitation delivered on any channel (UTC; in-app counts as "
+                                 "delivered when opened); empty if none.", "datetime"),
+    "response_started_at": Column("When the participant first saved an answer (UTC); empty if never.",
+                                  "datetime"),
+    "submitted_at": Column("When the response was submitted (UTC); empty if not submitted.", "datetime"),
+    "response_status": Column("completed; open (sent, window open, not answered); expired (window closed "
+                              "unanswered); withdrawn (cancelled because the participant withdrew); not_yet_due "
+                              "(planned, due later); overdue (planned, due time passed, not opened yet); "
+                              "cancelled (for another reason); not_assigned (baseline never assigned).", "string"),
+    **{f"perma_{name}": Column(f"This wave's PERMA-Profiler score '{name}'; empty unless a PERMA wave was "
+                               "submitted.", "number", "points (0-10)") for name in PERMA_SCORES},
+    "regret": Column("This wave's Decision Regret Scale score for the decision it refers to; empty unless a "
+                     "regret wave was submitted.", "number", "points (0-100, 100 = high regret)"),
+    **{f"conv_{name}": Column("Conversations started before the wave's intended time (cumulative; empty for "
+                              f"baseline): {feature.definition}", feature.type, feature.unit)
+       for name, feature in WAVE_FEATURES.items() if name not in _WAVE_KEYS},
+}
+
+SURVIVAL_COLUMNS: dict[str, Column] = {
+    "participant_code": PANEL_COLUMNS["participant_code"],
+    "arm": PANEL_COLUMNS["arm"],
+    "mode": PANEL_COLUMNS["mode"],
+    "roles_used": PANEL_COLUMNS["roles_used"],
+    "first_role": PANEL_COLUMNS["first_role"],
+    "enrolled_at": PANEL_COLUMNS["enrolled_at"],
+    "duration_days": Column("Time from enrollment to the event, or to censoring.", "number", "days"),
+    "event": Column("1 = the participant missed an enrollment-anchored follow-up (it expired) or withdrew, "
+                    "whichever came first; 0 = censored.", "integer"),
+    "event_type": Column("missed_followup, withdrew, or censored.", "string"),
+    "event_at": Column("When the event happened (UTC): the missed follow-up's window close, or the "
+                       "withdrawal; for censored rows the censoring time.", "datetime"),
+    "event_wave": Column("The missed follow-up's key; empty otherwise.", "string"),
+    "censored_because": Column("For censored rows: 'followups_pending' (still at risk, censored at the time "
+                               "the data were read) or 'all_completed' (censored at the last submission); "
+                               "empty for events.", "string"),
+}
+
+
+def _protocol_modes(connection: Connection, study_id: int) -> dict[str, str]:
+    """Arm name -> mode, from the protocol version in force."""
+    document = connection.scalar(select(ProtocolVersion.protocol).where(ProtocolVersion.study_id == study_id)
+                                 .order_by(ProtocolVersion.version.desc()).limit(1))
+    return {arm["name"]: arm["mode"] for arm in (document or {}).get("arms", [])}
+
+
+def _people(connection: Connection, study_id: int) -> pd.DataFrame:
+    """Enrolled participants whose data were not deleted."""
+    people = _frame(connection, select(
+        Participant.id.label("participant_id"), Participant.code.label("participant_code"), Participant.arm,
+        Participant.status.label("participant_status"), Participant.enrolled_at, Participant.withdrawn_at,
+        Participant.timezone,
+    ).where(Participant.study_id == study_id, Participant.enrolled_at.is_not(None),
+            Participant.data_deleted_at.is_(None)).order_by(Participant.code))
+    people["enrolled_at"] = pd.to_datetime(people["enrolled_at"], utc=True)
+    people["withdrawn_at"] = pd.to_datetime(people["withdrawn_at"], utc=True)
+    return people
+
+
+def _scores(connection: Connection, study_id: int) -> pd.DataFrame:
+    """PERMA and regret scores, one row per assignment, columns perma_<name> and regret."""
+    rows = _frame(connection, select(
+        SurveyResponse.assignment_id, SurveyResponse.instrument_id, SurveyScore.name, SurveyScore.value,
+    ).join(SurveyScore, SurveyScore.response_id == SurveyResponse.id)
+        .join(Participant, Participant.id == SurveyResponse.participant_id)
+        .where(Participant.study_id == study_id, SurveyResponse.instrument_id.in_((PERMA, REGRET)),
+               SurveyResponse.submitted_at.is_not(None)))
+    columns = [f"perma_{name}" for name in PERMA_SCORES] + ["regret"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns, index=pd.Index([], name="assignment_id"), dtype=float)
+    rows["column"] = np.where(rows["instrument_id"] == PERMA, "perma_" + rows["name"], rows["name"])
+    wide = rows.pivot_table(index="assignment_id", columns="column", values="value", aggfunc="first")
+    return wide.reindex(columns=columns).astype(float)
+
+
+def _baseline(connection: Connection, study_id: int) -> pd.DataFrame:
+    return _frame(connection, select(
+        SurveyAssignment.participant_id, SurveyAssignment.id.label("assignment_id"),
+        SurveyAssignment.instrument_id, SurveyAssignment.instrument_version,
+        SurveyAssignment.intended_at, SurveyAssignment.closes_at, SurveyAssignment.created_at.label("opened_at"),
+        SurveyAssignment.status.label("assignment_status"),
+        SurveyResponse.started_at.label("response_started_at"), SurveyResponse.submitted_at,
+    ).join(Participant, Participant.id == SurveyAssignment.participant_id)
+        .outerjoin(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id)
+        .where(Participant.study_id == study_id, SurveyAssignment.purpose == "baseline",
+               SurveyAssignment.instrument_id == PERMA))
+
+
+def _followups(connection: Connection, study_id: int) -> pd.DataFrame:
+    invitation = (select(Delivery.followup_id, func.min(Delivery.sent_at).label("invitation_sent_at"))
+                  .where(Delivery.sequence == 0, Delivery.status == "sent").group_by(Delivery.followup_id)
+                  .subquery())
+    decision_key = "decision:" + cast(Decision.id, String)
+    return _frame(connection, select(
+        FollowUp.participant_id, FollowUp.followup_key.label("wave"), FollowUp.anchor_key,
+        Decision.id.label("decision_id"), Decision.conversation_id.label("decision_conversation_id"),
+        FollowUp.instrument_id, SurveyAssignment.instrument_version, FollowUp.due_at.label("intended_at"),
+        FollowUp.intended_local, FollowUp.closes_at, FollowUp.sent_at.label("opened_at"),
+        invitation.c.invitation_sent_at, SurveyResponse.started_at.label("response_started_at"),
+        SurveyResponse.submitted_at, FollowUp.status.label("followup_status"), FollowUp.end_reason,
+        FollowUp.assignment_id, SurveyAssignment.status.label("assignment_status"),
+    ).outerjoin(SurveyAssignment, SurveyAssignment.id == FollowUp.assignment_id)
+        .outerjoin(SurveyResponse, SurveyResponse.assignment_id == FollowUp.assignment_id)
+        .outerjoin(invitation, invitation.c.followup_id == FollowUp.id)
+        .outerjoin(Decision, and_(Decision.participant_id == FollowUp.participant_id,
+                                  FollowUp.anchor_key == decision_key))
+        .where(FollowUp.study_id == study_id))
+
+
+def _followup_status(frame: pd.DataFrame, at: pd.Timestamp) -> Any:
+    status = frame["followup_status"]
+    return np.select(
+        [(frame["assignment_status"] == "completed") | (status == "completed"), status == "expired",
+         (status == "cancelled") & (frame["end_reason"] == WITHDREW), status == "cancelled",
+         status == "sent", (status == "planned") & (frame["intended_at"] > at), status == "planned"],
+        ["completed", "expired", "withdrawn", "cancelled", "open", "not_yet_due", "overdue"], default="cancelled")
+
+
+def _baseline_status(frame: pd.DataFrame) -> Any:
+    status = frame["assignment_status"]
+    return np.select(
+        [status.isna(), status == "cancelled", status == "open", status == "expired"],
+        ["not_assigned", np.where(frame["participant_status"] == "withdrawn", "withdrawn", "cancelled"),
+         "open", "expired"], default="completed")
+
+
+def _roles(source: Source, study_id: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per participant roles_used and first_role, per wave conversation features)."""
+    conversations = conversation_features(source, study_id)
+    roles = pd.DataFrame({"roles_used": pd.Series(dtype=object), "first_role": pd.Series(dtype=object)},
+                         index=pd.Index([], name="participant_code"))
+    if not conversations.empty:
+        per_person = participant_features(source, study_id, conversations=conversations)
+        roles = per_person[["participant_code", "roles_used"]].set_index("participant_code")
+        first = conversations.sort_values(["started_at", "conversation_id"]).groupby("participant_code").first()
+        roles["first_role"] = first["starting_role"]
+    waves = wave_features(source, study_id, conversations=conversations)
+    return roles, waves
+
+
+def _times(frame: pd.DataFrame, columns: list[str]) -> None:
+    for column in columns:
+        frame[column] = pd.to_datetime(frame[column], utc=True)
+
+
+def panel(source: Source, study: int | str) -> pd.DataFrame:
+    """One row per participant x wave, columns as documented in ``PANEL_COLUMNS``: the participant's
+    arm, roles and baseline, then the wave's times, status and scores, and the conversations
+    before it. Withdrawn participants keep their rows (waves cancelled by the withdrawal have
+    status ``withdrawn``); participants whose data were deleted are absent."""
+    at = pd.Timestamp(now())
+    with _connection(source) as connection:
+        study_id = _study_id(connection, study)
+        modes = _protocol_modes(connection, study_id)
+        people = _people(connection, study_id)
+        scores = _scores(connection, study_id)
+        baseline = _baseline(connection, study_id)
+        followups = _followups(connection, study_id)
+    roles, wave_conversations = _roles(source, study_id)
+
+    people["mode"] = people["arm"].map(modes)
+    people["timezone_region"] = people["timezone"].str.split("/").str[0]
+    people = people.join(roles, on="participant_code")
+    people["roles_used"] = people["roles_used"].fillna("")
+    times = ["intended_at", "closes_at", "opened_at", "response_started_at", "submitted_at"]
+
+    baseline = people[["participant_id", "participant_status"]].merge(baseline, on="participant_id", how="left")
+    _times(baseline, times)
+    baseline["wave"], baseline["anchor_key"] = "baseline", "enrollment"
+    baseline["instrument_id"] = PERMA
+    baseline["response_status"] = _baseline_status(baseline)
+    baseline = baseline.join(scores, on="assignment_id")
+    covariates = baseline.set_index("participant_id")[[f"perma_{name}" for name in PERMA_SCORES]]
+    people = people.join(covariates.add_prefix("baseline_"), on="participant_id")
+
+    followups = followups[followups["participant_id"].isin(people["participant_id"])]
+    _times(followups, [*times, "invitation_sent_at"])
+    followups["response_status"] = _followup_status(followups, at)
+    followups = followups.join(scores, on="assignment_id")
+
+    rows = pd.concat([baseline, followups], ignore_index=True)
+    rows["wave_order"] = rows["wave"] != "baseline"
+    out = people.merge(rows.drop(columns=["participant_status"]), on="participant_id", how="inner")
+    out["days_since_enrollment"] = (out["intended_at"] - out["enrolled_at"]).dt.total_seconds() / DAY_SECONDS
+
+    features = wave_conversations.drop(columns=["intended_at", "window_start"]).rename(
+        columns={"followup_key": "wave"})
+    features = features.rename(columns={c: f"conv_{c}" for c in features.columns
+                                        if c not in ("participant_code", "wave", "anchor_key")})
+    out = out.merge(features, on=["participant_code", "wave", "anchor_key"], how="left")
+    followup = out["wave"] != "baseline"
+    for name, column in PANEL_COLUMNS.items():
+        if name.startswith("conv_") and column.type == "integer":
+            out[name] = out[name].astype("Int64").where(~followup, out[name].fillna(0).astype("Int64"))
+    for name in ("decision_id", "decision_conversation_id"):
+        out[name] = out[name].astype("Int64")
+    out = out.sort_values(["participant_code", "wave_order", "intended_at", "wave", "anchor_key"], kind="stable")
+    return out[list(PANEL_COLUMNS)].reset_index(drop=True)
+
+
+def survival(source: Source, study: int | str) -> pd.DataFrame:
+    """One row per enrolled participant (data not deleted): days from enrollment to the first
+    missed enrollment-anchored follow-up (at its window's close) or the withdrawal, whichever came
+    first (``event`` 1), else censored (``event`` 0) at the time the data were read while
+    follow-ups are pending, or at the last submission once every one was completed. Columns in
+    ``SURVIVAL_COLUMNS``. Decision-anchored follow-ups are left out: only participants who
+    reported a decision have them, so counting them would make deciding look like attrition."""
+    at = pd.Timestamp(now())
+    with _connection(source) as connection:
+        study_id = _study_id(connection, study)
+        modes = _protocol_modes(connection, study_id)
+        people = _people(connection, study_id)
+        waves = _frame(connection, select(
+            FollowUp.participant_id, FollowUp.followup_key, FollowUp.status, FollowUp.closes_at,
+            SurveyResponse.submitted_at,
+        ).outerjoin(SurveyResponse, SurveyResponse.assignment_id == FollowUp.assignment_id)
+            .where(FollowUp.study_id == study_id, FollowUp.anchor_key == "enrollment"))
+    roles, _ = _roles(source, study_id)
+    _times(waves, ["closes_at", "submitted_at"])
+
+    missed = waves[waves["status"] == "expired"].sort_values(["closes_at", "followup_key"])
+    first_miss = missed.groupby("participant_id").first()[["followup_key", "closes_at"]]
+    pending = waves[waves["status"].isin(("planned", "sent"))].groupby("participant_id").size()
+    last_submitted = waves.groupby("participant_id")["submitted_at"].max()
+
+    out = people.join(first_miss, on="participant_id")
+    out["mode"] = out["arm"].map(modes)
+    out = out.join(roles, on="participant_code")
+    out["roles_used"] = out["roles_used"].fillna("")
+    has_pending = out["participant_id"].map(pending).fillna(0) > 0
+    submitted = out["participant_id"].map(last_submitted)
+    misses_first = out["closes_at"].notna() & (out["withdrawn_at"].isna() | (out["closes_at"] <= out["withdrawn_at"]))
+    withdrew = out["withdrawn_at"].notna() & ~misses_first
+    censor_complete = ~misses_first & ~withdrew & ~has_pending & submitted.notna()
+    out["event_type"] = np.select([misses_first, withdrew], ["missed_followup", "withdrew"], default="censored")
+    out["event"] = (out["event_type"] != "censored").astype("int64")
+    event_at = pd.Series(at, index=out.index).where(~censor_complete, submitted)
+    event_at = event_at.where(~withdrew, out["withdrawn_at"]).where(~misses_first, out["closes_at"])
+    out["event_at"] = pd.to_datetime(event_at, utc=True)
+    out["event_wave"] = out["followup_key"].where(misses_first)
+    out["censored_because"] = pd.Series("followups_pending", index=out.index).where(
+        ~censor_complete, "all_completed").where(out["event"] == 0)
+    out["duration_days"] = (out["event_at"] - out["enrolled_at"]).dt.total_seconds() / DAY_SECONDS
+    return out[list(SURVIVAL_COLUMNS)].reset_index(drop=True)
