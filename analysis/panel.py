@@ -232,6 +232,12 @@ def _roles(source: Source, study_id: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     return roles, waves
 
 
+def _ids(frame: pd.DataFrame, column: str) -> str:
+    """Make an id column joinable when every value is missing (it then reads as object dtype)."""
+    frame[column] = frame[column].astype("Int64")
+    return column
+
+
 def _times(frame: pd.DataFrame, columns: list[str]) -> None:
     for column in columns:
         frame[column] = pd.to_datetime(frame[column], utc=True)
@@ -263,14 +269,14 @@ def panel(source: Source, study: int | str) -> pd.DataFrame:
     baseline["wave"], baseline["anchor_key"] = "baseline", "enrollment"
     baseline["instrument_id"] = PERMA
     baseline["response_status"] = _baseline_status(baseline)
-    baseline = baseline.join(scores, on="assignment_id")
+    baseline = baseline.join(scores, on=_ids(baseline, "assignment_id"))
     covariates = baseline.set_index("participant_id")[[f"perma_{name}" for name in PERMA_SCORES]]
     people = people.join(covariates.add_prefix("baseline_"), on="participant_id")
 
     followups = followups[followups["participant_id"].isin(people["participant_id"])]
     _times(followups, [*times, "invitation_sent_at"])
     followups["response_status"] = _followup_status(followups, at)
-    followups = followups.join(scores, on="assignment_id")
+    followups = followups.join(scores, on=_ids(followups, "assignment_id"))
 
     rows = pd.concat([baseline, followups], ignore_index=True)
     rows["wave_order"] = rows["wave"] != "baseline"

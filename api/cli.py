@@ -275,6 +275,36 @@ def simulate(
         f"{name} {effect['value']:+g}" for name, effect in result.true_effects.items()))
 
 
+@app.command("export")
+def export(
+    study: str,
+    format: Annotated[str, typer.Option("--format", help="csv | parquet | spss | stata")],
+    out: Annotated[Path, typer.Option("--out", file_okay=False, help="Directory to write into")],
+    turns: Annotated[bool, typer.Option("--turns", help="Include every message (scrubbed of emails, phones)")] = False,
+    shift_dates: Annotated[bool, typer.Option("--shift-dates", help="Move each participant's dates by a "
+                                              "random number of days, stored nowhere")] = False,
+    drop_free_text: Annotated[bool, typer.Option("--drop-free-text", help="Leave out free-text columns")] = False,
+    as_staff: Annotated[str | None, typer.Option("--as", help="Staff email to audit the export under "
+                                                 "(researcher or admin of the study)")] = None,
+) -> None:
+    """Export a study's tables with a codebook (datapackage.json, CODEBOOK.md) and a README; audited."""
+    from analysis.exports import FORMATS, export_study
+    from study.db import get_engine
+
+    if format not in FORMATS:
+        _fail(f"unknown format '{format}'; one of {', '.join(FORMATS)}")
+    actor = audit.Actor("staff", as_staff) if as_staff else CLI_ACTOR
+    try:
+        result = export_study(get_engine(), study, out, format=format,  # type: ignore[arg-type]
+                              turns=turns, shift_dates=shift_dates, drop_free_text=drop_free_text, actor=actor)
+    except (DomainError, LookupError) as exc:
+        _fail(exc.message if isinstance(exc, DomainError) else str(exc))
+        return
+    typer.echo(f"exported '{study}' as {format} to {result.out_dir}")
+    for table, rows in result.row_counts.items():
+        typer.echo(f"  {table}: {rows} rows")
+
+
 @app.command("scheduler")
 def scheduler_process(name: str | None = None, poll_seconds: float | None = None) -> None:
     """Run the follow-up dispatcher (its own process; several may run against PostgreSQL)."""

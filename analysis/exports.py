@@ -1,0 +1,703 @@
+"""Study exports with a codebook: CSV, Parquet, SPSS (.sav) or Stata (.dta), one file per table,
+plus ``datapackage.json`` (Frictionless), ``CODEBOOK.md`` and ``README.md``.
+
+Rows are read in chunks (server-side cursors on PostgreSQL) and CSV and Parquet are written chunk
+by chunk, so memory stays flat as a study grows; SPSS and Stata files are written whole per table
+(pyreadstat cannot append). Contact details are never read. Every export is audited.
+
+    >>> from analysis.exports import export_study
+    >>> export_study(engine, "wellbeing-pilot", Path("out"), format="parquet", actor=Actor.system("cli"))
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import re
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pyreadstat
+from sqlalchemy import and_, case, func, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
+
+from analysis.codebook import (
+    Column,
+    ColumnType,
+    TableSpec,
+    file_name,
+    write_codebook_markdown,
+    write_datapackage,
+)
+from analysis.features import FEATURES, conversation_features
+from chat.models import Decision, SafetyEvent, Turn
+from chat.roles import CONCERNS, STANCES
+from scheduler.models import Delivery, FollowUp
+from study import audit
+from study.db import session_scope
+from study.errors import DomainError
+from study.models import (
+    ConsentSignature,
+    ConsentVersion,
+    Participant,
+    ParticipantStatus,
+    ProtocolVersion,
+    StaffAccount,
+    StaffMembership,
+    Study,
+    WithdrawalLevel,
+)
+from surveys import registry
+from surveys.definitions import NUMERIC_TYPES, Instrument
+from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
+
+Format = Literal["csv", "parquet", "spss", "stata"]
+FORMATS: tuple[str, ...] = ("csv", "parquet", "spss", "stata")
+CHUNK_ROWS = 20_000
+# Scrubbing of free text (turn content, decision text, free-text answers). An email address: a
+# local part, '@', and a domain with a dot. A phone number: an optional '+', then digits with
+# spaces, dots, dashes, slashes or parentheses between them, 9 or more digits in all (so dates
+# and times, at most 8 digits, are kept).
+EMAIL_PATTERN = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+PHONE_PATTERN = re.compile(r"(?<![\w+])\+?\(?\d[\d\s().\-/]{5,}\d(?!\w)")
+PHONE_MIN_DIGITS = 9
+SHIFT_MAX_DAYS = 364  # dates move back by 1..364 whole days, as REDCap does
+
+ROLES = {"concierge": "Concierge", "collaborator": "Collaborator", "coach": "Coach",
+         "standard": "Standard assistant (default mode)"}
+
+
+def scrub(text: Any) -> str | None:
+    """Replace email addresses with [email] and phone numbers with [phone]; missing stays missing."""
+    if not isinstance(text, str):
+        return None
+    text = EMAIL_PATTERN.sub("[email]", text)
+    return PHONE_PATTERN.sub(
+        lambda m: "[phone]" if sum(ch.isdigit() for ch in m.group()) >= PHONE_MIN_DIGITS else m.group(), text)
+
+
+class ExportRefused(DomainError):
+    """The actor may not export this study's row-level data."""
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    format: str
+    exported_at: dt.datetime
+    row_counts: dict[str, int]
+    files: list[Path]
+    options: dict[str, Any]
+    tables: list[TableSpec] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StudyRef:
+    id: int
+    slug: str
+    title: str
+
+
+# Tables: a spec (the codebook) and a generator of DataFrame chunks whose columns match it.
+
+ChunkSource = Callable[[Connection], Iterator[pd.DataFrame]]
+
+
+def _c(name: str, type_: ColumnType, description: str, **kw: Any) -> Column:
+    return Column(name, type_, description, **kw)
+
+
+def _stream(connection: Connection, query: Any, chunk_rows: int) -> Iterator[pd.DataFrame]:
+    result = connection.execution_options(stream_results=True, yield_per=chunk_rows).execute(query)
+    columns = list(result.keys())
+    for rows in result.partitions():
+        yield pd.DataFrame(rows, columns=columns)
+
+
+def _delivery_outcome() -> Any:
+    """Per follow-up: deliveries sent, failed, and the channels used (set-based)."""
+    return (select(Delivery.followup_id,
+                   func.coalesce(func.sum(case((Delivery.status == "sent", 1), else_=0)), 0).label("deliveries_sent"),
+                   func.coalesce(func.sum(case((Delivery.status == "failed", 1), else_=0)), 0)
+                   .label("deliveries_failed"),
+                   func.count(Delivery.id).label("deliveries"))
+            .group_by(Delivery.followup_id).subquery())
+
+
+class _Builder:
+    """Knows the study; builds each table's spec and its chunk source."""
+
+    def __init__(self, connection: Connection, study: StudyRef, chunk_rows: int) -> None:
+        self.study = study
+        self.chunk_rows = chunk_rows
+        versions = connection.execute(select(ProtocolVersion.id, ProtocolVersion.protocol)
+                                      .where(ProtocolVersion.study_id == study.id)).all()
+        self.arms: dict[str, str] = {}
+        for _, protocol in versions:
+            for arm in protocol.get("arms", []):
+                self.arms[arm["name"]] = f"{arm['name']} ({arm['mode']} mode)"
+        self.consent_versions = {v: v for v in connection.scalars(
+            select(ConsentVersion.version).where(ConsentVersion.study_id == study.id).order_by(ConsentVersion.id))}
+
+    def scoped(self, query: Any, participant_column: Any) -> Any:
+        return query.join(Participant, Participant.id == participant_column).where(
+            Participant.study_id == self.study.id)
+
+    def code(self) -> Column:
+        return _c("participant_code", "string", "Pseudonymous participant code (links the tables).", dated=False)
+
+    def participants(self) -> tuple[TableSpec, ChunkSource]:
+        spec = TableSpec("participants", "One row per participant (never contact details).", [
+            self.code(),
+            _c("arm", "string", "Study arm assigned at enrollment.", enum=self.arms),
+            _c("status", "string", "Participant status.", enum={s.value: s.value for s in ParticipantStatus}),
+            _c("protocol_version", "integer", "Protocol version in force at enrollment."),
+            _c("created_at", "datetime", "When the invite was redeemed (UTC)."),
+            _c("enrolled_at", "datetime", "When enrollment completed (UTC)."),
+            _c("withdrawn_at", "datetime", "When the participant withdrew (UTC)."),
+            _c("withdrawal_level", "string", "What the withdrawal asked for.",
+               enum={WithdrawalLevel.STOP_CONTACT.value: "stop contact, keep data",
+                     WithdrawalLevel.DELETE_DATA.value: "stop contact and delete research data"}),
+            _c("data_deleted_at", "datetime", "When research data were deleted at the participant's request (UTC)."),
+        ])
+        query = select(Participant.code.label("participant_code"), Participant.arm, Participant.status,
+                       Participant.assigned_protocol_version.label("protocol_version"), Participant.created_at,
+                       Participant.enrolled_at, Participant.withdrawn_at, Participant.withdrawal_level,
+                       Participant.data_deleted_at).where(Participant.study_id == self.study.id) \
+            .order_by(Participant.id)
+        return spec, lambda c: _stream(c, query, self.chunk_rows)
+
+    def consents(self) -> tuple[TableSpec, ChunkSource]:
+        spec = TableSpec("consents", "One row per consent signature (the typed signature is not exported).", [
+            self.code(),
+            _c("consent_version", "string", "Consent version signed.", enum=self.consent_versions),
+            _c("signed_at", "datetime", "When it was signed (UTC)."),
+            _c("signed_text_sha256", "string", "SHA-256 of the exact consent text signed (hex).", dated=False),
+            _c("confirmations", "string", "Confirmations ticked, ';'-separated."),
+        ])
+        query = self.scoped(select(Participant.code.label("participant_code"),
+                                   ConsentVersion.version.label("consent_version"), ConsentSignature.signed_at,
+                                   ConsentSignature.signed_text_sha256, ConsentSignature.confirmations)
+                            .select_from(ConsentSignature)
+                            .join(ConsentVersion, ConsentVersion.id == ConsentSignature.consent_version_id),
+                            ConsentSignature.participant_id).order_by(ConsentSignature.id)
+
+        def chunks(connection: Connection) -> Iterator[pd.DataFrame]:
+            for chunk in _stream(connection, query, self.chunk_rows):
+                chunk["confirmations"] = [";".join(v or []) for v in chunk["confirmations"]]
+                yield chunk
+        return spec, chunks
+
+    def conversations(self) -> tuple[TableSpec, ChunkSource]:
+        enums: dict[str, dict[str, str]] = {
+            "arm": self.arms, "mode": {"wellbeing": "well-being mode", "default": "default mode"},
+            "starting_role": ROLES, "final_role": ROLES, "status": {"active": "active", "ended": "ended"}}
+        columns = [_c(name, f.type, f.definition, unit=f.unit, enum=enums.get(name)) for name, f in FEATURES.items()]
+        spec = TableSpec("conversations", "One row per conversation with its features (analysis.features).",
+                         columns)
+        # The features are computed set-based for the whole study by analysis.features.
+        return spec, lambda c: iter([conversation_features(c, self.study.id)])
+
+    def turns(self) -> tuple[TableSpec, ChunkSource]:
+        spec = TableSpec("turns", "One row per message (only with --turns). Text is scrubbed of email "
+                         "addresses and phone numbers.", [
+            _c("turn_id", "integer", "Turn id."),
+            _c("conversation_id", "integer", "Conversation id (conversations table)."),
+            self.code(),
+            _c("seq", "integer", "Position in the conversation (1 = first)."),
+            _c("speaker", "string", "Who wrote it.", enum={"participant": "participant", "assistant": "assistant"}),
+            _c("role", "string", "Assistant role in force.", enum=ROLES),
+            _c("content", "string", "Message text, emails and phone numbers replaced by [email] / [phone].",
+               free_text=True),
+            _c("created_at", "datetime", "When it was stored (UTC)."),
+            _c("reassurance_seeking", "boolean", "Participant turn flagged as reassurance-seeking."),
+            _c("stance", "string", "Final stance of an assistant turn.", enum={s: s for s in STANCES}),
+            _c("concern", "string", "Concern behind the stance.", enum={s: s for s in CONCERNS}),
+            _c("rationale", "string", "The rationale shown to the participant.", free_text=True),
+            _c("stance_source", "string", "Who decided the stance.", enum={"platform": "platform", "model": "model"}),
+            _c("model_stance", "string", "Stance the model proposed, before the policy.",
+               enum={s: s for s in STANCES}),
+            _c("after_override", "boolean", "Reply produced after the participant overrode a pushback."),
+            _c("model", "string", "Model that produced the reply."),
+            _c("prompt_version", "string", "System-prompt version."),
+            _c("prompt_tokens", "integer", "Prompt tokens.", unit="tokens"),
+            _c("completion_tokens", "integer", "Completion tokens.", unit="tokens"),
+            _c("cost_usd", "number", "Cost of the LLM call.", unit="USD"),
+        ])
+        query = self.scoped(select(Turn.id.label("turn_id"), Turn.conversation_id,
+                                   Participant.code.label("participant_code"), Turn.seq, Turn.speaker, Turn.role,
+                                   Turn.content, Turn.created_at, Turn.reassurance_seeking, Turn.stance, Turn.concern,
+                                   Turn.rationale, Turn.stance_source, Turn.model_stance, Turn.after_override,
+                                   Turn.model, Turn.prompt_version, Turn.prompt_tokens, Turn.completion_tokens,
+                                   Turn.cost_usd), Turn.participant_id).order_by(Turn.id)
+
+        def chunks(connection: Connection) -> Iterator[pd.DataFrame]:
+            for chunk in _stream(connection, query, self.chunk_rows):
+                chunk["content"] = [scrub(t) for t in chunk["content"]]
+                chunk["rationale"] = [scrub(t) for t in chunk["rationale"]]
+                yield chunk
+        return spec, chunks
+
+    def decisions(self) -> tuple[TableSpec, ChunkSource]:
+        spec = TableSpec("decisions", "Decisions reported at the end of a conversation.", [
+            _c("decision_id", "integer", "Decision id (decision-anchored follow-ups: anchor 'decision:<id>')."),
+            self.code(),
+            _c("conversation_id", "integer", "Conversation it was reported in."),
+            _c("text", "string", "The decision in the participant's words, scrubbed of emails and phone numbers.",
+               free_text=True),
+            _c("decided_at", "datetime", "When it was reported (UTC)."),
+        ])
+        query = self.scoped(select(Decision.id.label("decision_id"), Participant.code.label("participant_code"),
+                                   Decision.conversation_id, Decision.text, Decision.decided_at),
+                            Decision.participant_id).order_by(Decision.id)
+
+        def chunks(connection: Connection) -> Iterator[pd.DataFrame]:
+            for chunk in _stream(connection, query, self.chunk_rows):
+                chunk["text"] = [scrub(t) for t in chunk["text"]]
+                yield chunk
+        return spec, chunks
+
+    def followups(self) -> tuple[TableSpec, ChunkSource]:
+        statuses = ("planned", "sent", "completed", "expired", "cancelled")
+        spec = TableSpec("followups", "One row per planned follow-up survey, with its delivery outcome.", [
+            _c("followup_id", "integer", "Follow-up id."),
+            self.code(),
+            _c("followup_key", "string", "The protocol's follow-up id (the wave)."),
+            _c("anchor_key", "string", "What it is counted from: 'enrollment' or 'decision:<decision_id>'."),
+            _c("instrument_id", "string", "Instrument asked."),
+            _c("protocol_version", "integer", "Protocol version it was planned under."),
+            _c("intended_at", "datetime", "Intended send time (UTC), after quiet hours."),
+            _c("closes_at", "datetime", "When its window closes (UTC)."),
+            _c("sent_at", "datetime", "Actual send time of the invitation (UTC)."),
+            _c("lateness_seconds", "number", "sent_at - intended_at.", unit="seconds"),
+            _c("reminders_sent", "integer", "Reminders sent.", unit="reminders"),
+            _c("status", "string", "Follow-up status.", enum={s: s for s in statuses}),
+            _c("ended_at", "datetime", "When it was completed, expired or cancelled (UTC)."),
+            _c("end_reason", "string", "Why it ended (system reason)."),
+            _c("deliveries", "integer", "Messages (invitation and reminders) planned on a channel.", unit="messages"),
+            _c("deliveries_sent", "integer", "Messages delivered.", unit="messages"),
+            _c("deliveries_failed", "integer", "Messages given up after failing.", unit="messages"),
+        ])
+        outcome = _delivery_outcome()
+        query = self.scoped(select(
+            FollowUp.id.label("followup_id"), Participant.code.label("participant_code"), FollowUp.followup_key,
+            FollowUp.anchor_key, FollowUp.instrument_id, FollowUp.protocol_version,
+            FollowUp.due_at.label("intended_at"), FollowUp.closes_at, FollowUp.sent_at, FollowUp.lateness_seconds,
+            FollowUp.reminders_sent, FollowUp.status, FollowUp.ended_at, FollowUp.end_reason,
+            func.coalesce(outcome.c.deliveries, 0).label("deliveries"),
+            func.coalesce(outcome.c.deliveries_sent, 0).label("deliveries_sent"),
+            func.coalesce(outcome.c.deliveries_failed, 0).label("deliveries_failed"),
+        ).outerjoin(outcome, outcome.c.followup_id == FollowUp.id), FollowUp.participant_id).order_by(FollowUp.id)
+        return spec, lambda c: _stream(c, query, self.chunk_rows)
+
+    def scores(self) -> tuple[TableSpec, ChunkSource]:
+        spec = TableSpec("scores", "One row per score of a submitted survey, with the instrument version.", [
+            _c("response_id", "integer", "Survey response id (responses_<instrument> tables)."),
+            self.code(),
+            _c("instrument_id", "string", "Instrument."),
+            _c("instrument_version", "string", "Instrument version the score was computed with."),
+            _c("purpose", "string", "Why it was asked.", enum={"baseline": "baseline", "followup": "follow-up",
+                                                              "exit": "exit check"}),
+            _c("followup_key", "string", "The protocol's follow-up id, for follow-ups."),
+            _c("submitted_at", "datetime", "When the survey was submitted (UTC)."),
+            _c("name", "string", "Score name (per the instrument's scoring rules)."),
+            _c("value", "number", "Score value, on the instrument's published scale."),
+            _c("n_items", "integer", "Items answered that entered the score.", unit="items"),
+            _c("n_expected", "integer", "Items the score is computed from.", unit="items"),
+        ])
+        query = self.scoped(select(
+            SurveyResponse.id.label("response_id"), Participant.code.label("participant_code"),
+            SurveyResponse.instrument_id, SurveyScore.instrument_version, SurveyAssignment.purpose,
+            SurveyAssignment.followup_key, SurveyResponse.submitted_at, SurveyScore.name, SurveyScore.value,
+            SurveyScore.n_items, SurveyScore.n_expected,
+        ).select_from(SurveyScore).join(SurveyResponse, SurveyResponse.id == SurveyScore.response_id)
+            .join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id),
+            SurveyScore.participant_id).order_by(SurveyScore.id)
+        return spec, lambda c: _stream(c, query, self.chunk_rows)
+
+    def responses(self, connection: Connection, instrument_id: str) -> tuple[TableSpec, ChunkSource]:
+        versions = connection.scalars(self.scoped(select(SurveyResponse.instrument_version).distinct(),
+                                                  SurveyResponse.participant_id)
+                                      .where(SurveyResponse.instrument_id == instrument_id)).all()
+        items: dict[str, Column] = {}
+        with Session(bind=connection) as session:  # read-only, on this connection
+            definitions: list[Instrument] = [registry.get(session, instrument_id, v) for v in sorted(versions)]
+        for definition in definitions:
+            for item in definition.items:
+                name = item_column(item.id)
+                if name in items:
+                    continue
+                text = f"{item.text} (item {item.id}, {item.type}"
+                text += f", {item.min:g} to {item.max:g})" if item.min is not None and item.max is not None else ")"
+                if item.type in NUMERIC_TYPES:
+                    points = dict(item.labels) or _anchors(definition, item.block)
+                    full = item.type == "likert" and len(item.labels) == (item.max or 0) - (item.min or 0) + 1
+                    items[name] = _c(name, "integer" if item.type == "likert" else "number", text + ".",
+                                     enum={str(k): v for k, v in item.labels.items()} if full else None,
+                                     point_labels=points or None)
+                elif item.type == "single_choice":
+                    items[name] = _c(name, "string", text + ".", enum={o.value: o.label for o in item.options})
+                elif item.type == "multiple_choice":
+                    items[name] = _c(name, "string", text + "; choices ';'-separated: "
+                                     + ", ".join(o.value for o in item.options) + ".")
+                else:
+                    items[name] = _c(name, "string", text + "; free text, emails and phone numbers scrubbed.",
+                                     free_text=True)
+        table = f"responses_{item_column(instrument_id)}"
+        spec = TableSpec(table, f"One row per response to {instrument_id}, one column per item "
+                         f"(versions {', '.join(sorted(versions))}).", [
+            _c("response_id", "integer", "Survey response id."),
+            self.code(),
+            _c("instrument_version", "string", "Instrument version answered."),
+            _c("purpose", "string", "Why it was asked.", enum={"baseline": "baseline", "followup": "follow-up",
+                                                              "exit": "exit check"}),
+            _c("followup_key", "string", "The protocol's follow-up id, for follow-ups."),
+            _c("context_conversation_id", "integer", "The conversation an exit check refers to."),
+            _c("context_decision_id", "integer", "The decision a regret follow-up refers to."),
+            _c("intended_at", "datetime", "When the survey was meant to be answered from (UTC)."),
+            _c("started_at", "datetime", "When answering started (UTC)."),
+            _c("submitted_at", "datetime", "When it was submitted (UTC); empty while partial."),
+            *items.values(),
+        ])
+        query = self.scoped(select(
+            SurveyResponse.id.label("response_id"), Participant.code.label("participant_code"),
+            SurveyResponse.instrument_version, SurveyAssignment.purpose, SurveyAssignment.followup_key,
+            SurveyAssignment.context, SurveyAssignment.intended_at, SurveyResponse.started_at,
+            SurveyResponse.submitted_at, SurveyResponse.answers,
+        ).join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id),
+            SurveyResponse.participant_id).where(SurveyResponse.instrument_id == instrument_id) \
+            .order_by(SurveyResponse.id)
+        ids = {item_column(item.id): item.id for d in definitions for item in d.items}
+
+        def chunks(connection: Connection) -> Iterator[pd.DataFrame]:
+            for chunk in _stream(connection, query, self.chunk_rows):
+                contexts = chunk.pop("context")
+                answers = chunk.pop("answers")
+                chunk["context_conversation_id"] = [(c or {}).get("conversation_id") for c in contexts]
+                chunk["context_decision_id"] = [_decision_id(c or {}) for c in contexts]
+                for name, item_id in ids.items():
+                    values = [(a or {}).get(item_id) for a in answers]
+                    if items[name].free_text:
+                        values = [scrub(v) for v in values]
+                    elif items[name].type == "string":
+                        values = [";".join(v) if isinstance(v, list) else v for v in values]
+                    chunk[name] = values
+                yield chunk
+        return spec, chunks
+
+    def safety_events(self) -> tuple[TableSpec, ChunkSource]:
+        spec = TableSpec("safety_events", "Escalations raised for staff review (the matched text is not exported).", [
+            _c("safety_event_id", "integer", "Safety event id."),
+            self.code(),
+            _c("conversation_id", "integer", "Conversation it was raised in."),
+            _c("turn_id", "integer", "Participant turn that raised it."),
+            _c("category", "string", "Category of risk.", enum={c: c for c in CONCERNS if c != "none"}),
+            _c("source", "string", "What detected it.", enum={"lexicon": "lexicon", "classifier": "classifier",
+                                                             "model": "model"}),
+            _c("created_at", "datetime", "When it was raised (UTC)."),
+            _c("review_status", "string", "Whether staff reviewed it.",
+               enum={"reviewed": "reviewed", "unreviewed": "not yet reviewed"}),
+            _c("reviewed_at", "datetime", "Latest staff review (UTC)."),
+        ])
+        query = self.scoped(select(
+            SafetyEvent.id.label("safety_event_id"), Participant.code.label("participant_code"),
+            SafetyEvent.conversation_id, SafetyEvent.turn_id, SafetyEvent.category, SafetyEvent.source,
+            SafetyEvent.created_at,
+            case((SafetyEvent.reviewed_at.is_(None), "unreviewed"), else_="reviewed").label("review_status"),
+            SafetyEvent.reviewed_at,
+        ), SafetyEvent.participant_id).where(SafetyEvent.study_id == self.study.id).order_by(SafetyEvent.id)
+        return spec, lambda c: _stream(c, query, self.chunk_rows)
+
+
+def _anchors(definition: Instrument, block_id: str | None) -> dict[int, str]:
+    """Scale points named by the item's block anchors, e.g. "0 = never"."""
+    block = next((b for b in definition.blocks if b.id == block_id), None)
+    anchors = block.anchors if block is not None and block.anchors else ()
+    found = (re.match(r"^\s*(-?\d+)\s*=\s*(.+)$", anchor) for anchor in anchors)
+    return {int(m.group(1)): m.group(2).strip() for m in found if m}
+
+
+def _decision_id(context: dict[str, Any]) -> Any:
+    anchor = str(context.get("decision_id") or context.get("anchor_key") or "")
+    digits = anchor.removeprefix("decision:")
+    return int(digits) if digits.isdigit() else None
+
+
+def item_column(item_id: str) -> str:
+    """A column name every format accepts (SPSS and Stata: letters, digits, underscores; Stata
+    at most 32 characters)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", item_id)[:32]
+
+
+def _panel_table(connection: Connection, study: StudyRef) -> tuple[TableSpec, ChunkSource] | None:
+    """The participant x wave panel, when ``analysis.panel`` is available; its codebook is
+    ``PANEL_COLUMNS`` there (columns it does not document get their pandas type)."""
+    try:
+        import analysis.panel as panel_module  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    frame: pd.DataFrame = panel_module.panel(connection, study.id)
+    documented: dict[str, Any] = getattr(panel_module, "PANEL_COLUMNS", {})
+    kinds: dict[str, ColumnType] = {"i": "integer", "u": "integer", "f": "number", "b": "boolean", "M": "datetime"}
+    columns = []
+    for name in frame.columns:
+        doc = documented.get(name)
+        columns.append(Column(name, doc.type if doc else kinds.get(frame[name].dtype.kind, "string"),
+                              doc.definition if doc else f"Panel column {name} (see analysis.panel).",
+                              unit=doc.unit if doc else None, dated=name != "participant_code"))
+    return TableSpec("panel", "Participant x wave panel (analysis.panel).", columns), lambda c: iter([frame])
+
+
+STATA_NAME_LIMIT = 32
+
+
+def _stata_names(spec: TableSpec) -> tuple[TableSpec, dict[str, str]]:
+    """Stata names are at most 32 characters: longer ones are cut, numbered where two would
+    clash, and the codebook gives the full name."""
+    used = {c.name for c in spec.columns if len(c.name) <= STATA_NAME_LIMIT}
+    renamed: dict[str, str] = {}
+    columns = []
+    for column in spec.columns:
+        if len(column.name) > STATA_NAME_LIMIT:
+            short, n = column.name[:STATA_NAME_LIMIT], 1
+            while short in used:
+                n += 1
+                short = f"{column.name[:STATA_NAME_LIMIT - 1 - len(str(n))]}_{n}"
+            used.add(short)
+            renamed[column.name] = short
+            column = replace(column, name=short, description=f"{column.description} (full name: {column.name})")
+        columns.append(column)
+    return TableSpec(spec.name, spec.description, columns), renamed
+
+
+# Normalizing chunks to their spec: the same dtypes in every chunk and every format.
+
+
+def _normalize(chunk: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
+    out = pd.DataFrame(index=chunk.index)
+    for column in spec.columns:
+        values = chunk[column.name] if column.name in chunk.columns else pd.Series(None, index=chunk.index)
+        if column.type == "datetime":
+            out[column.name] = pd.to_datetime(values, utc=True).astype("datetime64[us, UTC]")
+        elif column.type == "integer":
+            out[column.name] = pd.to_numeric(values).astype("Int64")
+        elif column.type == "number":
+            out[column.name] = pd.to_numeric(values).astype("float64")
+        elif column.type == "boolean":
+            out[column.name] = values.astype("boolean")
+        else:
+            out[column.name] = values.astype("string")
+    return out
+
+
+def _shift(chunk: pd.DataFrame, spec: TableSpec, offsets: dict[str, int], rng: random.Random) -> pd.DataFrame:
+    if "participant_code" not in chunk.columns:
+        return chunk
+    for code in chunk["participant_code"].dropna().unique():
+        if code not in offsets:
+            offsets[code] = rng.randint(1, SHIFT_MAX_DAYS)
+    days = pd.to_timedelta(chunk["participant_code"].map(offsets).astype("float64"), unit="D")
+    for column in spec.columns:
+        if column.type == "datetime" and column.dated:
+            chunk[column.name] = chunk[column.name] - days
+    return chunk
+
+
+# Writers
+
+
+_ARROW: dict[str, pa.DataType] = {"integer": pa.int64(), "number": pa.float64(), "string": pa.string(),
+                                  "boolean": pa.bool_(), "datetime": pa.timestamp("us", tz="UTC")}
+
+
+class _Writer:
+    def __init__(self, path: Path, spec: TableSpec, export_format: str) -> None:
+        self.path, self.spec, self.format = path, spec, export_format
+        self.parquet: pq.ParquetWriter | None = None
+        self.parts: list[pd.DataFrame] = []
+        self.rows = 0
+        if export_format == "csv":
+            pd.DataFrame(columns=[c.name for c in spec.columns]).to_csv(path, index=False)
+        elif export_format == "parquet":
+            schema = pa.schema([pa.field(c.name, _ARROW[c.type]) for c in spec.columns])
+            self.parquet = pq.ParquetWriter(path, schema)
+
+    def write(self, chunk: pd.DataFrame) -> None:
+        self.rows += len(chunk)
+        if self.format == "csv":
+            text = chunk.copy()
+            for c in self.spec.columns:
+                if c.type == "datetime":  # ISO 8601 with its UTC offset; empty when missing
+                    text[c.name] = chunk[c.name].map(lambda v: "" if pd.isna(v) else v.isoformat())
+                elif c.type == "boolean":
+                    text[c.name] = chunk[c.name].map(lambda v: "" if pd.isna(v) else ("true" if v else "false"))
+            text.to_csv(self.path, mode="a", header=False, index=False)
+        elif self.parquet is not None:
+            self.parquet.write_table(pa.Table.from_pandas(chunk, schema=self.parquet.schema, preserve_index=False))
+        else:
+            self.parts.append(chunk)
+
+    def close(self) -> None:
+        if self.parquet is not None:
+            self.parquet.close()
+        elif self.format in ("spss", "stata"):
+            frame = pd.concat(self.parts, ignore_index=True) if self.parts else _normalize(pd.DataFrame(), self.spec)
+            _write_labelled(self.path, frame, self.spec, self.format)
+
+
+def _write_labelled(path: Path, frame: pd.DataFrame, spec: TableSpec, export_format: str) -> None:
+    """SPSS/Stata: categories and booleans as labelled integers, datetimes as naive UTC."""
+    out = pd.DataFrame(index=frame.index)
+    value_labels: dict[str, dict[int | float, str]] = {}
+    for column in spec.columns:
+        values = frame[column.name]
+        if column.type == "datetime":
+            out[column.name] = values.dt.tz_convert("UTC").dt.tz_localize(None).astype("datetime64[ns]")
+        elif column.type == "boolean":
+            out[column.name] = values.astype("float64")
+        elif column.type == "string" and column.enum:
+            out[column.name] = values.map(column.value_codes()).astype("float64")
+        elif column.type in ("integer", "number"):
+            out[column.name] = values.astype("float64")
+        else:
+            out[column.name] = values.fillna("").astype(object)
+        labels = column.value_labels()
+        if labels:
+            value_labels[column.name] = {float(code): label for code, label in labels.items()}
+    limit = 80 if export_format == "stata" else 255  # variable label lengths the formats allow
+    titles: list[str | None] = [column.full_description()[:limit] for column in spec.columns]
+    if export_format == "spss":
+        pyreadstat.write_sav(out, str(path), column_labels=titles, variable_value_labels=value_labels,
+                             file_label=spec.name)
+    else:
+        pyreadstat.write_dta(out, str(path), column_labels=titles, variable_value_labels=value_labels,
+                             file_label=spec.name[:80], version=15)
+
+
+# The export
+
+
+def _require_exporter(connection: Connection, actor: audit.Actor, study: StudyRef) -> None:
+    """Staff need the researcher or admin role in the study (viewers may export aggregates only)."""
+    if actor.type != "staff":
+        return
+    role = connection.scalar(select(StaffMembership.role)
+                             .join(StaffAccount, StaffAccount.id == StaffMembership.staff_id)
+                             .where(and_(StaffAccount.email == actor.name, StaffAccount.is_active.is_(True),
+                                         StaffMembership.study_id == study.id)))
+    if role not in ("researcher", "admin"):
+        raise ExportRefused(f"{actor.name} may not export row-level data of '{study.slug}' "
+                            f"(role: {role or 'none'})")
+
+
+def _software_version() -> str:
+    try:
+        return metadata.version("afterward")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Format, turns: bool = False,
+                 shift_dates: bool = False, drop_free_text: bool = False, actor: audit.Actor,
+                 chunk_rows: int = CHUNK_ROWS, shift_seed: int | None = None) -> ExportResult:
+    """Write every table of the study in ``format`` to ``out_dir`` with its codebook and README,
+    and audit it. ``shift_seed`` fixes the date offsets (tests); by default they are random and
+    kept only in memory."""
+    if format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; one of {', '.join(FORMATS)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exported_at = dt.datetime.now(dt.UTC)
+    options = {"turns": turns, "shift_dates": shift_dates, "drop_free_text": drop_free_text}
+    rng = random.Random(shift_seed if shift_seed is not None else secrets.randbits(64))
+    offsets: dict[str, int] = {}
+    specs: list[TableSpec] = []
+    counts: dict[str, int] = {}
+    files: list[Path] = []
+    with engine.connect() as connection:
+        found = connection.execute(select(Study.id, Study.slug, Study.title)
+                                   .where(Study.slug == study_slug)).one_or_none()
+        if found is None:
+            raise LookupError(f"no study {study_slug!r}")
+        study = StudyRef(found.id, found.slug, found.title)
+        _require_exporter(connection, actor, study)
+        build = _Builder(connection, study, chunk_rows)
+        instruments = connection.scalars(build.scoped(select(SurveyResponse.instrument_id).distinct(),
+                                                      SurveyResponse.participant_id)
+                                         .order_by(SurveyResponse.instrument_id)).all()
+        tables = [build.participants(), build.consents(), build.conversations()]
+        tables += [build.turns()] if turns else []
+        tables += [build.decisions(), build.followups(), *(build.responses(connection, i) for i in instruments),
+                   build.scores(), build.safety_events()]
+        panel = _panel_table(connection, study)
+        tables += [panel] if panel is not None else []
+        for spec, chunks in tables:
+            if drop_free_text:
+                spec.columns = [c for c in spec.columns if not c.free_text]
+            path = out_dir / file_name(spec.name, format)
+            written, names = _stata_names(spec) if format == "stata" else (spec, {})
+            writer = _Writer(path, written, format)
+            for chunk in chunks(connection):
+                frame = _normalize(chunk, spec)
+                frame = _shift(frame, spec, offsets, rng) if shift_dates else frame
+                writer.write(frame.rename(columns=names))
+            writer.close()
+            specs.append(written)
+            counts[spec.name] = writer.rows
+            files.append(path)
+        protocols = connection.execute(select(ProtocolVersion.version, ProtocolVersion.loaded_at,
+                                              ProtocolVersion.source_sha256)
+                                       .where(ProtocolVersion.study_id == study.id)
+                                       .order_by(ProtocolVersion.version)).all()
+    title = f"{study.title} ({study.slug})"
+    description = f"Export of study {study.slug} at {exported_at.isoformat()}."
+    write_datapackage(out_dir / "datapackage.json", re.sub(r"[^a-z0-9._-]", "-", study.slug.lower()), title,
+                      specs, format, counts, description)
+    write_codebook_markdown(out_dir / "CODEBOOK.md", title, specs, counts)
+    _write_readme(out_dir / "README.md", title, protocols, exported_at, counts, format, options,
+                  panel_available=panel is not None)
+    files += [out_dir / "datapackage.json", out_dir / "CODEBOOK.md", out_dir / "README.md"]
+    with session_scope(engine) as session:
+        audit.record(session, actor, "study.export", study_id=study.id, format=format, options=options,
+                     row_counts=counts, tables=list(counts))
+    return ExportResult(out_dir, format, exported_at, counts, files, options, specs)
+
+
+def _write_readme(path: Path, title: str, protocols: Any, exported_at: dt.datetime, counts: dict[str, int],
+                  export_format: str, options: dict[str, Any], *, panel_available: bool) -> None:
+    lines = [f"# Export: {title}", "",
+             f"- exported at: {exported_at.isoformat()}",
+             f"- software: afterward {_software_version()}",
+             f"- format: {export_format}",
+             "- options: " + ", ".join(f"{k}={v}" for k, v in options.items()),
+             "- protocol versions: " + "; ".join(f"v{v} loaded {at.isoformat()} (sha256 {sha[:12]})"
+                                                 for v, at, sha in protocols), "",
+             "## Tables", "", "| table | rows |", "|---|---|",
+             *(f"| {name} | {n} |" for name, n in counts.items()), "",
+             "The codebook of every column is in `CODEBOOK.md` and `datapackage.json` (Frictionless Data "
+             "Package). SPSS and Stata files carry variable and value labels: categories are stored as "
+             "labelled integer codes, booleans as 0/1.", "",
+             "## De-identification", "",
+             "- Contact details and typed signatures are never exported; participants appear by pseudonymous code.",
+             f"- Free text is scrubbed: email addresses (`{EMAIL_PATTERN.pattern}`) become `[email]`, phone "
+             f"numbers (`{PHONE_PATTERN.pattern}` with at least {PHONE_MIN_DIGITS} digits) become `[phone]`.",
+             ]
+    if options["shift_dates"]:
+        lines.append(f"- Dates are shifted: every date and time of a participant moves back by the same "
+                     f"random whole number of days (1 to {SHIFT_MAX_DAYS}), different per participant and "
+                     "stored nowhere; intervals within a participant are kept, calendar dates are not.")
+    if options["drop_free_text"]:
+        lines.append("- Free-text columns (turn content and rationales, decision text, free-text answers) "
+                     "are dropped.")
+    if not panel_available:
+        lines += ["", "## Panel", "",
+                  "The participant x wave panel table is not yet available in this version (analysis.panel "
+                  "is missing); build it from the followups, scores and conversations tables."]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -1,0 +1,350 @@
+"""Exports round-trip: each format read back equals a direct query of the database; the codebook
+covers every column; the Data Package validates; SPSS/Stata carry value labels; no contact email
+leaks; shifted dates keep intervals within a participant; free text can be dropped; audited."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import frictionless
+import pandas as pd
+import pyreadstat
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.engine import Engine
+
+from analysis.exports import ExportRefused, ExportResult, export_study, scrub
+from analysis.features import conversation_features
+from api.routers.participants import save_profile
+from study import audit, clock
+from study.db import session_scope
+from study.models import AuditEntry, Participant, StaffRole
+from surveys import registry
+from surveys import service as survey_service
+from surveys.models import SurveyAssignment
+from tests.analysis.builders import StudyBuilder
+from tests.builders import make_staff
+
+T0 = dt.datetime(2026, 3, 2, 9, 0, tzinfo=dt.UTC)
+MINUTE = dt.timedelta(minutes=1)
+EMAILS = ["alice.private@example.org", "bob.secret@example.net"]
+ACTOR = audit.Actor.system("tests")
+
+
+@dataclass
+class Built:
+    slug: str
+    alice: str
+    bob: str
+
+
+@pytest.fixture
+def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock) -> Built:
+    build = StudyBuilder(engine, example_protocol)
+    alice, bob = build.participant("wellbeing"), build.participant("control")
+    with session_scope(engine) as session:
+        for code, email in zip((alice, bob), EMAILS, strict=True):
+            who = session.scalars(select(Participant).where(Participant.code == code)).one()
+            save_profile(session, who, timezone="Europe/Berlin", contact_email=email)
+        # Alice answers her baseline PERMA-Profiler (every item at the scale's middle).
+        who = session.scalars(select(Participant).where(Participant.code == alice)).one()
+        assignment = session.scalars(select(SurveyAssignment).where(
+            SurveyAssignment.participant_id == who.id, SurveyAssignment.purpose == "baseline")).first()
+        assert assignment is not None
+        instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+        answers = {item.id: int(((item.min or 0) + (item.max or 0)) // 2) if item.type in ("likert", "slider",
+                                                                                           "number") else "ok"
+                   for item in instrument.items}
+        survey_service.submit(session, who, assignment, answers, "sub-1")
+
+    c1 = build.start(alice, "coach")
+    frozen_clock.advance(MINUTE)
+    r1 = build.say(alice, c1, f"Mail me at {EMAILS[0]} or call +49 170 1234567", "You're right. Is that wise?",
+                   proposes="challenge/unsupported_framing", prompt_tokens=10, completion_tokens=5, cost_usd=0.001)
+    build.reconsider(alice, c1, r1.id)
+    frozen_clock.advance(2 * MINUTE)
+    build.say(alice, c1, "I want to kill myself", "Please call 988 now.")
+    frozen_clock.advance(2 * MINUTE)
+    build.end(alice, c1, rating=6, decision=f"Stay, and write to {EMAILS[0]}")
+
+    frozen_clock.set(T0 + dt.timedelta(days=1))
+    c2 = build.start(bob, None)
+    frozen_clock.advance(MINUTE)
+    build.say(bob, c2, "Just tell me what to do", "Take the job.", cost_usd=0.01)
+    frozen_clock.advance(MINUTE)
+    build.end(bob, c2, rating=3)
+    return Built(build.slug, alice, bob)
+
+
+def read_back(result: ExportResult, table: str) -> pd.DataFrame:
+    """A table as a DataFrame with the codebook's types, whatever the format."""
+    spec = next(s for s in result.tables if s.name == table)
+    if result.format == "csv":
+        frame = pd.read_csv(result.out_dir / f"{table}.csv", dtype=str, keep_default_na=False)
+    elif result.format == "parquet":
+        frame = pd.read_parquet(result.out_dir / f"{table}.parquet")
+    else:
+        reader = pyreadstat.read_sav if result.format == "spss" else pyreadstat.read_dta
+        extension = "sav" if result.format == "spss" else "dta"
+        frame, _ = reader(str(result.out_dir / f"{table}.{extension}"), apply_value_formats=False)
+        for column in spec.columns:
+            codes = {code: value for value, code in column.value_codes().items()}
+            if column.enum and column.type == "string":
+                frame[column.name] = frame[column.name].map(codes)
+            elif column.type == "string":
+                frame[column.name] = frame[column.name].replace("", None)
+    out = pd.DataFrame(index=frame.index)
+    for column in spec.columns:
+        values = frame[column.name].replace("", None) if result.format == "csv" else frame[column.name]
+        if column.type == "datetime":
+            out[column.name] = pd.to_datetime(values, utc=True, format="ISO8601" if result.format == "csv"
+                                              else None).dt.floor("s")
+        elif column.type in ("integer", "number"):
+            out[column.name] = pd.to_numeric(values).astype("float64")
+        elif column.type == "boolean":
+            out[column.name] = values.map(lambda v: None if pd.isna(v) else v in (True, 1, 1.0, "true"))
+        else:
+            out[column.name] = values.map(lambda v: None if pd.isna(v) else str(v))
+    return out
+
+
+def db_frame(engine: Engine, sql: str, slug: str, dates: tuple[str, ...] = ()) -> pd.DataFrame:
+    with engine.connect() as connection:
+        frame = pd.read_sql(text(sql), connection, params={"slug": slug})
+    for column in dates:
+        frame[column] = pd.to_datetime(frame[column], utc=True).dt.floor("s")
+    return frame
+
+
+def same(exported: pd.DataFrame, expected: pd.DataFrame) -> None:
+    """Same rows, same values: numbers as floats, datetimes as UTC datetimes; an empty string is
+    missing (CSV cannot tell them apart)."""
+    exported = exported[list(expected.columns)].reset_index(drop=True)
+    for column in expected.columns:
+        got, want = list(exported[column]), list(expected[column])
+        assert len(got) == len(want), column
+        for g, w in zip(got, want, strict=True):
+            if w == "" or pd.isna(w):
+                assert g == "" or pd.isna(g), (column, g, w)
+            elif g == "" or pd.isna(g):
+                raise AssertionError((column, g, w))
+                assert pd.isna(g), (column, g, w)
+            elif isinstance(w, pd.Timestamp):
+                assert g == w, (column, g, w)
+            elif isinstance(w, int | float) and not isinstance(w, bool):
+                assert float(g) == pytest.approx(float(w)), (column, g, w)
+            else:
+                assert g == w, (column, g, w)
+
+
+IN_STUDY = "JOIN participants p ON p.id = {t}.participant_id JOIN studies s ON s.id = p.study_id WHERE s.slug = :slug"
+
+
+@pytest.mark.parametrize("export_format", ["csv", "parquet", "spss", "stata"])
+def test_every_format_reads_back_as_the_database(engine: Engine, study: Built, tmp_path: Path,
+                                                 export_format: str) -> None:
+    result = export_study(engine, study.slug, tmp_path / export_format, format=export_format,  # type: ignore[arg-type]
+                          turns=True, actor=ACTOR, chunk_rows=2)  # 2 rows a chunk: appends are exercised
+    assert result.row_counts["participants"] == 2
+    assert result.row_counts["turns"] == 6, read_back(result, "turns")[["participant_code", "speaker", "seq"]]
+
+    same(read_back(result, "participants"), db_frame(engine, (
+        "SELECT code AS participant_code, arm, status, enrolled_at, withdrawn_at FROM participants p "
+        "JOIN studies s ON s.id = p.study_id WHERE s.slug = :slug ORDER BY p.id"), study.slug,
+        ("enrolled_at", "withdrawn_at")))
+    same(read_back(result, "turns"), db_frame(engine, (
+        "SELECT t.id AS turn_id, t.conversation_id, p.code AS participant_code, t.seq, t.speaker, t.role, "
+        "t.content, t.created_at, t.stance, t.concern, t.prompt_tokens, t.cost_usd, t.reassurance_seeking, "
+        "t.after_override "
+        "FROM turns t " + IN_STUDY.format(t="t") + " ORDER BY t.id"), study.slug, ("created_at",)).assign(
+        content=lambda f: f.content.map(scrub), reassurance_seeking=lambda f: f.reassurance_seeking.astype(bool),
+        after_override=lambda f: f.after_override.astype(bool)))
+    same(read_back(result, "decisions"), db_frame(engine, (
+        "SELECT d.id AS decision_id, p.code AS participant_code, d.conversation_id, d.decided_at FROM decisions d "
+        + IN_STUDY.format(t="d") + " ORDER BY d.id"), study.slug, ("decided_at",)))
+    same(read_back(result, "followups"), db_frame(engine, (
+        "SELECT f.id AS followup_id, p.code AS participant_code, f.followup_key, f.anchor_key, "
+        "f.due_at AS intended_at, f.closes_at, f.sent_at, f.status FROM followups f "
+        + IN_STUDY.format(t="f") + " ORDER BY f.id"), study.slug, ("intended_at", "closes_at", "sent_at")))
+    same(read_back(result, "scores"), db_frame(engine, (
+        "SELECT r.id AS response_id, p.code AS participant_code, r.instrument_id, sc.instrument_version, "
+        "sc.name, sc.value, sc.n_items FROM survey_scores sc JOIN survey_responses r ON r.id = sc.response_id "
+        + IN_STUDY.format(t="sc") + " ORDER BY sc.id"), study.slug))
+    same(read_back(result, "safety_events"), db_frame(engine, (
+        "SELECT e.id AS safety_event_id, p.code AS participant_code, e.category, e.created_at, "
+        "'unreviewed' AS review_status FROM safety_events e " + IN_STUDY.format(t="e") + " ORDER BY e.id"),
+        study.slug, ("created_at",)))
+    same(read_back(result, "consents"), db_frame(engine, (
+        "SELECT p.code AS participant_code, v.version AS consent_version, c.signed_at, c.signed_text_sha256 "
+        "FROM consent_signatures c JOIN consent_versions v ON v.id = c.consent_version_id "
+        + IN_STUDY.format(t="c") + " ORDER BY c.id"), study.slug, ("signed_at",)))
+    features = conversation_features(engine, study.slug)
+    features["started_at"] = features["started_at"].dt.floor("s")
+    features["ended_at"] = features["ended_at"].dt.floor("s")
+    same(read_back(result, "conversations"), features.astype(object).where(features.notna(), None))
+
+    perma = read_back(result, "responses_perma_profiler")
+    with engine.connect() as connection:
+        answers = connection.execute(text(
+            "SELECT r.answers FROM survey_responses r " + IN_STUDY.format(t="r")
+            + " AND r.instrument_id = 'perma-profiler'"), {"slug": study.slug}).scalar_one()
+    answers = json.loads(answers) if isinstance(answers, str) else answers
+    row = perma.iloc[0]
+    for item_id, value in answers.items():
+        assert row[item_id.replace("-", "_")] == pytest.approx(value), item_id
+    assert perma.iloc[0]["participant_code"] == study.alice
+
+
+@pytest.mark.parametrize("export_format", ["csv", "parquet", "spss", "stata"])
+def test_codebook_covers_every_column_and_validates(engine: Engine, study: Built, tmp_path: Path,
+                                                   export_format: str) -> None:
+    out = tmp_path / export_format
+    result = export_study(engine, study.slug, out, format=export_format, turns=True,  # type: ignore[arg-type]
+                          actor=ACTOR)
+    package = json.loads((out / "datapackage.json").read_text())
+    codebook = (out / "CODEBOOK.md").read_text()
+    assert {r["path"] for r in package["resources"]} == {p.name for p in result.files[:len(result.tables)]}
+    for resource, spec in zip(package["resources"], result.tables, strict=True):
+        fields = [f["name"] for f in resource["schema"]["fields"]]
+        assert all(f["description"] for f in resource["schema"]["fields"])
+        if export_format == "csv":
+            header = list(pd.read_csv(out / resource["path"], nrows=0).columns)
+        elif export_format == "parquet":
+            header = list(pd.read_parquet(out / resource["path"]).columns)
+        else:
+            reader = pyreadstat.read_sav if export_format == "spss" else pyreadstat.read_dta
+            header = reader(str(out / resource["path"]), metadataonly=True)[1].column_names
+        assert list(header) == fields, spec.name
+        for name in fields:
+            assert f"| `{name}` |" in codebook, name
+    status = next(f for f in package["resources"][0]["schema"]["fields"] if f["name"] == "status")
+    assert "enrolled" in status["constraints"]["enum"]
+    if export_format in ("csv", "parquet"):
+        report = frictionless.validate(str(out / "datapackage.json"))
+        assert report.valid, report.flatten(["rowNumber", "fieldName", "type", "note"])
+    readme = (out / "README.md").read_text()
+    assert study.slug in readme
+    assert "protocol versions: v1" in readme
+    assert "| turns | 6 |" in readme
+    try:
+        import analysis.panel  # noqa: F401
+    except ImportError:
+        assert "panel table is not yet available" in readme
+    else:
+        assert result.row_counts["panel"] > 0
+
+
+@pytest.mark.parametrize("export_format", ["spss", "stata"])
+def test_spss_and_stata_files_carry_value_labels(engine: Engine, study: Built, tmp_path: Path,
+                                                 export_format: str) -> None:
+    result = export_study(engine, study.slug, tmp_path, format=export_format, turns=True,  # type: ignore[arg-type]
+                          actor=ACTOR)
+    reader = pyreadstat.read_sav if export_format == "spss" else pyreadstat.read_dta
+    extension = "sav" if export_format == "spss" else "dta"
+    frame, meta = reader(str(tmp_path / f"participants.{extension}"), apply_value_formats=True)
+    assert set(meta.variable_value_labels["status"].values()) >= {"enrolled", "withdrawn"}
+    assert sorted(frame["status"]) == ["enrolled", "enrolled"]
+    assert str(meta.column_names_to_labels["participant_code"]).startswith("Pseudonymous participant code")
+    turns, meta = reader(str(tmp_path / f"turns.{extension}"), apply_value_formats=True)
+    assert meta.variable_value_labels["reassurance_seeking"] == {0: "false", 1: "true"}
+    assert set(turns["speaker"]) == {"participant", "assistant"}
+    assert "challenge" in set(turns["stance"])
+    _, meta = reader(str(tmp_path / f"responses_perma_profiler.{extension}"), metadataonly=True)
+    assert any(meta.variable_value_labels.get(c) for c in meta.column_names if c not in ("purpose",))
+    assert result.row_counts["turns"] == len(turns)
+
+
+@pytest.mark.parametrize("export_format", ["csv", "parquet", "spss", "stata"])
+def test_no_contact_email_in_any_exported_file(engine: Engine, study: Built, tmp_path: Path,
+                                               export_format: str) -> None:
+    export_study(engine, study.slug, tmp_path / "out", format=export_format, turns=True,  # type: ignore[arg-type]
+                 actor=ACTOR)
+    files = list((tmp_path / "out").iterdir())
+    assert len(files) >= 10
+    for path in files:
+        content = path.read_bytes()
+        for email in EMAILS:
+            for encoding in ("utf-8", "utf-16-le"):
+                assert email.encode(encoding) not in content, (path.name, email)
+        assert b"1234567" not in content, path.name  # the phone number, scrubbed
+    with engine.connect() as connection:  # ... though the message did contain it
+        assert connection.scalar(text("SELECT count(*) FROM turns WHERE content LIKE :e"),
+                                 {"e": f"%{EMAILS[0]}%"}) == 1
+
+
+def test_scrub_replaces_emails_and_phone_numbers_but_not_dates() -> None:
+    assert scrub("write to a.b+c@mail.example.co.uk today") == "write to [email] today"
+    assert scrub("call +49 (170) 123-4567 or 0170/1234567") == "call [phone] or [phone]"
+    assert scrub("on 2026-03-02 at 10:30, 3 times") == "on 2026-03-02 at 10:30, 3 times"
+
+
+def test_shift_dates_keeps_intervals_within_a_participant(engine: Engine, study: Built, tmp_path: Path) -> None:
+    plain = export_study(engine, study.slug, tmp_path / "plain", format="parquet", turns=True, actor=ACTOR)
+    shifted = export_study(engine, study.slug, tmp_path / "shifted", format="parquet", turns=True, actor=ACTOR,
+                           shift_dates=True, shift_seed=7)
+    tables = ("participants", "consents", "conversations", "turns", "decisions", "followups", "safety_events")
+    offsets: dict[str, set[pd.Timedelta]] = {}
+    for table in tables:
+        before, after = read_back(plain, table), read_back(shifted, table)
+        spec = next(s for s in plain.tables if s.name == table)
+        for column in (c.name for c in spec.columns if c.type == "datetime"):
+            moved = (before[column] - after[column]).dropna()
+            for code, delta in zip(before.loc[moved.index, "participant_code"], moved, strict=True):
+                offsets.setdefault(code, set()).add(delta)
+    assert set(offsets) == {study.alice, study.bob}
+    for deltas in offsets.values():
+        [delta] = deltas  # one offset per participant, in every table and column
+        assert delta.days >= 1
+        assert delta == pd.Timedelta(days=delta.days)
+    assert offsets[study.alice] != offsets[study.bob]  # seeded: two different draws
+
+    def intervals(result: ExportResult) -> tuple[pd.Series, pd.Series]:
+        people = read_back(result, "participants").set_index("participant_code")
+        consents = read_back(result, "consents").set_index("participant_code")
+        conversations = read_back(result, "conversations").set_index("conversation_id")
+        return (consents["signed_at"] - people["enrolled_at"],
+                conversations["ended_at"] - conversations["started_at"])
+    for a, b in zip(intervals(plain), intervals(shifted), strict=True):
+        pd.testing.assert_series_equal(a, b)
+    # Nothing else moves: the conversation features are the same.
+    pd.testing.assert_series_equal(read_back(plain, "conversations")["duration_seconds"],
+                                   read_back(shifted, "conversations")["duration_seconds"])
+
+
+def test_drop_free_text_drops_the_free_text_columns(engine: Engine, study: Built, tmp_path: Path) -> None:
+    kept = export_study(engine, study.slug, tmp_path / "kept", format="csv", turns=True, actor=ACTOR)
+    dropped = export_study(engine, study.slug, tmp_path / "dropped", format="csv", turns=True, actor=ACTOR,
+                           drop_free_text=True)
+    assert "content" in read_back(kept, "turns").columns
+    assert "[email]" in " ".join(read_back(kept, "turns")["content"].dropna())
+    assert "text" in read_back(kept, "decisions").columns
+    turns = pd.read_csv(tmp_path / "dropped" / "turns.csv")
+    decisions = pd.read_csv(tmp_path / "dropped" / "decisions.csv")
+    assert "content" not in turns.columns
+    assert "rationale" not in turns.columns
+    assert "text" not in decisions.columns
+    assert len(turns) == 6
+    assert len(decisions) == 1
+    assert "Stay" not in (tmp_path / "dropped" / "decisions.csv").read_text()
+    assert not any(c.free_text for spec in dropped.tables for c in spec.columns)
+
+
+def test_every_export_is_audited_and_viewers_are_refused(engine: Engine, study: Built, tmp_path: Path) -> None:
+    make_staff(engine, study.slug, StaffRole.RESEARCHER, "res@example.org")
+    make_staff(engine, study.slug, StaffRole.VIEWER, "viewer@example.org")
+    result = export_study(engine, study.slug, tmp_path / "a", format="csv", shift_dates=True,
+                          actor=audit.Actor("staff", "res@example.org"))
+    with engine.connect() as connection:
+        entry = connection.execute(select(AuditEntry).where(AuditEntry.action == "study.export")).one()
+    assert (entry.actor_type, entry.actor) == ("staff", "res@example.org")
+    assert entry.detail["format"] == "csv"
+    assert entry.detail["options"] == {"turns": False, "shift_dates": True, "drop_free_text": False}
+    assert entry.detail["row_counts"] == result.row_counts
+    with pytest.raises(ExportRefused):
+        export_study(engine, study.slug, tmp_path / "b", format="csv", actor=audit.Actor("staff", "viewer@example.org"))
+    with engine.connect() as connection:
+        assert connection.scalar(select(AuditEntry.seq).where(AuditEntry.action == "study.export")
+                                 .order_by(AuditEntry.seq.desc()).limit(1)) == entry.seq
