@@ -42,7 +42,7 @@ from chat.models import Decision, SafetyEvent, Turn
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
 from study import audit
-from study.db import session_scope
+from study.db import READ_ONLY, session_scope
 from study.errors import DomainError
 from study.models import (
     ConsentSignature,
@@ -607,10 +607,12 @@ def _software_version() -> str:
 
 def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Format, turns: bool = False,
                  shift_dates: bool = False, drop_free_text: bool = False, actor: audit.Actor,
-                 chunk_rows: int = CHUNK_ROWS, shift_seed: int | None = None) -> ExportResult:
+                 chunk_rows: int = CHUNK_ROWS, shift_seed: int | None = None,
+                 audit_in: Session | None = None) -> ExportResult:
     """Write every table of the study in ``format`` to ``out_dir`` with its codebook and README,
     and audit it. ``shift_seed`` fixes the date offsets (tests); by default they are random and
-    kept only in memory."""
+    kept only in memory. ``audit_in``: record the audit entry in this session instead of a
+    transaction of its own."""
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; one of {', '.join(FORMATS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -621,7 +623,9 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
     specs: list[TableSpec] = []
     counts: dict[str, int] = {}
     files: list[Path] = []
-    with engine.connect() as connection:
+    # Read in one read-only transaction (a consistent snapshot; on SQLite no write lock is held
+    # while a large study is read).
+    with engine.execution_options(**{READ_ONLY: True}).connect() as connection:
         found = connection.execute(select(Study.id, Study.slug, Study.title)
                                    .where(Study.slug == study_slug)).one_or_none()
         if found is None:
@@ -664,9 +668,14 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
     _write_readme(out_dir / "README.md", title, protocols, exported_at, counts, format, options,
                   panel_available=panel is not None)
     files += [out_dir / "datapackage.json", out_dir / "CODEBOOK.md", out_dir / "README.md"]
-    with session_scope(engine) as session:
+    def record(session: Session) -> None:
         audit.record(session, actor, "study.export", study_id=study.id, format=format, options=options,
                      row_counts=counts, tables=list(counts))
+    if audit_in is not None:  # the caller's transaction (a request that commits it)
+        record(audit_in)
+    else:
+        with session_scope(engine) as session:
+            record(session)
     return ExportResult(out_dir, format, exported_at, counts, files, options, specs)
 
 

@@ -25,6 +25,7 @@ from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 from analysis.lexicons import affirmation_pattern
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn
 from scheduler.models import FollowUp
+from study.db import READ_ONLY
 from study.models import Participant, Study
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
@@ -165,8 +166,8 @@ def _connection(source: Source) -> Iterator[Connection]:
         yield source.connection()
     elif isinstance(source, Connection):
         yield source
-    else:
-        with source.connect() as connection:
+    else:  # an engine: a read-only unit (on SQLite it takes no write lock, however long it reads)
+        with source.execution_options(**{READ_ONLY: True}).connect() as connection:
             yield connection
 
 

@@ -8,7 +8,7 @@ from sqlalchemy.engine import Engine
 
 from api import errors, pages
 from api.edge import Edge
-from api.routers import chat, followups, participants, staff, surveys, transcripts
+from api.routers import chat, exports, followups, participants, staff, surveys, transcripts
 from chat.gateway import Gateway
 from study import wiring
 from study.db import get_engine, session_scope
@@ -37,6 +37,7 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
     app.include_router(followups.router, prefix=API_PREFIX)
     app.include_router(followups.staff_router, prefix=API_PREFIX)
     app.include_router(transcripts.staff_router, prefix=API_PREFIX)
+    app.include_router(exports.staff_router, prefix=API_PREFIX)
 
     pages.install(app)
     app.add_middleware(Edge, max_body_bytes=get_settings().max_body_bytes)

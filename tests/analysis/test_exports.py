@@ -5,7 +5,9 @@ leaks; shifted dates keep intervals within a participant; free text can be dropp
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import frictionless
 import pandas as pd
 import pyreadstat
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
@@ -348,3 +351,18 @@ def test_every_export_is_audited_and_viewers_are_refused(engine: Engine, study: 
     with engine.connect() as connection:
         assert connection.scalar(select(AuditEntry.seq).where(AuditEntry.action == "study.export")
                                  .order_by(AuditEntry.seq.desc()).limit(1)) == entry.seq
+
+
+def test_staff_download_an_export_as_a_zip_and_it_is_audited(engine: Engine, app_client: TestClient,
+                                                             study: Built) -> None:
+    token = make_staff(engine, study.slug, StaffRole.RESEARCHER, "dl@uni.example")
+    response = app_client.get(f"/api/v1/staff/studies/{study.slug}/exports", params={"format": "parquet"},
+                              headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/zip"
+    bundle = zipfile.ZipFile(io.BytesIO(response.content))
+    assert {f"{study.slug}/datapackage.json", f"{study.slug}/participants.parquet"} <= set(bundle.namelist())
+    assert not any(email.encode() in bundle.read(name) for name in bundle.namelist() for email in EMAILS)
+    with engine.connect() as connection:
+        actors = connection.execute(text("SELECT actor FROM audit_log WHERE action = 'study.export'")).scalars()
+        assert list(actors) == ["dl@uni.example"]

@@ -176,6 +176,7 @@ STAFF_STUDY_CALLS: dict[tuple[str, str], tuple[bool, dict | None]] = {
     ("POST", "/api/v1/staff/studies/{slug}/safety-events/{event_id}/review"): (False, {"note": "Called."}),
     ("GET", "/api/v1/staff/studies/{slug}/conversations"): (False, None),
     ("GET", "/api/v1/staff/studies/{slug}/conversations/{conversation_id}"): (False, None),
+    ("GET", "/api/v1/staff/studies/{slug}/exports"): (False, None),
 }
 
 
