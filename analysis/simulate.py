@@ -46,6 +46,7 @@ from scheduler import planner
 from scheduler.channels import Channel, InAppChannel
 from scheduler.dispatcher import Dispatcher, TickReport
 from scheduler.models import FollowUp
+from scheduler.service import save_profile
 from study import audit, participants, studies, wiring
 from study.clock import FrozenClock, now, set_clock
 from study.db import session_scope
@@ -374,13 +375,10 @@ class _Simulation:
                                       confirmations=[c["id"] for c in current.confirmations],
                                       typed_signature=CONFIRM_SIGNATURE)
         self.clock.advance(dt.timedelta(minutes=2))
-        with session_scope(self.engine) as session:  # PUT /me/profile (api.routers.participants.save_profile)
+        with session_scope(self.engine) as session:  # PUT /me/profile
             participant = self._as(person, session)
             email = f"participant{person.index}@example.org" if self.email_required else None
-            participants.update_profile(session, participant, timezone=person.timezone, contact_email=email)
-            baseline = surveys.assign_baseline(
-                session, participant, studies.current_protocol(session, participant.study_id).baseline)
-            planner.on_enrollment(session, participant)
+            baseline = save_profile(session, participant, timezone=person.timezone, contact_email=email)
             arm = chat.arm_of(session, participant)
             person.arm_mode = arm.mode
             person.roles = tuple(roles_for_arm(arm.mode, list(arm.roles)))

@@ -29,7 +29,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.deps import SESSION_COOKIE, Form, RowId, SessionDep, run_unit, set_session_cookie
 from api.errors import error_body, status_of
 from api.routers import chat as chat_api
-from api.routers.participants import save_profile
 from chat import service as chat_service
 from chat.roles import ROLE_SPECS
 from chat.schemas import ConversationCreate, ExitCheck, MessageCreate, RoleChange
@@ -215,7 +214,8 @@ def onboard(request: Request, form: Form, session: SessionDep) -> Response:
     email = str(form.get("contact_email", "")).strip() or None
     try:
         profile = ProfileUpdate(timezone=str(form.get("timezone", "")), contact_email=email)
-        baseline = save_profile(session, participant, timezone=profile.timezone, contact_email=profile.contact_email)
+        baseline = scheduler_service.save_profile(session, participant, timezone=profile.timezone,
+                                                  contact_email=profile.contact_email)
     except (DomainError, ValidationError) as exc:
         session.rollback()
         protocol = current_protocol(session, participant.study_id)

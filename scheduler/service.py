@@ -1,16 +1,37 @@
-"""Scheduler operations used outside the dispatcher: what a participant has scheduled, and the
-hooks that stop everything pending when a survey is completed or a participant withdraws."""
+"""Scheduler operations used outside the dispatcher: completing enrollment (which plans the
+follow-ups), what a participant has scheduled, and the hooks that stop everything pending when a
+survey is completed or a participant withdraws."""
 
 from __future__ import annotations
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from scheduler import planner
 from scheduler.models import Anchor, Delivery, FollowUp
+from study import participants
 from study.clock import now
 from study.models import Participant, WithdrawalLevel
+from study.studies import current_protocol
 from study.wiring import Lifecycle
+from surveys import service as survey_service
 from surveys.models import SurveyAssignment
+
+
+def save_profile(session: Session, participant: Participant, *, timezone: str,
+                 contact_email: str | None) -> list[SurveyAssignment]:
+    """Update the profile; the first time, complete enrollment: arm, baseline surveys and the
+    enrollment-anchored follow-ups. Returns the baseline surveys assigned now. The one way to
+    complete enrollment, for the API, the pages and simulated participants (it lives here, the
+    lowest package that sees both the surveys and the planner)."""
+    was_enrolled = participant.enrolled_at is not None
+    participants.update_profile(session, participant, timezone=timezone, contact_email=contact_email)
+    if was_enrolled:
+        return []
+    baseline = survey_service.assign_baseline(session, participant,
+                                              current_protocol(session, participant.study_id).baseline)
+    planner.on_enrollment(session, participant)
+    return baseline
 
 
 def cancel_deliveries(session: Session, followup_id: int, reason: str) -> None:

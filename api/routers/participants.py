@@ -7,10 +7,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response, status
 from fastapi.responses import PlainTextResponse
-from sqlalchemy.orm import Session
 
 from api.deps import CurrentParticipant, SessionDep, participant_token, set_session_cookie
-from scheduler import planner
+from scheduler import service as scheduler_service
 from study import audit
 from study import participants as service
 from study.models import ConsentVersion, Participant, Study
@@ -28,9 +27,6 @@ from study.schemas import (
     WithdrawalRead,
 )
 from study.security import csrf_token_for
-from study.studies import current_protocol
-from surveys import service as survey_service
-from surveys.models import SurveyAssignment
 
 router = APIRouter(tags=["participant"])
 Token = Annotated[str, Depends(participant_token)]
@@ -118,23 +114,8 @@ def update_profile(body: ProfileUpdate, session: SessionDep, participant: Curren
                    token: Token) -> ParticipantRead:
     """Time zone and contact email; the first time, this completes enrollment (arm assigned,
     baseline surveys assigned)."""
-    save_profile(session, participant, timezone=body.timezone, contact_email=body.contact_email)
+    scheduler_service.save_profile(session, participant, timezone=body.timezone, contact_email=body.contact_email)
     return _participant_read(session, participant, token)
-
-
-def save_profile(session: Session, participant: Participant, *, timezone: str,
-                 contact_email: str | None) -> list[SurveyAssignment]:
-    """Update the profile; the first time, complete enrollment: arm, baseline surveys and the
-    enrollment-anchored follow-ups. Returns the baseline surveys assigned now (the API and the
-    pages both complete enrollment here)."""
-    was_enrolled = participant.enrolled_at is not None
-    service.update_profile(session, participant, timezone=timezone, contact_email=contact_email)
-    if was_enrolled:
-        return []
-    baseline = survey_service.assign_baseline(session, participant,
-                                              current_protocol(session, participant.study_id).baseline)
-    planner.on_enrollment(session, participant)
-    return baseline
 
 
 @router.post("/me/withdrawal")

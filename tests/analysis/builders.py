@@ -14,9 +14,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from api.routers.chat import end_with_exit_check
-from api.routers.participants import save_profile
 from chat import service
 from chat.gateway import Completion
+from scheduler.service import save_profile
 from study import participants, studies
 from study.db import session_scope
 from study.models import Participant

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 
 from analysis.exports import ExportRefused, ExportResult, export_study, scrub
 from analysis.features import conversation_features
-from api.routers.participants import save_profile
+from scheduler.service import save_profile
 from study import audit, clock
 from study.db import session_scope
 from study.models import AuditEntry, Participant, StaffRole
