@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 os.environ.setdefault("AFTERWARD_ENVIRONMENT", "test")
@@ -21,6 +20,7 @@ from study import audit, participants, studies  # noqa: E402
 from study.db import session_scope  # noqa: E402
 from study.models import Participant  # noqa: E402
 from surveys import registry  # noqa: E402
+from tests.postgres import scratch_schema  # noqa: E402
 
 ACTOR = audit.Actor.system("bench")
 PROTOCOL = ROOT / "examples" / "wellbeing-pilot.yaml"
@@ -49,17 +49,6 @@ def enrolled(engine: sa.Engine, n: int, *, arm: str | None = None,
     return out
 
 
-@contextmanager
-def postgres_schema(url: str) -> Iterator[str]:
+def postgres_schema(url: str) -> AbstractContextManager[str]:
     """A URL whose connections use a new, empty schema, dropped afterwards."""
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(url)
-    with admin.begin() as connection:
-        connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        scoped = sa.engine.make_url(url).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield scoped.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    return scratch_schema(url, "bench")

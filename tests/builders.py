@@ -18,6 +18,8 @@ from surveys import service as survey_service
 
 TEST_ACTOR = audit.Actor.system("tests")
 CONFIRMATIONS = ["read-and-understood", "adult", "voluntary"]
+# An unsupported framing: the monitors and the offline model push back on it.
+FRAMING = "Nobody at work ever listens to me, so I'm quitting tomorrow without another job lined up"
 
 
 def load_study(engine: Engine, protocol_yaml: str) -> str:

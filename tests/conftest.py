@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from study import clock
 from study.db import make_engine, migrate, session_factory
 from study.settings import get_settings
+from tests.builders import load_study
 
 POSTGRES_URL = os.environ.get("AFTERWARD_TEST_DATABASE_URL", "")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "wellbeing-pilot.yaml"
@@ -115,3 +116,9 @@ def app_client(engine: Engine) -> Iterator[TestClient]:
 @pytest.fixture
 def example_protocol() -> str:
     return EXAMPLE.read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def slug(engine: Engine, example_protocol: str) -> str:
+    """The example protocol loaded; its study's slug."""
+    return load_study(engine, example_protocol)

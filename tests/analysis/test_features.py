@@ -25,10 +25,10 @@ from analysis.lexicons import affirmation_pattern
 from chat.roles import system_prompt
 from study import clock
 from tests.analysis.builders import StudyBuilder
+from tests.builders import FRAMING  # 16 words
 
 T0 = dt.datetime(2026, 3, 2, 9, 0, tzinfo=dt.UTC)  # a Monday; Berlin is UTC+1 until 29 March
 MINUTE = dt.timedelta(minutes=1)
-FRAMING = "Nobody at work ever listens to me, so I'm quitting tomorrow without another job lined up"  # 16 words
 VADER = SentimentIntensityAnalyzer()
 
 

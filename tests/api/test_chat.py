@@ -15,23 +15,16 @@ from chat.roles import system_prompt
 from study.models import StaffRole
 from study.settings import Settings
 from tests.builders import (
+    FRAMING,
     ParticipantHandle,
     enroll,
     enroll_fully,
-    load_study,
     make_invites,
     make_staff,
     put_in_arm,
     say,
     start_chat,
 )
-
-FRAMING = "Nobody at work ever listens to me, so I'm quitting tomorrow without another job lined up"
-
-
-@pytest.fixture
-def slug(engine: Engine, example_protocol: str) -> str:
-    return load_study(engine, example_protocol)
 
 
 @pytest.fixture

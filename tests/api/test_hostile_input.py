@@ -22,7 +22,6 @@ from tests.builders import (
     ParticipantHandle,
     enroll,
     enroll_fully,
-    load_study,
     make_invites,
     make_staff,
     put_in_arm,
@@ -32,11 +31,6 @@ from tests.builders import (
 from tests.live import live_server
 
 SLUG = "wellbeing-pilot"
-
-
-@pytest.fixture
-def slug(engine: Engine, example_protocol: str) -> str:
-    return load_study(engine, example_protocol)
 
 
 @pytest.fixture

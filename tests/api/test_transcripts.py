@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from chat.roles import system_prompt
 from study.models import StaffRole
 from tests.builders import (
+    FRAMING,
     ParticipantHandle,
     enroll_fully,
     load_study,
@@ -26,13 +27,7 @@ from tests.builders import (
     start_chat,
 )
 
-FRAMING = "Nobody at work ever listens to me, so I'm quitting tomorrow without another job lined up"
 CRISIS = "I want to kill myself"
-
-
-@pytest.fixture
-def slug(engine: Engine, example_protocol: str) -> str:
-    return load_study(engine, example_protocol)
 
 
 @pytest.fixture

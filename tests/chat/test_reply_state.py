@@ -21,10 +21,9 @@ from study import participants
 from study.clock import FrozenClock
 from study.db import session_factory, session_scope
 from study.models import Participant
-from tests.builders import CONFIRMATIONS, load_study, make_invites
+from tests.builders import CONFIRMATIONS, FRAMING, load_study, make_invites
 
 HOPELESS = "I feel hopeless about this"  # the platform's monitors require a nudge on it
-FRAMING = "Nobody at work ever listens to me, so I'm quitting tomorrow without another job lined up"
 PLAIN = Completion(text="Let's look at this together.", model="offline/afterward")
 
 

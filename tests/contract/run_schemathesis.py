@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ import sqlalchemy as sa
 
 from tests.builders import CONFIRMATIONS
 from tests.mail import free_port
+from tests.postgres import scratch_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "wellbeing-pilot.yaml"
@@ -81,22 +81,6 @@ class PassResult:
     exit_code: int | None  # None: stopped at the time limit
     seconds: float
     server_errors: list[str]  # the operations in the failures section of schemathesis's report
-
-
-@contextmanager
-def fresh_schema(admin_url: str) -> Iterator[str]:
-    """A PostgreSQL schema of our own (dropped afterwards); yields a URL whose search_path is it."""
-    schema = f"afterward_contract_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(admin_url)
-    with admin.begin() as connection:
-        connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        url = sa.engine.make_url(admin_url).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-        admin.dispose()
 
 
 def prepare_database(url: str) -> tuple[str, str, list[str]]:
@@ -380,7 +364,7 @@ def main() -> int:
     server_survived = True
     started = time.monotonic()
     try:
-        with fresh_schema(admin_url) as database_url:
+        with scratch_schema(admin_url, "afterward_contract") as database_url:
             os.environ["AFTERWARD_DATABASE_URL"] = database_url  # the services below read the same settings
             slug, staff_token, invites = prepare_database(database_url)
             port = free_port()

@@ -16,11 +16,9 @@ from sqlalchemy.engine import Engine
 from scheduler.dispatcher import Dispatcher
 from study.clock import FrozenClock
 from study.settings import Settings
-from tests.builders import load_study, make_invites, put_in_arm
+from tests.builders import FRAMING, load_study, make_invites, put_in_arm
 from tests.e2e.conftest import AXE, Camera
 from tests.mail import link_in, smtp_server
-
-FRAMING = "Nobody at work ever listens to me, so I'm quitting tomorrow without another job lined up"
 
 
 def new_page(browser: Browser, **options: Any) -> Page:

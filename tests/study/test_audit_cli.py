@@ -6,15 +6,13 @@ import socket
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from api.cli import app
-from study import audit
 from study.clock import FrozenClock
-from study.db import session_scope
 from study.settings import get_settings
+from tests.study.test_audit import _append, _without_guard
 
 runner = CliRunner()
 
@@ -27,21 +25,6 @@ def anchor_file(engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("AFTERWARD_AUDIT_ANCHOR_WEBHOOK_URL", raising=False)
     get_settings.cache_clear()
     return path
-
-
-def _append(engine: Engine, n: int) -> None:
-    with session_scope(engine) as session:
-        for i in range(n):
-            audit.record(session, audit.Actor.system("test"), "participants.listed", count=i)
-
-
-def _delete_newest(engine: Engine, after: int) -> None:
-    with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.execute(sa.text("ALTER TABLE audit_log DISABLE TRIGGER audit_log_append_only"))
-        else:
-            connection.execute(sa.text("DROP TRIGGER audit_log_no_delete"))
-        connection.execute(sa.text("DELETE FROM audit_log WHERE seq > :seq"), {"seq": after})
 
 
 def test_anchor_then_verify(engine: Engine, anchor_file: Path, frozen_clock: FrozenClock) -> None:
@@ -68,7 +51,7 @@ def test_anchor_then_verify(engine: Engine, anchor_file: Path, frozen_clock: Fro
 def test_verify_reports_truncation_after_an_anchor(engine: Engine, anchor_file: Path) -> None:
     _append(engine, 5)
     assert runner.invoke(app, ["audit", "anchor"]).exit_code == 0
-    _delete_newest(engine, after=3)
+    _without_guard(engine, "DELETE FROM audit_log WHERE seq > 3")
     result = runner.invoke(app, ["audit", "verify"])
     assert result.exit_code == 1
     assert "entries after 3 were deleted: the chain was anchored at seq 5" in result.stderr
