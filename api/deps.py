@@ -55,10 +55,10 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-async def run_unit(request: Request, work: Callable[[Session], T], *, read_only: bool = False) -> T:
+async def run_unit(request: Request, work: Callable[[Session], T]) -> T:
     """Run ``work`` in its own committed transaction on a worker thread, for handlers that await."""
     def unit() -> T:
-        with session_scope(request.app.state.engine, read_only=read_only) as session:
+        with session_scope(request.app.state.engine) as session:
             return work(session)
     return await run_in_threadpool(unit)
 
@@ -103,18 +103,21 @@ def token_from(request: Request, bearer: HTTPAuthorizationCredentials | None, co
         raise HTTPException(401, "sign in first: open your invite link again or use your token",
                             headers={"WWW-Authenticate": "Bearer"})
     if request.method not in SAFE_METHODS:
-        presented = request.headers.get(CSRF_HEADER) or getattr(request.state, "form_csrf", None)
+        presented = request.headers.get(CSRF_HEADER)
         if not presented or not csrf_token_valid(cookie, presented):
             raise HTTPException(403, "this form has expired; reload the page and try again")
     return cookie
 
 
-def current_participant(session: SessionDep, token: Annotated[str, Depends(participant_token)]) -> Participant:
-    participant = participant_service.participant_for_token(session, token)
+def _signed_in(participant: Participant | None) -> Participant:
     if participant is None:
         raise HTTPException(401, "your session has expired; open your invite link or sign in again",
                             headers={"WWW-Authenticate": "Bearer"})
     return participant
+
+
+def current_participant(session: SessionDep, token: Annotated[str, Depends(participant_token)]) -> Participant:
+    return _signed_in(participant_service.participant_for_token(session, token))
 
 
 CurrentParticipant = Annotated[Participant, Depends(current_participant)]
@@ -122,11 +125,7 @@ CurrentParticipant = Annotated[Participant, Depends(current_participant)]
 
 def consented_participant(session: SessionDep, token: Annotated[str, Depends(participant_token)]) -> Participant:
     """A participant who may take part now: not withdrawn and signed the consent in force (one query)."""
-    participant = participant_service.consented_participant_for_token(session, token)
-    if participant is None:
-        raise HTTPException(401, "your session has expired; open your invite link or sign in again",
-                            headers={"WWW-Authenticate": "Bearer"})
-    return participant
+    return _signed_in(participant_service.consented_participant_for_token(session, token))
 
 
 ConsentedParticipant = Annotated[Participant, Depends(consented_participant)]

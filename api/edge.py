@@ -36,7 +36,11 @@ def security_headers(path: str) -> dict[str, str]:
 
 class BodyTooLarge(HTTPException):
     def __init__(self, limit: int) -> None:
-        super().__init__(413, f"the request body is larger than {limit:,} bytes; send less at once")
+        super().__init__(413, too_large(limit))
+
+
+def too_large(limit: int) -> str:
+    return f"the request body is larger than {limit:,} bytes; send less at once"
 
 
 def _error(status: int, code: str, message: str) -> tuple[dict[str, Any], bytes]:
@@ -109,6 +113,5 @@ class Edge:
                 if not value.isdigit():
                     return 400, "invalid_request", "Content-Length must be a number"
                 if int(value) > self.max_body_bytes:
-                    return (413, "body_too_large",
-                            f"the request body is larger than {self.max_body_bytes:,} bytes; send less at once")
+                    return 413, "body_too_large", too_large(self.max_body_bytes)
         return None
