@@ -37,7 +37,9 @@ from analysis.codebook import (
     write_codebook_markdown,
     write_datapackage,
 )
-from analysis.features import FEATURES, conversation_features
+from analysis.features import FEATURES, iter_conversation_features
+from analysis.panel import PANEL_COLUMNS, iter_panel
+from analysis.reading import stream_frames
 from chat.models import Decision, SafetyEvent, Turn
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
@@ -62,6 +64,7 @@ from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 Format = Literal["csv", "parquet", "spss", "stata"]
 FORMATS: tuple[str, ...] = ("csv", "parquet", "spss", "stata")
 CHUNK_ROWS = 20_000
+CHUNK_PARTICIPANTS = 2_000  # the conversations and panel tables are computed this many participants at a time
 # Scrubbing of free text (turn content, decision text, free-text answers). An email address: a
 # local part, '@', and a domain with a dot. A phone number: an optional '+', then digits with
 # spaces, dots, dashes, slashes or parentheses between them, 9 or more digits in all (so dates
@@ -115,13 +118,6 @@ def _c(name: str, type_: ColumnType, description: str, **kw: Any) -> Column:
     return Column(name, type_, description, **kw)
 
 
-def _stream(connection: Connection, query: Any, chunk_rows: int) -> Iterator[pd.DataFrame]:
-    result = connection.execution_options(stream_results=True, yield_per=chunk_rows).execute(query)
-    columns = list(result.keys())
-    for rows in result.partitions():
-        yield pd.DataFrame(rows, columns=columns)
-
-
 def _delivery_outcome() -> Any:
     """Per follow-up: deliveries sent, failed, and the channels used (set-based)."""
     return (select(Delivery.followup_id,
@@ -135,9 +131,10 @@ def _delivery_outcome() -> Any:
 class _Builder:
     """Knows the study; builds each table's spec and its chunk source."""
 
-    def __init__(self, connection: Connection, study: StudyRef, chunk_rows: int) -> None:
+    def __init__(self, connection: Connection, study: StudyRef, chunk_rows: int, chunk_participants: int) -> None:
         self.study = study
         self.chunk_rows = chunk_rows
+        self.chunk_participants = chunk_participants
         versions = connection.execute(select(ProtocolVersion.id, ProtocolVersion.protocol)
                                       .where(ProtocolVersion.study_id == study.id)).all()
         self.arms: dict[str, str] = {}
@@ -173,7 +170,7 @@ class _Builder:
                        Participant.enrolled_at, Participant.withdrawn_at, Participant.withdrawal_level,
                        Participant.data_deleted_at).where(Participant.study_id == self.study.id) \
             .order_by(Participant.id)
-        return spec, lambda c: _stream(c, query, self.chunk_rows)
+        return spec, lambda c: stream_frames(c, query, self.chunk_rows)
 
     def consents(self) -> tuple[TableSpec, ChunkSource]:
         spec = TableSpec("consents", "One row per consent signature (the typed signature is not exported).", [
@@ -191,7 +188,7 @@ class _Builder:
                             ConsentSignature.participant_id).order_by(ConsentSignature.id)
 
         def chunks(connection: Connection) -> Iterator[pd.DataFrame]:
-            for chunk in _stream(connection, query, self.chunk_rows):
+            for chunk in stream_frames(connection, query, self.chunk_rows):
                 chunk["confirmations"] = [";".join(v or []) for v in chunk["confirmations"]]
                 yield chunk
         return spec, chunks
@@ -203,8 +200,8 @@ class _Builder:
         columns = [_c(name, f.type, f.definition, unit=f.unit, enum=enums.get(name)) for name, f in FEATURES.items()]
         spec = TableSpec("conversations", "One row per conversation with its features (analysis.features).",
                          columns)
-        # The features are computed set-based for the whole study by analysis.features.
-        return spec, lambda c: iter([conversation_features(c, self.study.id)])
+        # Computed set-based by analysis.features, a chunk of participants at a time.
+        return spec, lambda c: iter_conversation_features(c, self.study.id, chunk_participants=self.chunk_participants)
 
     def turns(self) -> tuple[TableSpec, ChunkSource]:
         spec = TableSpec("turns", "One row per message (only with --turns). Text is scrubbed of email "
@@ -240,7 +237,7 @@ class _Builder:
                                    Turn.cost_usd), Turn.participant_id).order_by(Turn.id)
 
         def chunks(connection: Connection) -> Iterator[pd.DataFrame]:
-            for chunk in _stream(connection, query, self.chunk_rows):
+            for chunk in stream_frames(connection, query, self.chunk_rows):
                 chunk["content"] = [scrub(t) for t in chunk["content"]]
                 chunk["rationale"] = [scrub(t) for t in chunk["rationale"]]
                 yield chunk
@@ -260,7 +257,7 @@ class _Builder:
                             Decision.participant_id).order_by(Decision.id)
 
         def chunks(connection: Connection) -> Iterator[pd.DataFrame]:
-            for chunk in _stream(connection, query, self.chunk_rows):
+            for chunk in stream_frames(connection, query, self.chunk_rows):
                 chunk["text"] = [scrub(t) for t in chunk["text"]]
                 yield chunk
         return spec, chunks
@@ -296,7 +293,7 @@ class _Builder:
             func.coalesce(outcome.c.deliveries_sent, 0).label("deliveries_sent"),
             func.coalesce(outcome.c.deliveries_failed, 0).label("deliveries_failed"),
         ).outerjoin(outcome, outcome.c.followup_id == FollowUp.id), FollowUp.participant_id).order_by(FollowUp.id)
-        return spec, lambda c: _stream(c, query, self.chunk_rows)
+        return spec, lambda c: stream_frames(c, query, self.chunk_rows)
 
     def scores(self) -> tuple[TableSpec, ChunkSource]:
         spec = TableSpec("scores", "One row per score of a submitted survey, with the instrument version.", [
@@ -321,7 +318,7 @@ class _Builder:
         ).select_from(SurveyScore).join(SurveyResponse, SurveyResponse.id == SurveyScore.response_id)
             .join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id),
             SurveyScore.participant_id).order_by(SurveyScore.id)
-        return spec, lambda c: _stream(c, query, self.chunk_rows)
+        return spec, lambda c: stream_frames(c, query, self.chunk_rows)
 
     def responses(self, connection: Connection, instrument_id: str) -> tuple[TableSpec, ChunkSource]:
         versions = connection.scalars(self.scoped(select(SurveyResponse.instrument_version).distinct(),
@@ -378,7 +375,7 @@ class _Builder:
         ids = {item_column(item.id): item.id for d in definitions for item in d.items}
 
         def chunks(connection: Connection) -> Iterator[pd.DataFrame]:
-            for chunk in _stream(connection, query, self.chunk_rows):
+            for chunk in stream_frames(connection, query, self.chunk_rows):
                 contexts = chunk.pop("context")
                 answers = chunk.pop("answers")
                 chunk["context_conversation_id"] = [(c or {}).get("conversation_id") for c in contexts]
@@ -414,7 +411,7 @@ class _Builder:
             case((SafetyEvent.reviewed_at.is_(None), "unreviewed"), else_="reviewed").label("review_status"),
             SafetyEvent.reviewed_at,
         ), SafetyEvent.participant_id).where(SafetyEvent.study_id == self.study.id).order_by(SafetyEvent.id)
-        return spec, lambda c: _stream(c, query, self.chunk_rows)
+        return spec, lambda c: stream_frames(c, query, self.chunk_rows)
 
 
 def _anchors(definition: Instrument, block_id: str | None) -> dict[int, str]:
@@ -437,23 +434,12 @@ def item_column(item_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", item_id)[:32]
 
 
-def _panel_table(connection: Connection, study: StudyRef) -> tuple[TableSpec, ChunkSource] | None:
-    """The participant x wave panel, when ``analysis.panel`` is available; its codebook is
-    ``PANEL_COLUMNS`` there (columns it does not document get their pandas type)."""
-    try:
-        import analysis.panel as panel_module  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    frame: pd.DataFrame = panel_module.panel(connection, study.id)
-    documented: dict[str, Any] = getattr(panel_module, "PANEL_COLUMNS", {})
-    kinds: dict[str, ColumnType] = {"i": "integer", "u": "integer", "f": "number", "b": "boolean", "M": "datetime"}
-    columns = []
-    for name in frame.columns:
-        doc = documented.get(name)
-        columns.append(Column(name, doc.type if doc else kinds.get(frame[name].dtype.kind, "string"),
-                              doc.definition if doc else f"Panel column {name} (see analysis.panel).",
-                              unit=doc.unit if doc else None, dated=name != "participant_code"))
-    return TableSpec("panel", "Participant x wave panel (analysis.panel).", columns), lambda c: iter([frame])
+def _panel_table(study: StudyRef, chunk_participants: int) -> tuple[TableSpec, ChunkSource]:
+    """The participant x wave panel (analysis.panel), documented by ``PANEL_COLUMNS``."""
+    columns = [Column(name, doc.type, doc.definition, unit=doc.unit, dated=name != "participant_code")
+               for name, doc in PANEL_COLUMNS.items()]
+    spec = TableSpec("panel", "Participant x wave panel (analysis.panel).", columns)
+    return spec, lambda c: iter_panel(c, study.id, chunk_participants=chunk_participants)
 
 
 STATA_NAME_LIMIT = 32
@@ -607,7 +593,8 @@ def _software_version() -> str:
 
 def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Format, turns: bool = False,
                  shift_dates: bool = False, drop_free_text: bool = False, actor: audit.Actor,
-                 chunk_rows: int = CHUNK_ROWS, shift_seed: int | None = None,
+                 chunk_rows: int = CHUNK_ROWS, chunk_participants: int = CHUNK_PARTICIPANTS,
+                 shift_seed: int | None = None,
                  audit_in: Session | None = None) -> ExportResult:
     """Write every table of the study in ``format`` to ``out_dir`` with its codebook and README,
     and audit it. ``shift_seed`` fixes the date offsets (tests); by default they are random and
@@ -632,7 +619,7 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
             raise LookupError(f"no study {study_slug!r}")
         study = StudyRef(found.id, found.slug, found.title)
         _require_exporter(connection, actor, study)
-        build = _Builder(connection, study, chunk_rows)
+        build = _Builder(connection, study, chunk_rows, chunk_participants)
         instruments = connection.scalars(build.scoped(select(SurveyResponse.instrument_id).distinct(),
                                                       SurveyResponse.participant_id)
                                          .order_by(SurveyResponse.instrument_id)).all()
@@ -640,8 +627,7 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
         tables += [build.turns()] if turns else []
         tables += [build.decisions(), build.followups(), *(build.responses(connection, i) for i in instruments),
                    build.scores(), build.safety_events()]
-        panel = _panel_table(connection, study)
-        tables += [panel] if panel is not None else []
+        tables.append(_panel_table(study, build.chunk_participants))
         for spec, chunks in tables:
             if drop_free_text:
                 spec.columns = [c for c in spec.columns if not c.free_text]
@@ -665,8 +651,7 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
     write_datapackage(out_dir / "datapackage.json", re.sub(r"[^a-z0-9._-]", "-", study.slug.lower()), title,
                       specs, format, counts, description)
     write_codebook_markdown(out_dir / "CODEBOOK.md", title, specs, counts)
-    _write_readme(out_dir / "README.md", title, protocols, exported_at, counts, format, options,
-                  panel_available=panel is not None)
+    _write_readme(out_dir / "README.md", title, protocols, exported_at, counts, format, options)
     files += [out_dir / "datapackage.json", out_dir / "CODEBOOK.md", out_dir / "README.md"]
     def record(session: Session) -> None:
         audit.record(session, actor, "study.export", study_id=study.id, format=format, options=options,
@@ -680,7 +665,7 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
 
 
 def _write_readme(path: Path, title: str, protocols: Any, exported_at: dt.datetime, counts: dict[str, int],
-                  export_format: str, options: dict[str, Any], *, panel_available: bool) -> None:
+                  export_format: str, options: dict[str, Any]) -> None:
     lines = [f"# Export: {title}", "",
              f"- exported at: {exported_at.isoformat()}",
              f"- software: afterward {_software_version()}",
@@ -705,8 +690,4 @@ def _write_readme(path: Path, title: str, protocols: Any, exported_at: dt.dateti
     if options["drop_free_text"]:
         lines.append("- Free-text columns (turn content and rationales, decision text, free-text answers) "
                      "are dropped.")
-    if not panel_available:
-        lines += ["", "## Panel", "",
-                  "The participant x wave panel table is not yet available in this version (analysis.panel "
-                  "is missing); build it from the followups, scores and conversations tables."]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

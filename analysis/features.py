@@ -11,25 +11,23 @@ each conversation's first and last participant message (VADER sentiment). No ORM
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pandas as pd
 from sqlalchemy import and_, case, func, or_, select
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import Connection
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-from analysis.lexicons import affirmation_pattern
+from analysis.lexicons import count_affirmations
+from analysis.reading import Source, connect, read_frame, resolve_study_id
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn
 from scheduler.models import FollowUp
-from study.db import READ_ONLY
-from study.models import Participant, Study
+from study.models import Participant
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
-Source = Engine | Connection | Session
 STANCES = ("agree", "nudge", "challenge", "escalate")
 TEXT_CHUNK_ROWS = 50_000
 LIST_SEPARATOR = ";"
@@ -160,81 +158,79 @@ WAVE_FEATURES: dict[str, Feature] = {"participant_code": FEATURES["participant_c
 # Reading
 
 
-@contextmanager
-def _connection(source: Source) -> Iterator[Connection]:
-    if isinstance(source, Session):
-        yield source.connection()
-    elif isinstance(source, Connection):
-        yield source
-    else:  # an engine: a read-only unit (on SQLite it takes no write lock, however long it reads)
-        with source.execution_options(**{READ_ONLY: True}).connect() as connection:
-            yield connection
+@dataclass(frozen=True)
+class Scope:
+    """Which participants a read covers: a study, optionally some participant codes, optionally a
+    range of participant ids (``first_id`` to ``last_id`` inclusive: one chunk of a streamed read,
+    filtered on each table's own participant column so its index is used)."""
+
+    study_id: int
+    codes: Sequence[str] | None = None
+    id_range: tuple[int, int] | None = None
+
+    def conditions(self, participant_column: Any) -> list[Any]:
+        """The filter, for a query that already joins (or reads) participants."""
+        found = [Participant.study_id == self.study_id]
+        if self.codes is not None:
+            found.append(Participant.code.in_(list(self.codes)))
+        if self.id_range is not None:
+            found.append(participant_column.between(*self.id_range))
+        return found
+
+    def apply(self, query: Any, participant_column: Any) -> Any:
+        """Join participants on ``participant_column`` and filter."""
+        return query.join(Participant, Participant.id == participant_column).where(
+            *self.conditions(participant_column))
 
 
-def _study_id(connection: Connection, study: int | str) -> int:
-    if isinstance(study, int):
-        return study
-    found = connection.scalar(select(Study.id).where(Study.slug == study))
-    if found is None:
-        raise LookupError(f"no study {study!r}")
-    return int(found)
-
-
-def _in_scope(query: Any, participant_column: Any, study_id: int,
-              participant_codes: Sequence[str] | None) -> Any:
-    """Restrict a query to the study's participants (and to some of them, if given)."""
-    query = query.join(Participant, Participant.id == participant_column).where(Participant.study_id == study_id)
-    if participant_codes is not None:
-        query = query.where(Participant.code.in_(list(participant_codes)))
-    return query
-
-
-def _frame(connection: Connection, query: Any) -> pd.DataFrame:
-    result = connection.execute(query)
-    return pd.DataFrame(result.all(), columns=list(result.keys()))
+def participant_chunks(connection: Connection, study_id: int, size: int) -> list[tuple[int, int]]:
+    """The study's participant ids cut into ranges of at most ``size`` participants."""
+    ids = connection.scalars(select(Participant.id).where(Participant.study_id == study_id)
+                             .order_by(Participant.id)).all()
+    return [(ids[i], ids[min(i + size, len(ids)) - 1]) for i in range(0, len(ids), size)]
 
 
 def _count(condition: Any) -> Any:
     return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
 
 
-def _joined(values: Iterable[Any]) -> str:
-    return LIST_SEPARATOR.join(sorted({str(v) for v in values if v is not None and v == v}))
+def _lists(frame: pd.DataFrame, column: str, name: str, key: str = "conversation_id") -> pd.Series:
+    """Distinct values of ``column`` per ``key``, sorted and ';'-joined (one pass in plain Python:
+    a pandas aggregation with a Python function costs ~100 µs a group)."""
+    values = frame[[key, column]].dropna(subset=[column])
+    values = values.assign(**{column: values[column].astype(str)})
+    values = values[values[column] != ""].drop_duplicates().sort_values([key, column])
+    joined: dict[Any, list[str]] = {}
+    for group, value in zip(values[key].tolist(), values[column].tolist(), strict=True):
+        joined.setdefault(group, []).append(value)
+    return pd.Series([LIST_SEPARATOR.join(parts) for parts in joined.values()],
+                     index=pd.Index(list(joined), name=key), dtype=object, name=name)
 
 
-def _lists(frame: pd.DataFrame, column: str, name: str) -> pd.Series:
-    if frame.empty:
-        return pd.Series(dtype=object, name=name)
-    return frame.groupby("conversation_id")[column].agg(_joined).rename(name)
-
-
-def _text_counts(connection: Connection, study_id: int, codes: Sequence[str] | None) -> pd.DataFrame:
-    """Words per side and affirmation hits, streamed in chunks so memory stays flat."""
-    pattern = affirmation_pattern()
-    query = _in_scope(select(Turn.conversation_id, Turn.speaker, Turn.content), Turn.participant_id, study_id,
-                      codes)
-    parts: list[pd.DataFrame] = []
+def _text_counts(connection: Connection, scope: Scope) -> pd.DataFrame:
+    """Words per side and affirmation hits, in one streamed pass over the text (memory stays flat)."""
+    query = scope.apply(select(Turn.conversation_id, Turn.speaker, Turn.content), Turn.participant_id)
+    participant_words: Counter[int] = Counter()
+    assistant_words: Counter[int] = Counter()
+    hits: Counter[int] = Counter()
     result = connection.execution_options(stream_results=True, yield_per=TEXT_CHUNK_ROWS).execute(query)
-    for rows in result.partitions():
-        chunk = pd.DataFrame(rows, columns=["conversation_id", "speaker", "content"])
-        text = chunk["content"]
-        chunk["words"] = [len(t.split()) for t in text]  # runs of non-space characters
-        assistant = chunk["speaker"] == "assistant"
-        chunk["hits"] = 0
-        chunk.loc[assistant, "hits"] = [len(pattern.findall(t)) for t in text[assistant]]
-        chunk["participant_words"] = chunk["words"].where(~assistant, 0)
-        chunk["assistant_words"] = chunk["words"].where(assistant, 0)
-        parts.append(chunk.groupby("conversation_id")[["participant_words", "assistant_words", "hits"]].sum())
-    if not parts:
-        return pd.DataFrame(columns=["participant_words", "assistant_words", "affirmation_hits"])
-    return pd.concat(parts).groupby(level=0).sum().rename(columns={"hits": "affirmation_hits"})
+    for conversation_id, speaker, content in result:
+        words = len(content.split())  # runs of non-space characters
+        if speaker == "assistant":
+            assistant_words[conversation_id] += words
+            hits[conversation_id] += count_affirmations(content)
+        else:
+            participant_words[conversation_id] += words
+    return pd.DataFrame({"participant_words": pd.Series(participant_words, dtype="int64"),
+                         "assistant_words": pd.Series(assistant_words, dtype="int64"),
+                         "affirmation_hits": pd.Series(hits, dtype="int64")})
 
 
-def _sentiment(connection: Connection, study_id: int, codes: Sequence[str] | None) -> pd.DataFrame:
+def _sentiment(connection: Connection, scope: Scope) -> pd.DataFrame:
     """VADER compound of each conversation's first and last participant message (only those
     two messages are read)."""
-    ends = _in_scope(select(Turn.conversation_id, func.min(Turn.seq).label("first_seq"),
-                            func.max(Turn.seq).label("last_seq")), Turn.participant_id, study_id, codes) \
+    ends = scope.apply(select(Turn.conversation_id, func.min(Turn.seq).label("first_seq"),
+                            func.max(Turn.seq).label("last_seq")), Turn.participant_id) \
         .where(Turn.speaker == "participant").group_by(Turn.conversation_id).subquery()
     query = select(Turn.conversation_id, Turn.seq, Turn.content, ends.c.first_seq, ends.c.last_seq).join(
         ends, and_(Turn.conversation_id == ends.c.conversation_id,
@@ -255,96 +251,146 @@ def _sentiment(connection: Connection, study_id: int, codes: Sequence[str] | Non
     return frame
 
 
+def _switches(connection: Connection, scope: Scope) -> pd.DataFrame:
+    return read_frame(connection, scope.apply(select(
+        RoleSwitch.conversation_id, RoleSwitch.from_role, RoleSwitch.to_role, RoleSwitch.after_seq, RoleSwitch.id,
+    ), RoleSwitch.participant_id).order_by(RoleSwitch.conversation_id, RoleSwitch.after_seq, RoleSwitch.id))
+
+
+def _add_roles(frame: pd.DataFrame, switches: pd.DataFrame) -> None:
+    """starting_role, roles_used and role_switches of conversations (``frame`` indexed by
+    conversation id, with ``final_role``) from their role switches."""
+    if switches.empty:
+        frame["starting_role"] = frame["final_role"]
+        frame["roles_used"] = frame["final_role"]
+        frame["role_switches"] = 0
+        return
+    by_conversation = switches.groupby("conversation_id")
+    frame["starting_role"] = by_conversation["from_role"].first().reindex(frame.index).fillna(frame["final_role"])
+    starts = frame["starting_role"].rename("role").reset_index()
+    targets = switches[["conversation_id", "to_role"]].rename(columns={"to_role": "role"})
+    frame["roles_used"] = _lists(pd.concat([starts, targets]), "role", "roles_used")
+    frame["role_switches"] = by_conversation.size().reindex(frame.index).fillna(0)
+
+
+def conversation_roles(source: Source, study: int | str) -> pd.DataFrame:
+    """Per conversation only the role columns (participant_code, started_at, final_role,
+    starting_role, roles_used, role_switches): what the survival table needs, without the rest."""
+    with connect(source) as connection:
+        return _conversation_roles(connection, Scope(resolve_study_id(connection, study)))
+
+
+def _conversation_roles(connection: Connection, scope: Scope) -> pd.DataFrame:
+    frame = read_frame(connection, scope.apply(select(
+        Conversation.id.label("conversation_id"), Participant.code.label("participant_code"),
+        Conversation.started_at, Conversation.role.label("final_role"),
+    ), Conversation.participant_id)).set_index("conversation_id")
+    _add_roles(frame, _switches(connection, scope))
+    return frame.reset_index().sort_values("conversation_id", kind="stable").reset_index(drop=True)
+
+
+def participant_roles(conversations: pd.DataFrame) -> pd.DataFrame:
+    """Per participant (index participant_code): ``roles_used`` (every role of any conversation)
+    and ``first_role`` (the starting role of the first conversation), from conversation rows."""
+    if conversations.empty:
+        return pd.DataFrame({"roles_used": pd.Series(dtype=object), "first_role": pd.Series(dtype=object)},
+                            index=pd.Index([], name="participant_code"))
+    used = conversations[["participant_code", "roles_used"]].assign(
+        roles_used=conversations["roles_used"].str.split(LIST_SEPARATOR)).explode("roles_used")
+    roles = _lists(used, "roles_used", "roles_used", "participant_code").to_frame()
+    first = conversations.sort_values(["started_at", "conversation_id"]).groupby("participant_code").first()
+    roles["first_role"] = first["starting_role"]
+    return roles
+
+
 def conversation_features(source: Source, study: int | str, *,
                           participant_codes: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per conversation of ``study`` (id or slug), columns as documented in ``FEATURES``.
     ``participant_codes`` restricts it to some participants."""
-    codes = participant_codes
-    with _connection(source) as connection:
-        study_id = _study_id(connection, study)
-        base = _frame(connection, _in_scope(select(
-            Conversation.id.label("conversation_id"), Participant.code.label("participant_code"),
-            Conversation.arm, Conversation.mode, Conversation.role.label("final_role"), Conversation.status,
-            Conversation.started_at, Conversation.ended_at, Conversation.made_decision,
-            Decision.id.label("decision_id"),
-        ).outerjoin(Decision, Decision.conversation_id == Conversation.id), Conversation.participant_id, study_id,
-            codes))
-        if base.empty:
-            return pd.DataFrame({name: pd.Series(dtype=object) for name in FEATURES})
-        assistant, participant = Turn.speaker == "assistant", Turn.speaker == "participant"
-        turns = _frame(connection, _in_scope(select(
-            Turn.conversation_id,
-            _count(participant).label("participant_turns"), _count(assistant).label("assistant_turns"),
-            *[_count(and_(assistant, Turn.stance == stance)).label(f"{stance}_turns") for stance in STANCES],
-            _count(and_(participant, Turn.reassurance_seeking.is_(True))).label("reassurance_seeking_turns"),
-            _count(and_(participant, Turn.features["dependence_signal"].as_boolean().is_(True)))
-            .label("dependence_cues"),
-            _count(and_(participant, Turn.features["crisis_category"].as_string().is_not(None)))
-            .label("crisis_cues"),
-            func.coalesce(func.sum(Turn.prompt_tokens), 0).label("prompt_tokens"),
-            func.coalesce(func.sum(Turn.completion_tokens), 0).label("completion_tokens"),
-            func.coalesce(func.sum(Turn.cost_usd), 0.0).label("cost_usd"),
-            func.max(Turn.created_at).label("last_turn_at"),
-        ), Turn.participant_id, study_id, codes).group_by(Turn.conversation_id)).set_index("conversation_id")
+    with connect(source) as connection:
+        return _conversation_features(connection, Scope(resolve_study_id(connection, study), participant_codes))
 
-        # What happened after each challenge: its response, else whether the participant wrote again.
-        last_message = select(Turn.conversation_id, func.max(Turn.seq).label("last_seq")).where(participant) \
-            .group_by(Turn.conversation_id).subquery()
-        wrote_again = and_(last_message.c.last_seq.is_not(None), last_message.c.last_seq > Turn.seq)
-        unanswered = PushbackResponse.id.is_(None)
-        challenges = _frame(connection, _in_scope(select(
-            Turn.conversation_id,
-            _count(PushbackResponse.action == "reconsider").label("challenges_reconsidered"),
-            _count(PushbackResponse.action == "override").label("challenges_overridden"),
-            _count(and_(unanswered, ~wrote_again)).label("challenges_left"),
-            _count(and_(unanswered, wrote_again)).label("challenges_continued"),
-        ).outerjoin(PushbackResponse, PushbackResponse.turn_id == Turn.id)
-            .outerjoin(last_message, last_message.c.conversation_id == Turn.conversation_id),
-            Turn.participant_id, study_id, codes)
-            .where(assistant, Turn.stance == "challenge").group_by(Turn.conversation_id)).set_index("conversation_id")
 
-        responses = _frame(connection, _in_scope(select(
-            PushbackResponse.conversation_id, _count(PushbackResponse.action == "override").label("overrides"),
-            _count(PushbackResponse.action == "reconsider").label("reconsiders"),
-        ), PushbackResponse.participant_id, study_id, codes).group_by(PushbackResponse.conversation_id)) \
-            .set_index("conversation_id")
+def iter_conversation_features(source: Source, study: int | str, *,
+                               chunk_participants: int = 5_000) -> Iterator[pd.DataFrame]:
+    """``conversation_features`` in chunks of at most ``chunk_participants`` participants (their
+    conversations in id order within a chunk), so memory stays flat however large the study."""
+    with connect(source) as connection:
+        study_id = resolve_study_id(connection, study)
+        for id_range in participant_chunks(connection, study_id, chunk_participants):
+            yield _conversation_features(connection, Scope(study_id, id_range=id_range))
 
-        switches = _frame(connection, _in_scope(select(
-            RoleSwitch.conversation_id, RoleSwitch.from_role, RoleSwitch.to_role, RoleSwitch.after_seq, RoleSwitch.id,
-        ), RoleSwitch.participant_id, study_id, codes).order_by(RoleSwitch.conversation_id, RoleSwitch.after_seq,
-                                                                 RoleSwitch.id))
-        concerns = _frame(connection, _in_scope(select(Turn.conversation_id, Turn.concern).distinct(),
-                                                Turn.participant_id, study_id, codes)
-                          .where(assistant, Turn.stance != "agree", Turn.concern.is_not(None),
-                                 Turn.concern != "none"))
-        versions = _frame(connection, _in_scope(select(Turn.conversation_id, Turn.model, Turn.prompt_version)
-                                                .distinct(), Turn.participant_id, study_id, codes).where(assistant))
-        safety = _frame(connection, _in_scope(select(SafetyEvent.conversation_id, SafetyEvent.category,
-                                                     func.count().label("n")),
-                                              SafetyEvent.participant_id, study_id, codes)
-                        .group_by(SafetyEvent.conversation_id, SafetyEvent.category))
-        ratings = _frame(connection, _in_scope(select(
-            SurveyAssignment.context["conversation_id"].as_string().label("conversation_id"),
-            SurveyScore.value.label("exit_rating"),
-        ).join(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id)
-            .join(SurveyScore, SurveyScore.response_id == SurveyResponse.id), SurveyAssignment.participant_id,
-            study_id, codes).where(SurveyAssignment.purpose == "exit",
-                                   SurveyAssignment.instrument_id == "immediate-rating",
-                                   SurveyScore.name == "helpful", SurveyResponse.submitted_at.is_not(None)))
-        text = _text_counts(connection, study_id, codes)
-        sentiment = _sentiment(connection, study_id, codes)
+
+def _conversation_features(connection: Connection, scope: Scope) -> pd.DataFrame:
+    base = read_frame(connection, scope.apply(select(
+        Conversation.id.label("conversation_id"), Participant.code.label("participant_code"),
+        Conversation.arm, Conversation.mode, Conversation.role.label("final_role"), Conversation.status,
+        Conversation.started_at, Conversation.ended_at, Conversation.made_decision,
+        Decision.id.label("decision_id"),
+    ).outerjoin(Decision, Decision.conversation_id == Conversation.id), Conversation.participant_id))
+    if base.empty:
+        return pd.DataFrame({name: pd.Series(dtype=object) for name in FEATURES})
+    assistant, participant = Turn.speaker == "assistant", Turn.speaker == "participant"
+    turns = read_frame(connection, scope.apply(select(
+        Turn.conversation_id,
+        _count(participant).label("participant_turns"), _count(assistant).label("assistant_turns"),
+        *[_count(and_(assistant, Turn.stance == stance)).label(f"{stance}_turns") for stance in STANCES],
+        _count(and_(participant, Turn.reassurance_seeking.is_(True))).label("reassurance_seeking_turns"),
+        _count(and_(participant, Turn.features["dependence_signal"].as_boolean().is_(True)))
+        .label("dependence_cues"),
+        _count(and_(participant, Turn.features["crisis_category"].as_string().is_not(None)))
+        .label("crisis_cues"),
+        func.coalesce(func.sum(Turn.prompt_tokens), 0).label("prompt_tokens"),
+        func.coalesce(func.sum(Turn.completion_tokens), 0).label("completion_tokens"),
+        func.coalesce(func.sum(Turn.cost_usd), 0.0).label("cost_usd"),
+        func.max(Turn.created_at).label("last_turn_at"),
+    ), Turn.participant_id).group_by(Turn.conversation_id)).set_index("conversation_id")
+
+    # What happened after each challenge: its response, else whether the participant wrote again.
+    last_message = scope.apply(select(Turn.conversation_id, func.max(Turn.seq).label("last_seq")),
+                               Turn.participant_id).where(participant).group_by(Turn.conversation_id).subquery()
+    wrote_again = and_(last_message.c.last_seq.is_not(None), last_message.c.last_seq > Turn.seq)
+    unanswered = PushbackResponse.id.is_(None)
+    challenges = read_frame(connection, scope.apply(select(
+        Turn.conversation_id,
+        _count(PushbackResponse.action == "reconsider").label("challenges_reconsidered"),
+        _count(PushbackResponse.action == "override").label("challenges_overridden"),
+        _count(and_(unanswered, ~wrote_again)).label("challenges_left"),
+        _count(and_(unanswered, wrote_again)).label("challenges_continued"),
+    ).outerjoin(PushbackResponse, PushbackResponse.turn_id == Turn.id)
+        .outerjoin(last_message, last_message.c.conversation_id == Turn.conversation_id), Turn.participant_id)
+        .where(assistant, Turn.stance == "challenge").group_by(Turn.conversation_id)).set_index("conversation_id")
+
+    responses = read_frame(connection, scope.apply(select(
+        PushbackResponse.conversation_id, _count(PushbackResponse.action == "override").label("overrides"),
+        _count(PushbackResponse.action == "reconsider").label("reconsiders"),
+    ), PushbackResponse.participant_id).group_by(PushbackResponse.conversation_id)) \
+        .set_index("conversation_id")
+
+    switches = _switches(connection, scope)
+    concerns = read_frame(connection, scope.apply(
+        select(Turn.conversation_id, Turn.concern).distinct(), Turn.participant_id,
+    ).where(assistant, Turn.stance != "agree", Turn.concern.is_not(None), Turn.concern != "none"))
+    versions = read_frame(connection, scope.apply(
+        select(Turn.conversation_id, Turn.model, Turn.prompt_version).distinct(), Turn.participant_id,
+    ).where(assistant))
+    safety = read_frame(connection, scope.apply(
+        select(SafetyEvent.conversation_id, SafetyEvent.category, func.count().label("n")),
+        SafetyEvent.participant_id,
+    ).group_by(SafetyEvent.conversation_id, SafetyEvent.category))
+    ratings = read_frame(connection, scope.apply(select(
+        SurveyAssignment.context["conversation_id"].as_string().label("conversation_id"),
+        SurveyScore.value.label("exit_rating"),
+    ).join(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id)
+        .join(SurveyScore, SurveyScore.response_id == SurveyResponse.id), SurveyAssignment.participant_id,
+    ).where(SurveyAssignment.purpose == "exit", SurveyAssignment.instrument_id == "immediate-rating",
+            SurveyScore.name == "helpful", SurveyResponse.submitted_at.is_not(None)))
+    text = _text_counts(connection, scope)
+    sentiment = _sentiment(connection, scope)
 
     frame = base.set_index("conversation_id")
     frame = frame.join(turns).join(text).join(challenges).join(responses)
-    first_switch = switches.groupby("conversation_id").first() if not switches.empty else pd.DataFrame(
-        columns=["from_role"])
-    frame["starting_role"] = first_switch["from_role"].reindex(frame.index).fillna(frame["final_role"])
-    targets = switches[["conversation_id", "to_role"]].rename(columns={"to_role": "role"}) if not switches.empty \
-        else pd.DataFrame(columns=["conversation_id", "role"])
-    starts = frame["starting_role"].rename("role").reset_index()
-    frame["roles_used"] = _lists(pd.concat([starts, targets]), "role", "roles_used")
-    frame["role_switches"] = switches.groupby("conversation_id").size().reindex(frame.index).fillna(0) \
-        if not switches.empty else 0
+    _add_roles(frame, switches)
     frame["concerns_raised"] = _lists(concerns, "concern", "concerns_raised").reindex(frame.index).fillna("")
     frame["n_concerns_raised"] = (concerns.groupby("conversation_id").size().reindex(frame.index).fillna(0)
                                   if not concerns.empty else 0)
@@ -388,6 +434,7 @@ def _roll_up(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Aggregate conversation features over ``keys`` as each feature's ``rollup`` says."""
     grouped = frame.groupby(keys, sort=True, dropna=False)
     out = grouped.size().rename("n_conversations").to_frame()
+    group_numbers = grouped.ngroup()  # 0, 1, ... in the order of the rows of ``out``
     out["first_conversation_at"] = grouped["started_at"].min()
     out["last_conversation_at"] = grouped["started_at"].max()
     for name, feature in FEATURES.items():
@@ -398,10 +445,10 @@ def _roll_up(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
             out[column] = grouped[name].sum().astype(float if feature.type == "number" else "int64")
         elif feature.rollup == "mean":
             out[column] = grouped[name].mean().astype(float)
-        elif feature.rollup == "union":
-            out[column] = grouped[name].agg(
-                lambda values: _joined([part for value in values for part in str(value).split(LIST_SEPARATOR)
-                                        if part]))
+        elif feature.rollup == "union":  # by group number: the keys may hold NaT, which never matches
+            parts = pd.DataFrame({"group": group_numbers, name: frame[name].fillna("").str.split(LIST_SEPARATOR)})
+            lists = _lists(parts.explode(name), name, column, "group")
+            out[column] = lists.reindex(range(len(out))).fillna("").to_numpy()
         elif feature.rollup == "first":
             out[column] = grouped[name].first()
     out["pushback_rate"] = ((out["nudge_turns"] + out["challenge_turns"])
@@ -428,16 +475,20 @@ def wave_features(source: Source, study: int | str, *, participant_codes: Sequen
     its intended time: all of them (``cumulative``), or only those since the participant's
     previous follow-up of the selection (``since_previous``). A wave without conversations has
     ``n_conversations`` 0 and zero counts. Columns in ``WAVE_FEATURES``."""
-    frame = conversations if conversations is not None else conversation_features(
-        source, study, participant_codes=participant_codes)
-    with _connection(source) as connection:
-        study_id = _study_id(connection, study)
-        query = _in_scope(select(Participant.code.label("participant_code"), FollowUp.followup_key,
-                                 FollowUp.anchor_key, FollowUp.due_at.label("intended_at")),
-                          FollowUp.participant_id, study_id, participant_codes)
-        if followup_keys is not None:
-            query = query.where(FollowUp.followup_key.in_(list(followup_keys)))
-        waves = _frame(connection, query)
+    with connect(source) as connection:
+        scope = Scope(resolve_study_id(connection, study), participant_codes)
+        frame = conversations if conversations is not None else _conversation_features(connection, scope)
+        return _wave_features(connection, scope, frame, followup_keys=followup_keys, window=window)
+
+
+def _wave_features(connection: Connection, scope: Scope, frame: pd.DataFrame, *,
+                   followup_keys: Sequence[str] | None = None,
+                   window: Literal["cumulative", "since_previous"] = "cumulative") -> pd.DataFrame:
+    query = scope.apply(select(Participant.code.label("participant_code"), FollowUp.followup_key,
+                               FollowUp.anchor_key, FollowUp.due_at.label("intended_at")), FollowUp.participant_id)
+    if followup_keys is not None:
+        query = query.where(FollowUp.followup_key.in_(list(followup_keys)))
+    waves = read_frame(connection, query)
     if waves.empty:
         return pd.DataFrame({name: pd.Series(dtype=object) for name in WAVE_FEATURES})
     waves["intended_at"] = pd.to_datetime(waves["intended_at"], utc=True)

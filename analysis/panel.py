@@ -14,6 +14,7 @@ row per decision it asks about, with ``anchor_key`` ``decision:<id>``, ``decisio
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,14 +25,14 @@ from sqlalchemy.engine import Connection
 
 from analysis.features import (
     WAVE_FEATURES,
-    Source,
-    _connection,
-    _frame,
-    _study_id,
-    conversation_features,
-    participant_features,
-    wave_features,
+    Scope,
+    _conversation_features,
+    _conversation_roles,
+    _wave_features,
+    participant_chunks,
+    participant_roles,
 )
+from analysis.reading import Source, connect, read_frame, resolve_study_id
 from chat.models import Decision
 from scheduler.models import Delivery, FollowUp
 from study.clock import now
@@ -138,27 +139,25 @@ def _protocol_modes(connection: Connection, study_id: int) -> dict[str, str]:
     return {arm["name"]: arm["mode"] for arm in (document or {}).get("arms", [])}
 
 
-def _people(connection: Connection, study_id: int) -> pd.DataFrame:
+def _people(connection: Connection, scope: Scope) -> pd.DataFrame:
     """Enrolled participants whose data were not deleted."""
-    people = _frame(connection, select(
+    people = read_frame(connection, select(
         Participant.id.label("participant_id"), Participant.code.label("participant_code"), Participant.arm,
         Participant.status.label("participant_status"), Participant.enrolled_at, Participant.withdrawn_at,
         Participant.timezone,
-    ).where(Participant.study_id == study_id, Participant.enrolled_at.is_not(None),
+    ).where(*scope.conditions(Participant.id), Participant.enrolled_at.is_not(None),
             Participant.data_deleted_at.is_(None)).order_by(Participant.code))
     people["enrolled_at"] = pd.to_datetime(people["enrolled_at"], utc=True)
     people["withdrawn_at"] = pd.to_datetime(people["withdrawn_at"], utc=True)
     return people
 
 
-def _scores(connection: Connection, study_id: int) -> pd.DataFrame:
+def _scores(connection: Connection, scope: Scope) -> pd.DataFrame:
     """PERMA and regret scores, one row per assignment, columns perma_<name> and regret."""
-    rows = _frame(connection, select(
+    rows = read_frame(connection, scope.apply(select(
         SurveyResponse.assignment_id, SurveyResponse.instrument_id, SurveyScore.name, SurveyScore.value,
-    ).join(SurveyScore, SurveyScore.response_id == SurveyResponse.id)
-        .join(Participant, Participant.id == SurveyResponse.participant_id)
-        .where(Participant.study_id == study_id, SurveyResponse.instrument_id.in_((PERMA, REGRET)),
-               SurveyResponse.submitted_at.is_not(None)))
+    ).join(SurveyScore, SurveyScore.response_id == SurveyResponse.id), SurveyResponse.participant_id)
+        .where(SurveyResponse.instrument_id.in_((PERMA, REGRET)), SurveyResponse.submitted_at.is_not(None)))
     columns = [f"perma_{name}" for name in PERMA_SCORES] + ["regret"]
     if rows.empty:
         return pd.DataFrame(columns=columns, index=pd.Index([], name="assignment_id"), dtype=float)
@@ -167,25 +166,24 @@ def _scores(connection: Connection, study_id: int) -> pd.DataFrame:
     return wide.reindex(columns=columns).astype(float)
 
 
-def _baseline(connection: Connection, study_id: int) -> pd.DataFrame:
-    return _frame(connection, select(
+def _baseline(connection: Connection, scope: Scope) -> pd.DataFrame:
+    return read_frame(connection, scope.apply(select(
         SurveyAssignment.participant_id, SurveyAssignment.id.label("assignment_id"),
         SurveyAssignment.instrument_id, SurveyAssignment.instrument_version,
         SurveyAssignment.intended_at, SurveyAssignment.closes_at, SurveyAssignment.created_at.label("opened_at"),
         SurveyAssignment.status.label("assignment_status"),
         SurveyResponse.started_at.label("response_started_at"), SurveyResponse.submitted_at,
-    ).join(Participant, Participant.id == SurveyAssignment.participant_id)
-        .outerjoin(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id)
-        .where(Participant.study_id == study_id, SurveyAssignment.purpose == "baseline",
-               SurveyAssignment.instrument_id == PERMA))
+    ).outerjoin(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id),
+        SurveyAssignment.participant_id).where(SurveyAssignment.purpose == "baseline",
+                                               SurveyAssignment.instrument_id == PERMA))
 
 
-def _followups(connection: Connection, study_id: int) -> pd.DataFrame:
+def _followups(connection: Connection, scope: Scope) -> pd.DataFrame:
     invitation = (select(Delivery.followup_id, func.min(Delivery.sent_at).label("invitation_sent_at"))
                   .where(Delivery.sequence == 0, Delivery.status == "sent").group_by(Delivery.followup_id)
                   .subquery())
     decision_key = "decision:" + cast(Decision.id, String)
-    return _frame(connection, select(
+    return read_frame(connection, scope.apply(select(
         FollowUp.participant_id, FollowUp.followup_key.label("wave"), FollowUp.anchor_key,
         Decision.id.label("decision_id"), Decision.conversation_id.label("decision_conversation_id"),
         FollowUp.instrument_id, SurveyAssignment.instrument_version, FollowUp.due_at.label("intended_at"),
@@ -197,8 +195,7 @@ def _followups(connection: Connection, study_id: int) -> pd.DataFrame:
         .outerjoin(SurveyResponse, SurveyResponse.assignment_id == FollowUp.assignment_id)
         .outerjoin(invitation, invitation.c.followup_id == FollowUp.id)
         .outerjoin(Decision, and_(Decision.participant_id == FollowUp.participant_id,
-                                  FollowUp.anchor_key == decision_key))
-        .where(FollowUp.study_id == study_id))
+                                  FollowUp.anchor_key == decision_key)), FollowUp.participant_id))
 
 
 def _followup_status(frame: pd.DataFrame, at: pd.Timestamp) -> Any:
@@ -218,20 +215,6 @@ def _baseline_status(frame: pd.DataFrame) -> Any:
          "open", "expired"], default="completed")
 
 
-def _roles(source: Source, study_id: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per participant roles_used and first_role, per wave conversation features)."""
-    conversations = conversation_features(source, study_id)
-    roles = pd.DataFrame({"roles_used": pd.Series(dtype=object), "first_role": pd.Series(dtype=object)},
-                         index=pd.Index([], name="participant_code"))
-    if not conversations.empty:
-        per_person = participant_features(source, study_id, conversations=conversations)
-        roles = per_person[["participant_code", "roles_used"]].set_index("participant_code")
-        first = conversations.sort_values(["started_at", "conversation_id"]).groupby("participant_code").first()
-        roles["first_role"] = first["starting_role"]
-    waves = wave_features(source, study_id, conversations=conversations)
-    return roles, waves
-
-
 def _ids(frame: pd.DataFrame, column: str) -> str:
     """Make an id column joinable when every value is missing (it then reads as object dtype)."""
     frame[column] = frame[column].astype("Int64")
@@ -248,15 +231,30 @@ def panel(source: Source, study: int | str) -> pd.DataFrame:
     arm, roles and baseline, then the wave's times, status and scores, and the conversations
     before it. Withdrawn participants keep their rows (waves cancelled by the withdrawal have
     status ``withdrawn``); participants whose data were deleted are absent."""
+    with connect(source) as connection:
+        study_id = resolve_study_id(connection, study)
+        return _panel(connection, Scope(study_id), _protocol_modes(connection, study_id), pd.Timestamp(now()))
+
+
+def iter_panel(source: Source, study: int | str, *, chunk_participants: int = 5_000) -> Iterator[pd.DataFrame]:
+    """``panel`` in chunks of at most ``chunk_participants`` participants, so memory stays flat
+    however large the study (rows sorted as in ``panel`` within a chunk)."""
     at = pd.Timestamp(now())
-    with _connection(source) as connection:
-        study_id = _study_id(connection, study)
+    with connect(source) as connection:
+        study_id = resolve_study_id(connection, study)
         modes = _protocol_modes(connection, study_id)
-        people = _people(connection, study_id)
-        scores = _scores(connection, study_id)
-        baseline = _baseline(connection, study_id)
-        followups = _followups(connection, study_id)
-    roles, wave_conversations = _roles(source, study_id)
+        for id_range in participant_chunks(connection, study_id, chunk_participants):
+            yield _panel(connection, Scope(study_id, id_range=id_range), modes, at)
+
+
+def _panel(connection: Connection, scope: Scope, modes: dict[str, str], at: pd.Timestamp) -> pd.DataFrame:
+    people = _people(connection, scope)
+    scores = _scores(connection, scope)
+    baseline = _baseline(connection, scope)
+    followups = _followups(connection, scope)
+    conversations = _conversation_features(connection, scope)
+    roles = participant_roles(conversations)
+    wave_conversations = _wave_features(connection, scope, conversations)
 
     people["mode"] = people["arm"].map(modes)
     people["timezone_region"] = people["timezone"].str.split("/").str[0]
@@ -295,7 +293,22 @@ def panel(source: Source, study: int | str) -> pd.DataFrame:
     for name in ("decision_id", "decision_conversation_id"):
         out[name] = out[name].astype("Int64")
     out = out.sort_values(["participant_code", "wave_order", "intended_at", "wave", "anchor_key"], kind="stable")
-    return out[list(PANEL_COLUMNS)].reset_index(drop=True)
+    return _typed(out[list(PANEL_COLUMNS)].reset_index(drop=True), PANEL_COLUMNS)
+
+
+_DTYPES = {"integer": "Int64", "number": "float64", "string": "str", "boolean": "boolean",
+           "datetime": "datetime64[us, UTC]"}
+
+
+def _typed(frame: pd.DataFrame, columns: dict[str, Column]) -> pd.DataFrame:
+    """Each column in the dtype of its documented type, whatever the rows (a chunk where every value is
+    missing would otherwise read as object)."""
+    for name, column in columns.items():
+        values = frame[name]
+        if column.type in ("integer", "number"):
+            values = pd.to_numeric(values)
+        frame[name] = values.astype(_DTYPES[column.type])
+    return frame
 
 
 def survival(source: Source, study: int | str) -> pd.DataFrame:
@@ -306,16 +319,16 @@ def survival(source: Source, study: int | str) -> pd.DataFrame:
     ``SURVIVAL_COLUMNS``. Decision-anchored follow-ups are left out: only participants who
     reported a decision have them, so counting them would make deciding look like attrition."""
     at = pd.Timestamp(now())
-    with _connection(source) as connection:
-        study_id = _study_id(connection, study)
-        modes = _protocol_modes(connection, study_id)
-        people = _people(connection, study_id)
-        waves = _frame(connection, select(
+    with connect(source) as connection:
+        scope = Scope(resolve_study_id(connection, study))
+        modes = _protocol_modes(connection, scope.study_id)
+        people = _people(connection, scope)
+        waves = read_frame(connection, select(
             FollowUp.participant_id, FollowUp.followup_key, FollowUp.status, FollowUp.closes_at,
             SurveyResponse.submitted_at,
         ).outerjoin(SurveyResponse, SurveyResponse.assignment_id == FollowUp.assignment_id)
-            .where(FollowUp.study_id == study_id, FollowUp.anchor_key == "enrollment"))
-    roles, _ = _roles(source, study_id)
+            .where(FollowUp.study_id == scope.study_id, FollowUp.anchor_key == "enrollment"))
+        roles = participant_roles(_conversation_roles(connection, scope))
     _times(waves, ["closes_at", "submitted_at"])
 
     missed = waves[waves["status"] == "expired"].sort_values(["closes_at", "followup_key"])

@@ -37,7 +37,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from analysis.models import SimulationRun
+from analysis.tables import SimulationRun
 from chat import service as chat
 from chat.gateway import Gateway
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn

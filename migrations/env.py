@@ -8,7 +8,7 @@ from typing import Literal
 from alembic import context
 from alembic.autogenerate.api import AutogenContext
 
-import analysis.models  # noqa: F401
+import analysis.tables  # noqa: F401
 import chat.models  # noqa: F401
 import scheduler.models  # noqa: F401
 import study.models  # noqa: F401 - register tables on the metadata

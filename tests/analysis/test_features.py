@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +19,11 @@ from analysis.features import (
     PARTICIPANT_FEATURES,
     WAVE_FEATURES,
     conversation_features,
+    iter_conversation_features,
     participant_features,
     wave_features,
 )
-from analysis.lexicons import affirmation_pattern
+from analysis.lexicons import affirmation_pattern, affirmation_phrases, count_affirmations
 from chat.roles import system_prompt
 from study import clock
 from tests.analysis.builders import StudyBuilder
@@ -222,6 +224,29 @@ def test_affirmation_lexicon_matches_whole_words_case_insensitively() -> None:
     pattern = affirmation_pattern()
     assert pattern.findall("YOU\u2019RE ABSOLUTELY RIGHT, that is valid.") == ["YOU\u2019RE ABSOLUTELY RIGHT", "valid"]
     assert pattern.findall("That seems invalid and unwise; wisely done.") == []
+
+
+def test_the_fast_counter_finds_what_the_documented_pattern_finds() -> None:
+    """count_affirmations (used by the features) against affirmation_pattern (the stated rule) on
+    texts built to hit the edges: phrases glued to words, apostrophes of both kinds, capitals,
+    punctuation and odd spaces between the words of a phrase."""
+    pattern, rng = affirmation_pattern(), random.Random(11)
+    pieces = [*affirmation_phrases(), "you", "are", "right", "invalid", "wise", "ly", "'", "\u2019", ",", ".",
+              "  ", "\n", "-", "YOU'RE", "Absolutely", "x", "re", "'s", "don't", "_", "9", "\u00e9t\u00e9",
+              "\u00a0", "\t", "of", "course", "!"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) + rng.choice(["", " ", " ", ", ", "'", "\u2019"])
+                       for _ in range(rng.randint(0, 12)))
+        text = text.upper() if rng.random() < 0.3 else text
+        assert count_affirmations(text) == len(pattern.findall(text)), text
+
+
+def test_reading_in_chunks_of_participants_gives_the_same_rows(engine: Engine, study: Study) -> None:
+    whole = conversation_features(engine, study.slug)
+    chunks = list(iter_conversation_features(engine, study.slug, chunk_participants=1))
+    assert [len(chunk) for chunk in chunks] == [3, 1, 0]  # alice, bob, carol (no conversation)
+    pd.testing.assert_frame_equal(pd.concat(chunks[:2], ignore_index=True).sort_values("conversation_id")
+                                  .reset_index(drop=True), whole, check_dtype=False)
 
 
 def test_every_feature_is_documented() -> None:

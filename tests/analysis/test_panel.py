@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from analysis.panel import PANEL_COLUMNS, SURVIVAL_COLUMNS, panel, survival
+from analysis.panel import PANEL_COLUMNS, SURVIVAL_COLUMNS, iter_panel, panel, survival
 from chat.models import Decision
 from study import clock
 from study.db import session_scope
@@ -208,6 +208,15 @@ def test_survival_durations_and_censoring(engine: Engine, study: Study) -> None:
         "event": 1, "event_type": "withdrew", "event_at": utc("2026-03-04 12:00"), "duration_days": 2.125,
         "event_wave": None,
     })
+
+
+def test_the_panel_in_chunks_of_participants_is_the_same_panel(engine: Engine, study: Study) -> None:
+    whole = panel(engine, study.slug)
+    chunks = list(iter_panel(engine, study.slug, chunk_participants=1))
+    assert len(chunks) == 4  # one per participant; dave's (data deleted) is empty
+    joined = pd.concat([c for c in chunks if not c.empty], ignore_index=True)
+    joined = joined.sort_values("participant_code", kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(joined, whole, check_dtype=False)
 
 
 def test_every_column_is_documented() -> None:
