@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from analysis.models import SimulationRun
+from analysis.tables import SimulationRun
 from analysis.simulate import Effects, SimulationResult, simulate
 from chat.models import Conversation, Turn
 from scheduler.models import FollowUp
