@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pyreadstat
 from sqlalchemy import and_, case, func, select
@@ -37,15 +39,15 @@ from analysis.codebook import (
     write_codebook_markdown,
     write_datapackage,
 )
-from analysis.features import FEATURES, iter_conversation_features
-from analysis.panel import PANEL_COLUMNS, iter_panel
+from analysis.features import FEATURES
+from analysis.panel import PANEL_COLUMNS, iter_conversations_and_panel
 from analysis.reading import stream_frames
 from chat.models import Decision, SafetyEvent, Turn
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
 from study import audit
 from study.db import READ_ONLY, session_scope
-from study.errors import DomainError
+from study.errors import Forbidden
 from study.models import (
     ConsentSignature,
     ConsentVersion,
@@ -87,7 +89,7 @@ def scrub(text: Any) -> str | None:
         lambda m: "[phone]" if sum(ch.isdigit() for ch in m.group()) >= PHONE_MIN_DIGITS else m.group(), text)
 
 
-class ExportRefused(DomainError):
+class ExportRefused(Forbidden):
     """The actor may not export this study's row-level data."""
 
 
@@ -112,6 +114,13 @@ class StudyRef:
 # Tables: a spec (the codebook) and a generator of DataFrame chunks whose columns match it.
 
 ChunkSource = Callable[[Connection], Iterator[pd.DataFrame]]
+# Tables written side by side: each step gives one chunk per table.
+GroupSource = Callable[[Connection], Iterator[tuple[pd.DataFrame, ...]]]
+
+
+def _alone(table: tuple[TableSpec, ChunkSource]) -> tuple[list[TableSpec], GroupSource]:
+    spec, chunks = table
+    return [spec], lambda c: ((chunk,) for chunk in chunks(c))
 
 
 def _c(name: str, type_: ColumnType, description: str, **kw: Any) -> Column:
@@ -193,15 +202,20 @@ class _Builder:
                 yield chunk
         return spec, chunks
 
-    def conversations(self) -> tuple[TableSpec, ChunkSource]:
+    def conversations_and_panel(self) -> tuple[list[TableSpec], GroupSource]:
+        """Conversations with their features, and the participant x wave panel: computed together,
+        a chunk of participants at a time (the panel's wave features reuse the conversations')."""
         enums: dict[str, dict[str, str]] = {
             "arm": self.arms, "mode": {"wellbeing": "well-being mode", "default": "default mode"},
             "starting_role": ROLES, "final_role": ROLES, "status": {"active": "active", "ended": "ended"}}
         columns = [_c(name, f.type, f.definition, unit=f.unit, enum=enums.get(name)) for name, f in FEATURES.items()]
         spec = TableSpec("conversations", "One row per conversation with its features (analysis.features).",
                          columns)
-        # Computed set-based by analysis.features, a chunk of participants at a time.
-        return spec, lambda c: iter_conversation_features(c, self.study.id, chunk_participants=self.chunk_participants)
+        panel = TableSpec("panel", "Participant x wave panel (analysis.panel).", [
+            Column(name, doc.type, doc.definition, unit=doc.unit, dated=name != "participant_code")
+            for name, doc in PANEL_COLUMNS.items()])
+        return [spec, panel], lambda c: iter_conversations_and_panel(
+            c, self.study.id, chunk_participants=self.chunk_participants)
 
     def turns(self) -> tuple[TableSpec, ChunkSource]:
         spec = TableSpec("turns", "One row per message (only with --turns). Text is scrubbed of email "
@@ -434,14 +448,6 @@ def item_column(item_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", item_id)[:32]
 
 
-def _panel_table(study: StudyRef, chunk_participants: int) -> tuple[TableSpec, ChunkSource]:
-    """The participant x wave panel (analysis.panel), documented by ``PANEL_COLUMNS``."""
-    columns = [Column(name, doc.type, doc.definition, unit=doc.unit, dated=name != "participant_code")
-               for name, doc in PANEL_COLUMNS.items()]
-    spec = TableSpec("panel", "Participant x wave panel (analysis.panel).", columns)
-    return spec, lambda c: iter_panel(c, study.id, chunk_participants=chunk_participants)
-
-
 STATA_NAME_LIMIT = 32
 
 
@@ -505,36 +511,40 @@ _ARROW: dict[str, pa.DataType] = {"integer": pa.int64(), "number": pa.float64(),
 
 
 class _Writer:
+    """Writes one table chunk by chunk: Parquet and CSV through Arrow (CSV datetimes as ISO 8601
+    with their UTC offset, booleans as true/false, missing values empty); SPSS and Stata whole
+    at the end (pyreadstat cannot append)."""
+
     def __init__(self, path: Path, spec: TableSpec, export_format: str) -> None:
         self.path, self.spec, self.format = path, spec, export_format
-        self.parquet: pq.ParquetWriter | None = None
+        self.schema = pa.schema([pa.field(c.name, _ARROW[c.type]) for c in spec.columns])
+        self.arrow: pq.ParquetWriter | pa_csv.CSVWriter | None = None
         self.parts: list[pd.DataFrame] = []
         self.rows = 0
-        if export_format == "csv":
-            pd.DataFrame(columns=[c.name for c in spec.columns]).to_csv(path, index=False)
-        elif export_format == "parquet":
-            schema = pa.schema([pa.field(c.name, _ARROW[c.type]) for c in spec.columns])
-            self.parquet = pq.ParquetWriter(path, schema)
+        if export_format == "parquet":
+            self.arrow = pq.ParquetWriter(path, self.schema)
+        elif export_format == "csv":
+            self.text_schema = pa.schema([pa.field(f.name, pa.string() if f.type == _ARROW["datetime"] else f.type)
+                                          for f in self.schema])
+            self.arrow = pa_csv.CSVWriter(path, self.text_schema,
+                                          write_options=pa_csv.WriteOptions(quoting_style="needed"))
 
     def write(self, chunk: pd.DataFrame) -> None:
         self.rows += len(chunk)
-        if self.format == "csv":
-            text = chunk.copy()
-            for c in self.spec.columns:
-                if c.type == "datetime":  # ISO 8601 with its UTC offset; empty when missing
-                    text[c.name] = chunk[c.name].map(lambda v: "" if pd.isna(v) else v.isoformat())
-                elif c.type == "boolean":
-                    text[c.name] = chunk[c.name].map(lambda v: "" if pd.isna(v) else ("true" if v else "false"))
-            text.to_csv(self.path, mode="a", header=False, index=False)
-        elif self.parquet is not None:
-            self.parquet.write_table(pa.Table.from_pandas(chunk, schema=self.parquet.schema, preserve_index=False))
-        else:
+        if self.arrow is None:
             self.parts.append(chunk)
+            return
+        table = pa.Table.from_pandas(chunk, schema=self.schema, preserve_index=False)
+        if self.format == "csv":
+            table = pa.Table.from_arrays(
+                [pc.strftime(column, format="%Y-%m-%dT%H:%M:%S+00:00") if column.type == _ARROW["datetime"]
+                 else column for column in table.columns], schema=self.text_schema)
+        self.arrow.write_table(table)
 
     def close(self) -> None:
-        if self.parquet is not None:
-            self.parquet.close()
-        elif self.format in ("spss", "stata"):
+        if self.arrow is not None:
+            self.arrow.close()
+        else:
             frame = pd.concat(self.parts, ignore_index=True) if self.parts else _normalize(pd.DataFrame(), self.spec)
             _write_labelled(self.path, frame, self.spec, self.format)
 
@@ -571,17 +581,36 @@ def _write_labelled(path: Path, frame: pd.DataFrame, spec: TableSpec, export_for
 # The export
 
 
-def _require_exporter(connection: Connection, actor: audit.Actor, study: StudyRef) -> None:
-    """Staff need the researcher or admin role in the study (viewers may export aggregates only)."""
+def open_study(connection: Connection, study_slug: str, actor: audit.Actor, *, row_level: bool = True) -> StudyRef:
+    """The study to export, once the actor may: staff need the researcher or admin role in it for
+    row-level data, any role for aggregates (viewers may export aggregates only)."""
+    found = connection.execute(select(Study.id, Study.slug, Study.title)
+                               .where(Study.slug == study_slug)).one_or_none()
+    if found is None:
+        raise LookupError(f"no study {study_slug!r}")
+    study = StudyRef(found.id, found.slug, found.title)
     if actor.type != "staff":
-        return
+        return study
     role = connection.scalar(select(StaffMembership.role)
                              .join(StaffAccount, StaffAccount.id == StaffMembership.staff_id)
                              .where(and_(StaffAccount.email == actor.name, StaffAccount.is_active.is_(True),
                                          StaffMembership.study_id == study.id)))
-    if role not in ("researcher", "admin"):
-        raise ExportRefused(f"{actor.name} may not export row-level data of '{study.slug}' "
-                            f"(role: {role or 'none'})")
+    if role is None:
+        raise ExportRefused(f"{actor.name} has no role in study '{study.slug}'")
+    if row_level and role not in ("researcher", "admin"):
+        raise ExportRefused(f"{actor.name} may not export row-level data of '{study.slug}' (role: {role})")
+    return study
+
+
+def record_export(engine: Engine, actor: audit.Actor, study_id: int, audit_in: Session | None,
+                  **details: Any) -> None:
+    """Audit an export (action ``study.export``): in ``audit_in`` (the caller's transaction, e.g. a
+    request that commits it), else in a transaction of its own."""
+    if audit_in is not None:
+        audit.record(audit_in, actor, "study.export", study_id=study_id, **details)
+        return
+    with session_scope(engine) as session:
+        audit.record(session, actor, "study.export", study_id=study_id, **details)
 
 
 def _software_version() -> str:
@@ -613,35 +642,32 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
     # Read in one read-only transaction (a consistent snapshot; on SQLite no write lock is held
     # while a large study is read).
     with engine.execution_options(**{READ_ONLY: True}).connect() as connection:
-        found = connection.execute(select(Study.id, Study.slug, Study.title)
-                                   .where(Study.slug == study_slug)).one_or_none()
-        if found is None:
-            raise LookupError(f"no study {study_slug!r}")
-        study = StudyRef(found.id, found.slug, found.title)
-        _require_exporter(connection, actor, study)
+        study = open_study(connection, study_slug, actor)
         build = _Builder(connection, study, chunk_rows, chunk_participants)
         instruments = connection.scalars(build.scoped(select(SurveyResponse.instrument_id).distinct(),
                                                       SurveyResponse.participant_id)
                                          .order_by(SurveyResponse.instrument_id)).all()
-        tables = [build.participants(), build.consents(), build.conversations()]
-        tables += [build.turns()] if turns else []
-        tables += [build.decisions(), build.followups(), *(build.responses(connection, i) for i in instruments),
-                   build.scores(), build.safety_events()]
-        tables.append(_panel_table(study, build.chunk_participants))
-        for spec, chunks in tables:
-            if drop_free_text:
-                spec.columns = [c for c in spec.columns if not c.free_text]
-            path = out_dir / file_name(spec.name, format)
-            written, names = _stata_names(spec) if format == "stata" else (spec, {})
-            writer = _Writer(path, written, format)
-            for chunk in chunks(connection):
-                frame = _normalize(chunk, spec)
-                frame = _shift(frame, spec, offsets, rng) if shift_dates else frame
-                writer.write(frame.rename(columns=names))
-            writer.close()
-            specs.append(written)
-            counts[spec.name] = writer.rows
-            files.append(path)
+        tables = [build.participants(), build.consents(), *([build.turns()] if turns else []), build.decisions(),
+                  build.followups(), *(build.responses(connection, i) for i in instruments), build.scores(),
+                  build.safety_events()]
+        for group, chunks in [*map(_alone, tables[:2]), build.conversations_and_panel(), *map(_alone, tables[2:])]:
+            outputs = []
+            for spec in group:
+                if drop_free_text:
+                    spec.columns = [c for c in spec.columns if not c.free_text]
+                written, names = _stata_names(spec) if format == "stata" else (spec, {})
+                path = out_dir / file_name(spec.name, format)
+                outputs.append((spec, written, names, _Writer(path, written, format), path))
+            for parts in chunks(connection):
+                for (spec, _, names, writer, _), chunk in zip(outputs, parts, strict=True):
+                    frame = _normalize(chunk, spec)
+                    frame = _shift(frame, spec, offsets, rng) if shift_dates else frame
+                    writer.write(frame.rename(columns=names))
+            for spec, written, _, writer, path in outputs:
+                writer.close()
+                specs.append(written)
+                counts[spec.name] = writer.rows
+                files.append(path)
         protocols = connection.execute(select(ProtocolVersion.version, ProtocolVersion.loaded_at,
                                               ProtocolVersion.source_sha256)
                                        .where(ProtocolVersion.study_id == study.id)
@@ -653,14 +679,8 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
     write_codebook_markdown(out_dir / "CODEBOOK.md", title, specs, counts)
     _write_readme(out_dir / "README.md", title, protocols, exported_at, counts, format, options)
     files += [out_dir / "datapackage.json", out_dir / "CODEBOOK.md", out_dir / "README.md"]
-    def record(session: Session) -> None:
-        audit.record(session, actor, "study.export", study_id=study.id, format=format, options=options,
-                     row_counts=counts, tables=list(counts))
-    if audit_in is not None:  # the caller's transaction (a request that commits it)
-        record(audit_in)
-    else:
-        with session_scope(engine) as session:
-            record(session)
+    record_export(engine, actor, study.id, audit_in, format=format, options=options, row_counts=counts,
+                  tables=list(counts))
     return ExportResult(out_dir, format, exported_at, counts, files, options, specs)
 
 

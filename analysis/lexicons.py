@@ -8,10 +8,11 @@ shown to a reader, it never changes between runs, and it costs nothing. Lists ar
 the move they make, so a researcher can drop a group or add phrases and say so in a paper.
 
 Matching rules (``affirmation_pattern``; ``count_affirmations`` counts the same hits faster):
-case-insensitive, on word boundaries (a phrase never
-matches inside a longer word: "valid" does not match "invalid"), the typographic apostrophe
-counts as ``'``, longer phrases are tried first so "you're absolutely right" is one hit, not
-two, and matches do not overlap. The score is hits per 100 words of the assistant's turns.
+case-insensitive, on word boundaries (a phrase never matches inside a longer word: "valid" does
+not match "invalid"), the words of a phrase separated by spaces, tabs or line breaks, the
+typographic apostrophe counts as ``'``, longer phrases are tried first so "you're absolutely
+right" is one hit, not two, and matches do not overlap. The score is hits per 100 words (runs
+of characters other than spaces, tabs and line breaks) of the assistant's turns.
 """
 
 from __future__ import annotations
@@ -51,9 +52,20 @@ def affirmation_phrases() -> list[str]:
     return sorted(phrases, key=lambda phrase: (-len(phrase), phrase))
 
 
+# Spaces are ASCII white space (space, tab, line breaks), stated explicitly rather than "\s"
+# (whose meaning varies between regular-expression engines, e.g. for the no-break space).
+SPACE = r"[ \t\n\r\f\v]"
+WORD_PATTERN = r"[^ \t\n\r\f\v]+"  # a word: a run of anything else
+_WORD = re.compile(WORD_PATTERN)
+
+
+def count_words(text: str) -> int:
+    return len(_WORD.findall(text))
+
+
 def _phrase_pattern(phrase: str) -> str:
     words = [re.escape(word).replace("'", "['\u2019]") for word in phrase.split()]
-    return r"\s+".join(words)
+    return f"{SPACE}+".join(words)
 
 
 def affirmation_pattern() -> re.Pattern[str]:
@@ -62,15 +74,14 @@ def affirmation_pattern() -> re.Pattern[str]:
     return re.compile(rf"(?<![\w'\u2019])(?:{alternation})(?![\w'\u2019])", re.IGNORECASE)
 
 
-
 def _lowered_pattern() -> re.Pattern[str]:
-    alternation = "|".join(r"\s+".join(re.escape(word) for word in phrase.split())
+    """The same rules for text lower-cased with the typographic apostrophe written "'": three
+    times faster than the case-insensitive pattern."""
+    alternation = "|".join(f"{SPACE}+".join(re.escape(word) for word in phrase.split())
                            for phrase in affirmation_phrases())
     return re.compile(rf"(?<![\w'])(?:{alternation})(?![\w'])")
 
 
-# The same rules on text lower-cased with the typographic apostrophe as "'": about three times
-# faster than the case-insensitive pattern, which the features pay on every assistant turn.
 _LOWERED = _lowered_pattern()
 
 

@@ -226,33 +226,47 @@ def _times(frame: pd.DataFrame, columns: list[str]) -> None:
         frame[column] = pd.to_datetime(frame[column], utc=True)
 
 
-def panel(source: Source, study: int | str) -> pd.DataFrame:
+def panel(source: Source, study: int | str, *, conversations: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per participant x wave, columns as documented in ``PANEL_COLUMNS``: the participant's
     arm, roles and baseline, then the wave's times, status and scores, and the conversations
     before it. Withdrawn participants keep their rows (waves cancelled by the withdrawal have
-    status ``withdrawn``); participants whose data were deleted are absent."""
+    status ``withdrawn``); participants whose data were deleted are absent. Pass ``conversations``
+    (``conversation_features`` of the same study) when you have it, so it is not computed again."""
     with connect(source) as connection:
         study_id = resolve_study_id(connection, study)
-        return _panel(connection, Scope(study_id), _protocol_modes(connection, study_id), pd.Timestamp(now()))
+        return _panel(connection, Scope(study_id), _protocol_modes(connection, study_id), pd.Timestamp(now()),
+                      conversations)
 
 
 def iter_panel(source: Source, study: int | str, *, chunk_participants: int = 5_000) -> Iterator[pd.DataFrame]:
     """``panel`` in chunks of at most ``chunk_participants`` participants, so memory stays flat
     however large the study (rows sorted as in ``panel`` within a chunk)."""
+    for _, chunk in iter_conversations_and_panel(source, study, chunk_participants=chunk_participants):
+        yield chunk
+
+
+def iter_conversations_and_panel(source: Source, study: int | str, *, chunk_participants: int = 5_000
+                                 ) -> Iterator[tuple[pd.DataFrame, pd.DataFrame]]:
+    """Per chunk of participants, their conversation features and their panel rows, the features
+    computed once for both (an export writes the two tables side by side)."""
     at = pd.Timestamp(now())
     with connect(source) as connection:
         study_id = resolve_study_id(connection, study)
         modes = _protocol_modes(connection, study_id)
         for id_range in participant_chunks(connection, study_id, chunk_participants):
-            yield _panel(connection, Scope(study_id, id_range=id_range), modes, at)
+            scope = Scope(study_id, id_range=id_range)
+            conversations = _conversation_features(connection, scope)
+            yield conversations, _panel(connection, scope, modes, at, conversations)
 
 
-def _panel(connection: Connection, scope: Scope, modes: dict[str, str], at: pd.Timestamp) -> pd.DataFrame:
+def _panel(connection: Connection, scope: Scope, modes: dict[str, str], at: pd.Timestamp,
+           conversations: pd.DataFrame | None = None) -> pd.DataFrame:
     people = _people(connection, scope)
     scores = _scores(connection, scope)
     baseline = _baseline(connection, scope)
     followups = _followups(connection, scope)
-    conversations = _conversation_features(connection, scope)
+    if conversations is None:
+        conversations = _conversation_features(connection, scope)
     roles = participant_roles(conversations)
     wave_conversations = _wave_features(connection, scope, conversations)
 
@@ -289,15 +303,16 @@ def _panel(connection: Connection, scope: Scope, modes: dict[str, str], at: pd.T
     followup = out["wave"] != "baseline"
     for name, column in PANEL_COLUMNS.items():
         if name.startswith("conv_") and column.type == "integer":
-            out[name] = out[name].astype("Int64").where(~followup, out[name].fillna(0).astype("Int64"))
+            counts = pd.to_numeric(out[name]).astype("Int64")
+            out[name] = counts.where(~followup, counts.fillna(0))
     for name in ("decision_id", "decision_conversation_id"):
         out[name] = out[name].astype("Int64")
     out = out.sort_values(["participant_code", "wave_order", "intended_at", "wave", "anchor_key"], kind="stable")
     return _typed(out[list(PANEL_COLUMNS)].reset_index(drop=True), PANEL_COLUMNS)
 
 
-_DTYPES = {"integer": "Int64", "number": "float64", "string": "str", "boolean": "boolean",
-           "datetime": "datetime64[us, UTC]"}
+_DTYPES: dict[str, Any] = {"integer": "Int64", "number": "float64", "string": "string", "boolean": "boolean",
+                           "datetime": "datetime64[us, UTC]"}
 
 
 def _typed(frame: pd.DataFrame, columns: dict[str, Column]) -> pd.DataFrame:

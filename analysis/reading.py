@@ -12,11 +12,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import select
+from sqlalchemy import String, select, type_coerce
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from study.db import READ_ONLY
+from study.db import READ_ONLY, UTCDateTime
 from study.models import Study
 
 Source = Engine | Connection | Session
@@ -55,9 +55,22 @@ def read_frame(connection: Connection, query: Any) -> pd.DataFrame:
     return rows_frame(result.all(), list(result.keys()))
 
 
+def _datetimes_as_text(connection: Connection, query: Any) -> Any:
+    """On SQLite, UTC datetime columns come back as their stored text, for pandas to parse a
+    whole column at once (SQLAlchemy's per-value parsing costs ~10 µs a value); elsewhere the
+    driver's datetimes are already fast."""
+    if connection.dialect.name != "sqlite":
+        return query
+    columns = [type_coerce(column, String).label(column.key) if isinstance(column.type, UTCDateTime) else column
+               for column in query.selected_columns]
+    return query.with_only_columns(*columns, maintain_column_froms=True)
+
+
 def stream_frames(connection: Connection, query: Any, chunk_rows: int) -> Iterator[pd.DataFrame]:
     """The result in DataFrames of at most ``chunk_rows`` rows (a server-side cursor where the
-    database has one)."""
+    database has one). Datetime columns may hold text on SQLite: read them with
+    ``pd.to_datetime(values, utc=True)`` (the export's normalization does)."""
+    query = _datetimes_as_text(connection, query)
     result = connection.execution_options(stream_results=True, yield_per=chunk_rows).execute(query)
     columns = list(result.keys())
     for rows in result.partitions():

@@ -158,6 +158,7 @@ class Effects:
     role_switch_prob: float = 0.08
     decision_prob: float = 0.5
     exit_rating_prob: float = 0.9
+    optional_consent_prob: float = 0.7  # e.g. sharing de-identified conversation text
     partial_save_prob: float = 0.3  # baseline answered in two sittings (save_partial, then submit)
     item_skip_prob: float = 0.02  # optional PERMA items left blank
     role_weights: dict[str, float] = field(default_factory=_default_role_weights)
@@ -371,8 +372,9 @@ class _Simulation:
             participant = session.get(Participant, person.participant_id)
             assert participant is not None
             current = participants.consent_status(session, participant).current
-            participants.sign_consent(session, participant, version=current.version,
-                                      confirmations=[c["id"] for c in current.confirmations],
+            ticked = [c["id"] for c in current.confirmations
+                      if c.get("required", True) or rng.random() < e.optional_consent_prob]
+            participants.sign_consent(session, participant, version=current.version, confirmations=ticked,
                                       typed_signature=CONFIRM_SIGNATURE)
         self.clock.advance(dt.timedelta(minutes=2))
         with session_scope(self.engine) as session:  # PUT /me/profile

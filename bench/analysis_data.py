@@ -9,12 +9,14 @@ turns with stances, overrides, reconsiders, role switches, safety events and dec
 set-based ``analysis.features.conversation_features`` runs on the whole study; the baseline
 (the same features computed row by row in Python over ORM objects, one conversation at a time)
 runs on a sample of participants, so rates are compared per turn. Both are run on the sample
-too, and must agree.
+too, and must agree. Both use the same text functions (``count_affirmations``, the sentiment the
+chat monitors stored with each message, as the generator writes it): the comparison is of how
+the data are read.
 
 The panel and export sections use smaller conversations (2 of 10 turns per participant) plus the
 protocol's baseline and follow-ups as the services leave them (``Waves``). Each export runs in a
 fresh process whose peak RSS (VmHWM, reset after the imports) is reported, at N and 2N
-participants, against a naive baseline that reads the whole turns table with one read_sql.
+participants, against a naive baseline (at N) that reads the whole turns table with one read_sql.
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ import pandas as pd  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 from common import PROTOCOL, postgres_schema
 from sqlalchemy.orm import Session  # noqa: E402
-from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer  # noqa: E402
 
 from analysis.exports import export_study  # noqa: E402
 from analysis.features import conversation_features  # noqa: E402
-from analysis.lexicons import affirmation_pattern  # noqa: E402
+from analysis.lexicons import count_affirmations  # noqa: E402
 from analysis.panel import PERMA, REGRET, WITHDREW, panel, survival  # noqa: E402
+from chat import monitors  # noqa: E402
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn  # noqa: E402
 from scheduler.models import Delivery, FollowUp  # noqa: E402
 from study import audit, studies  # noqa: E402
@@ -64,6 +66,8 @@ REPLIES = [
     "Great idea to think it through. What are the two options you are weighing?",
     "Sounds good. Absolutely worth preparing one story about a hard problem you solved.",
 ]
+# What the chat monitors store with each participant message (computed once per distinct text).
+SENTIMENT = {text: monitors.sentiment(text) for text in MESSAGES}
 STANCES = ["agree"] * 6 + ["nudge", "nudge", "challenge", "escalate"]
 T0 = dt.datetime(2026, 3, 2, 9, 0, tzinfo=dt.UTC)
 
@@ -249,7 +253,7 @@ def generate(engine: sa.Engine, turns: int, seed: int = 7, *, conversations_each
                         row.update(speaker="participant", content=text,
                                    reassurance_seeking=text.startswith("Do you think"),
                                    features={"dependence_signal": text.startswith("Just tell"),
-                                             "crisis_category": None})
+                                             "crisis_category": None, "sentiment": SENTIMENT[text]})
                     else:
                         stance = rng.choice(STANCES) if arm == "wellbeing" else "agree"
                         row.update(speaker="assistant", content=rng.choice(REPLIES), stance=stance,
@@ -285,9 +289,14 @@ def generate(engine: sa.Engine, turns: int, seed: int = 7, *, conversations_each
     return slug, codes
 
 
+def stored_sentiment(turn: Turn) -> float:
+    """As the features read it: stored by the chat monitors, else computed."""
+    stored = turn.features.get("sentiment")
+    return float(stored) if stored is not None else monitors.sentiment(turn.content)
+
+
 def naive_features(engine: sa.Engine, slug: str, codes: list[str]) -> pd.DataFrame:
     """The baseline: the same features, row by row in Python over ORM objects."""
-    pattern, analyzer = affirmation_pattern(), SentimentIntensityAnalyzer()
     out = []
     with Session(engine) as session:
         people = session.scalars(sa.select(Participant).where(Participant.code.in_(codes))).all()
@@ -322,11 +331,9 @@ def naive_features(engine: sa.Engine, slug: str, codes: list[str]) -> pd.DataFra
                 row["dependence_cues"] = sum(bool(t.features.get("dependence_signal")) for t in said)
                 row["prompt_tokens"] = sum(t.prompt_tokens or 0 for t in replies)
                 row["safety_events"] = len(events)
-                row["affirmation_hits"] = sum(len(pattern.findall(t.content)) for t in replies)
-                row["first_message_sentiment"] = analyzer.polarity_scores(said[0].content)["compound"] if said \
-                    else None
-                row["last_message_sentiment"] = analyzer.polarity_scores(said[-1].content)["compound"] if said \
-                    else None
+                row["affirmation_hits"] = sum(count_affirmations(t.content) for t in replies)
+                row["first_message_sentiment"] = stored_sentiment(said[0]) if said else None
+                row["last_message_sentiment"] = stored_sentiment(said[-1]) if said else None
                 row["made_decision"] = session.scalar(sa.select(Decision.id).where(
                     Decision.conversation_id == conversation.id)) is not None
                 out.append(row)
@@ -438,7 +445,8 @@ def run(url: str, section: str, args: argparse.Namespace, participants: int = 0)
         if section == "panel":
             bench_panel(engine, slug, len(codes))
         else:
-            bench_export(url, slug, len(codes), naive=not args.no_naive)
+            # The naive baseline holds the whole turns table: run it at N only (at 2N it needs GBs).
+            bench_export(url, slug, len(codes), naive=not args.no_naive and participants == args.export_participants)
     engine.dispose()
 
 

@@ -39,7 +39,7 @@ def enrolled(engine: sa.Engine, n: int, *, arm: str | None = None,
         with session_scope(engine) as session:
             enrollment = participants.enroll(session, code)
             who = enrollment.participant
-            participants.sign_consent(session, who, version="1.0",
+            participants.sign_consent(session, who, version=studies.current_consent(session, study.id).version,
                                       confirmations=["read-and-understood", "adult", "voluntary"],
                                       typed_signature="bench")
             participants.update_profile(session, who, timezone="Europe/Berlin", contact_email=None)

@@ -1,4 +1,5 @@
-"""Monitors run on every participant message: crisis language, reassurance-seeking, dependence.
+"""Monitors run on every participant message: crisis language, reassurance-seeking, dependence,
+and sentiment (VADER's compound score, stored so analyses need not recompute it).
 
 They are lexicons, fast and explainable: each finding names the cue that fired, and that cue is
 stored with the turn. An optional LLM classifier (``crisis_classifier_model``) can run beside the
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Literal
+
+from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
 CrisisCategory = Literal["risk_to_self", "harm_to_others"]
 
@@ -168,6 +172,16 @@ def reassurance_cue(text: str) -> str | None:
 def dependence_cue(text: str) -> str | None:
     match = _DEPENDENCE.search(normalize(text))
     return match.group(0) if match else None
+
+
+@cache
+def _vader() -> SentimentIntensityAnalyzer:
+    return SentimentIntensityAnalyzer()
+
+
+def sentiment(text: str) -> float:
+    """VADER compound sentiment, -1 (most negative) to 1 (most positive)."""
+    return float(_vader().polarity_scores(text)["compound"])
 
 
 def content_words(text: str) -> frozenset[str]:

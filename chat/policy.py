@@ -27,6 +27,7 @@ class Assessment:
     reassurance_cue: str | None = None
     reassurance_repeats: int = 0  # earlier similar requests, this and other conversations
     dependence_cue: str | None = None
+    sentiment: float | None = None  # VADER compound of the message
 
     def features(self) -> dict[str, object]:
         return {
@@ -39,6 +40,7 @@ class Assessment:
             "reassurance_repeats": self.reassurance_repeats,
             "dependence_signal": self.dependence_cue is not None,
             "dependence_cue": self.dependence_cue,
+            "sentiment": self.sentiment,
         }
 
 

@@ -176,7 +176,7 @@ def _assess(session: Session, participant: Participant, content: str, before_tur
             .order_by(Turn.id.desc()).limit(50)).all()
         repeats = sum(monitors.similar(words, monitors.content_words(text)) for text in earlier)
     return Assessment(crisis=crisis, reassurance_cue=cue, reassurance_repeats=repeats,
-                      dependence_cue=monitors.dependence_cue(content))
+                      dependence_cue=monitors.dependence_cue(content), sentiment=monitors.sentiment(content))
 
 
 def _messages(session: Session, conversation: ConversationState, role: RoleName, required: StanceDecision,

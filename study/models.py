@@ -75,7 +75,7 @@ class ConsentVersion(Base):
     version: Mapped[str] = mapped_column(String(40))
     text_markdown: Mapped[str] = mapped_column(Text, deferred=True)
     text_sha256: Mapped[str] = mapped_column(String(64))
-    confirmations: Mapped[list[dict[str, str]]] = mapped_column(JSON)
+    confirmations: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # id, text, required (absent = true)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 

@@ -194,14 +194,16 @@ def sign_consent(
     session: Session, participant: Participant, *, version: str, confirmations: list[str],
     typed_signature: str,
 ) -> ConsentSignature:
+    """Sign the consent version in force: every required confirmation must be ticked, optional
+    ones may be; the signature keeps the ones ticked (e.g. agreeing to share conversation text)."""
     require_active(participant)
     current = current_consent(session, participant.study_id)
     if version != current.version:
         raise Conflict(f"consent version '{version}' is not the one in force; "
                        f"please read and sign version '{current.version}'", code="consent_outdated")
-    required = [c["id"] for c in current.confirmations]
-    missing = [c for c in required if c not in confirmations]
-    unknown = sorted(set(confirmations) - set(required))
+    offered = {c["id"]: c.get("required", True) is not False for c in current.confirmations}
+    missing = [c for c, required in offered.items() if required and c not in confirmations]
+    unknown = sorted(set(confirmations) - set(offered))
     if missing or unknown:
         parts = ([f"please confirm: {', '.join(missing)}"] if missing else []) + (
             [f"unknown confirmations: {', '.join(unknown)}"] if unknown else [])
@@ -211,14 +213,15 @@ def sign_consent(
     signature = ConsentSignature(
         participant_id=participant.id, consent_version_id=current.id,
         signed_text_sha256=current.text_sha256, typed_signature=typed_signature.strip(),
-        confirmations=sorted(confirmations), signed_at=now())
+        confirmations=sorted(set(confirmations)), signed_at=now())
     session.add(signature)
     if participant.status == ParticipantStatus.INVITED:
         participant.status = ParticipantStatus.CONSENTED
     session.flush()
     audit.record(session, audit.Actor("participant", participant.code), "consent.signed",
                  study_id=participant.study_id, participant_code=participant.code,
-                 version=current.version, text_sha256=current.text_sha256)
+                 version=current.version, text_sha256=current.text_sha256,
+                 optional_confirmations=sorted(c for c in set(confirmations) if not offered[c]))
     return signature
 
 

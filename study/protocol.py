@@ -55,14 +55,26 @@ class Arm(_Strict):
 
 
 class Confirmation(_Strict):
+    """A statement the participant ticks when signing. An optional one (``required: false``, e.g.
+    agreeing to share conversation text) may be left unticked; the signature records which were
+    ticked."""
+
     id: str = Slug
     text: str = Field(min_length=1)
+    required: bool = True
 
 
 class Consent(_Strict):
     version: str = Field(min_length=1, max_length=40)
     text: str = Field(min_length=20, description="Markdown shown to the participant")
     confirmations: list[Confirmation] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_confirmations(self) -> Consent:
+        ids = [c.id for c in self.confirmations]
+        if len(set(ids)) != len(ids):
+            raise ValueError("confirmation ids must be unique")
+        return self
 
 
 class FollowUp(_Strict):

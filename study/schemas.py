@@ -23,6 +23,7 @@ class EnrollmentCreate(_In):
 class ConsentConfirmationRead(BaseModel):
     id: str
     text: str
+    required: bool = True  # optional ones may be left unticked (e.g. sharing conversation text)
 
 
 class ConsentRead(BaseModel):

@@ -78,7 +78,9 @@ def _consent_version(
     wanted = protocol.consent
     existing = session.scalar(select(ConsentVersion).where(
         ConsentVersion.study_id == study.id, ConsentVersion.version == wanted.version))
-    confirmations = [c.model_dump() for c in wanted.confirmations]
+    # Defaults left out (a required confirmation is stored as {id, text}, as before optional ones
+    # existed), so an unchanged protocol still matches the consent rows already stored.
+    confirmations = [c.model_dump(exclude_defaults=True) for c in wanted.confirmations]
     if existing is not None:
         if existing.text_sha256 != sha256(wanted.text) or existing.confirmations != confirmations:
             raise Conflict(

@@ -6,11 +6,13 @@ from __future__ import annotations
 import datetime as dt
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import pytest
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
@@ -24,8 +26,11 @@ from analysis.features import (
     wave_features,
 )
 from analysis.lexicons import affirmation_pattern, affirmation_phrases, count_affirmations
+from chat.models import Conversation, Turn
 from chat.roles import system_prompt
 from study import clock
+from study.db import session_scope
+from study.models import Participant
 from tests.analysis.builders import StudyBuilder
 from tests.builders import FRAMING  # 16 words
 
@@ -226,19 +231,47 @@ def test_affirmation_lexicon_matches_whole_words_case_insensitively() -> None:
     assert pattern.findall("That seems invalid and unwise; wisely done.") == []
 
 
-def test_the_fast_counter_finds_what_the_documented_pattern_finds() -> None:
-    """count_affirmations (used by the features) against affirmation_pattern (the stated rule) on
-    texts built to hit the edges: phrases glued to words, apostrophes of both kinds, capitals,
-    punctuation and odd spaces between the words of a phrase."""
-    pattern, rng = affirmation_pattern(), random.Random(11)
+def edge_texts(n: int, seed: int) -> list[str]:
+    """Texts built to hit the lexicon's edges: phrases glued to words, apostrophes of both kinds,
+    capitals, accented letters, punctuation and odd spaces (no-break, tabs, line breaks)."""
+    rng = random.Random(seed)
     pieces = [*affirmation_phrases(), "you", "are", "right", "invalid", "wise", "ly", "'", "\u2019", ",", ".",
               "  ", "\n", "-", "YOU'RE", "Absolutely", "x", "re", "'s", "don't", "_", "9", "\u00e9t\u00e9",
-              "\u00a0", "\t", "of", "course", "!"]
-    for _ in range(20_000):
-        text = "".join(rng.choice(pieces) + rng.choice(["", " ", " ", ", ", "'", "\u2019"])
+              "valid\u00e9", "\u00a0", "\t", "\r\n", "of", "course", "!"]
+    texts = []
+    for _ in range(n):
+        text = "".join(rng.choice(pieces) + rng.choice(["", " ", " ", ", ", "'", "\u2019", "\u00a0"])
                        for _ in range(rng.randint(0, 12)))
-        text = text.upper() if rng.random() < 0.3 else text
+        texts.append(text.upper() if rng.random() < 0.3 else text)
+    return texts
+
+
+def test_the_fast_counter_finds_what_the_documented_pattern_finds() -> None:
+    pattern = affirmation_pattern()
+    for text in edge_texts(20_000, seed=11):
         assert count_affirmations(text) == len(pattern.findall(text)), text
+
+
+def test_words_and_hits_are_counted_by_the_stated_rules_on_every_database(engine: Engine, study: Study) -> None:
+    """The features count inside SQLite (the counters registered as SQL functions) and in a
+    streamed pass elsewhere: both give the numbers of the stated rules, edge texts included."""
+    pattern, texts = affirmation_pattern(), edge_texts(300, seed=12)
+    with session_scope(engine) as session:
+        alice = session.scalars(select(Participant).where(Participant.code == study.alice)).one()
+        ids = []
+        for text in texts:  # one conversation each, one reply with the edge text
+            conversation = Conversation(participant_id=alice.id, arm="wellbeing", mode="wellbeing", role="coach",
+                                        started_at=T0)
+            session.add(conversation)
+            session.flush()
+            session.add(Turn(conversation_id=conversation.id, participant_id=alice.id, seq=1, speaker="assistant",
+                             role="coach", content=text, created_at=T0, stance="agree", concern="none"))
+            ids.append(conversation.id)
+    frame = conversation_features(engine, study.slug).set_index("conversation_id")
+    for conversation_id, text in zip(ids, texts, strict=True):
+        expected_words = len(re.findall(r"[^ \t\n\r\f\v]+", text))  # runs between ASCII white space
+        row = frame.loc[conversation_id]
+        assert (row.assistant_words, row.affirmation_hits) == (expected_words, len(pattern.findall(text))), text
 
 
 def test_reading_in_chunks_of_participants_gives_the_same_rows(engine: Engine, study: Study) -> None:
@@ -247,6 +280,22 @@ def test_reading_in_chunks_of_participants_gives_the_same_rows(engine: Engine, s
     assert [len(chunk) for chunk in chunks] == [3, 1, 0]  # alice, bob, carol (no conversation)
     pd.testing.assert_frame_equal(pd.concat(chunks[:2], ignore_index=True).sort_values("conversation_id")
                                   .reset_index(drop=True), whole, check_dtype=False)
+
+
+def test_sentiment_is_the_stored_score_and_is_computed_for_messages_stored_without_it(
+        engine: Engine, study: Study) -> None:
+    with session_scope(engine) as session:
+        said = session.scalars(select(Turn).where(Turn.speaker == "participant").order_by(Turn.id)).all()
+        assert all(turn.features["sentiment"] == compound(turn.content) for turn in said)  # the monitors stored it
+        first = said[0]
+        first.features = {k: v for k, v in first.features.items() if k != "sentiment"}  # as rows stored before
+        conversation_id, expected = first.conversation_id, compound(first.content)
+        last = said[-1]  # the stored score is what is read: mark it
+        last.features = {**last.features, "sentiment": 0.123}
+        marked = last.conversation_id
+    frame = conversation_features(engine, study.slug).set_index("conversation_id")
+    assert frame.loc[conversation_id, "first_message_sentiment"] == pytest.approx(expected)
+    assert frame.loc[marked, "last_message_sentiment"] == 0.123
 
 
 def test_every_feature_is_documented() -> None:

@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from analysis.tables import SimulationRun
 from analysis.simulate import Effects, SimulationResult, simulate
+from analysis.tables import SimulationRun
 from chat.models import Conversation, Turn
 from scheduler.models import FollowUp
 from study import audit, clock

@@ -24,7 +24,7 @@ from tests.builders import (
 PARTICIPANT_CALLS: dict[tuple[str, str], dict | None] = {
     ("GET", "/api/v1/me"): None,
     ("GET", "/api/v1/me/consent"): None,
-    ("POST", "/api/v1/me/consent"): {"version": "1.0", "confirmations": CONFIRMATIONS, "typed_signature": "B"},
+    ("POST", "/api/v1/me/consent"): {"version": "1.1", "confirmations": CONFIRMATIONS, "typed_signature": "B"},
     ("GET", "/api/v1/me/consent/signed"): None,
     ("PUT", "/api/v1/me/profile"): {"timezone": "Asia/Tokyo"},
     ("GET", "/api/v1/me/surveys"): None,
@@ -112,7 +112,7 @@ def test_cookie_sessions_need_the_csrf_token_for_changes(
 ) -> None:
     [invite] = make_invites(engine, load_study(engine, example_protocol))
     enrolled = app_client.post("/api/v1/enrollment", json={"invite_code": invite}).json()
-    consent = {"version": "1.0", "confirmations": CONFIRMATIONS, "typed_signature": "C"}
+    consent = {"version": "1.1", "confirmations": CONFIRMATIONS, "typed_signature": "C"}
     assert app_client.get("/api/v1/me").status_code == 200  # the cookie alone reads
     forged = app_client.post("/api/v1/me/consent", json=consent)
     assert forged.status_code == 403
@@ -153,7 +153,7 @@ def test_viewer_sees_aggregates_only_and_researcher_reads_are_audited(
     assert len(listed.json()) == 3
     assert "private@example.org" not in listed.text
     assert "contact" not in listed.text
-    assert {p["consent_version"] for p in listed.json()} == {"1.0", None}
+    assert {p["consent_version"] for p in listed.json()} == {"1.1", None}
     with engine.connect() as connection:
         entry = connection.execute(sa.text(
             "SELECT actor, detail FROM audit_log WHERE action = 'participants.listed'")).one()
@@ -177,6 +177,10 @@ STAFF_STUDY_CALLS: dict[tuple[str, str], tuple[bool, dict | None]] = {
     ("GET", "/api/v1/staff/studies/{slug}/conversations"): (False, None),
     ("GET", "/api/v1/staff/studies/{slug}/conversations/{conversation_id}"): (False, None),
     ("GET", "/api/v1/staff/studies/{slug}/exports"): (False, None),
+}
+# Endpoints whose rule depends on a query parameter: what a viewer may still ask for there.
+VIEWER_QUERIES: dict[tuple[str, str], dict[str, str]] = {
+    ("GET", "/api/v1/staff/studies/{slug}/exports"): {"format": "aggregates"},  # suppressed tables
 }
 
 
@@ -220,6 +224,12 @@ def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
             assert (as_viewer.status_code, as_viewer.json()["error"]["code"]) == (
                 403, "participant_data_forbidden"), path
         assert who.code not in as_viewer.text, path
+        if (method, template) in VIEWER_QUERIES:
+            query = VIEWER_QUERIES[(method, template)]
+            assert "aggregates" in as_viewer.json()["error"]["message"], path
+            foreign = app_client.request(method, path, headers=outsider, params=query)
+            assert (foreign.status_code, foreign.json()["error"]["code"]) == (403, "no_study_access"), path
+            assert app_client.request(method, path, headers=viewer, params=query).status_code == 200, path
         entries_before = staff_entries(engine)
         allowed = app_client.request(method, path, headers=researcher, json=body)
         assert allowed.status_code < 400, (path, allowed.text)
@@ -227,9 +237,11 @@ def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
             assert staff_entries(engine) > entries_before, path
         assert "private@example.org" not in allowed.text, path
     with engine.connect() as connection:
-        readers = {actor for (actor,) in connection.execute(sa.text(
-            "SELECT actor FROM audit_log WHERE actor_type = 'staff'"))}
-    assert readers == {"r@example.org"}  # refused calls leave no trace of a read
+        readers = {(actor, action) for actor, action in connection.execute(sa.text(
+            "SELECT actor, action FROM audit_log WHERE actor_type = 'staff'"))}
+    # Refused calls leave no trace of a read; the viewer's one entry is the aggregates export.
+    assert {actor for actor, _ in readers} == {"r@example.org", "v@example.org"}
+    assert {action for actor, action in readers if actor == "v@example.org"} == {"study.export"}
 
 
 def test_staff_login_is_rate_limited(engine: Engine, app_client: TestClient, example_protocol: str) -> None:

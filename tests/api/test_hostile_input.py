@@ -117,7 +117,7 @@ def test_nul_in_every_text_input_is_refused(engine: Engine, app_client: TestClie
     refused(app_client.post("/api/v1/staff/login", json={"email": "a\x00@x.org", "password": "pw"}), 422, "NUL")
     newcomer = enroll(app_client, make_invites(engine, slug)[0])
     refused(app_client.post("/api/v1/me/consent", headers=newcomer.headers, json={
-        "version": "1.0", "confirmations": ["adult"], "typed_signature": "A\x00B"}), 422, "NUL")
+        "version": "1.1", "confirmations": ["adult"], "typed_signature": "A\x00B"}), 422, "NUL")
     refused(app_client.get(f"/api/v1/staff/studies/{slug}/responses?instrument=perma%00", headers=staff_headers),
             400, "NUL")
     refused(app_client.get("/api/v1/staff/studies/wellbeing%00pilot/participants", headers=staff_headers),
@@ -128,7 +128,7 @@ def test_nul_in_every_text_input_is_refused(engine: Engine, app_client: TestClie
 def test_nul_in_page_forms_is_refused(engine: Engine, app_client: TestClient, slug: str) -> None:
     [invite] = make_invites(engine, slug)
     html = join(app_client, invite)
-    response = app_client.post("/consent", data={"csrf": csrf_of(html), "version": "1.0", "typed_signature": "A\x00",
+    response = app_client.post("/consent", data={"csrf": csrf_of(html), "version": "1.1", "typed_signature": "A\x00",
                                                  "confirmations": ["read-and-understood", "adult", "voluntary"]})
     refused(response, 422, "NUL")
 
@@ -202,7 +202,7 @@ def test_page_routes_apply_the_apis_length_checks(engine: Engine, app_client: Te
     [invite] = make_invites(engine, slug)
     html = join(app_client, invite)
     long_signature = app_client.post("/consent", data={
-        "csrf": csrf_of(html), "version": "1.0", "typed_signature": "A" * 5000,
+        "csrf": csrf_of(html), "version": "1.1", "typed_signature": "A" * 5000,
         "confirmations": ["read-and-understood", "adult", "voluntary"]})
     assert long_signature.status_code == 422
     assert "typed signature" in long_signature.text
@@ -263,7 +263,7 @@ def test_parallel_submits_and_first_autosaves_store_one_row(engine: Engine, slug
             token = client.post("/api/v1/enrollment", json={"invite_code": invite}).json()["token"]
             client.cookies.clear()
             client.headers["Authorization"] = f"Bearer {token}"
-            client.post("/api/v1/me/consent", json={"version": "1.0", "typed_signature": "A",
+            client.post("/api/v1/me/consent", json={"version": "1.1", "typed_signature": "A",
                                                     "confirmations": ["read-and-understood", "adult", "voluntary"]})
             client.put("/api/v1/me/profile", json={"timezone": "Europe/Paris"})
             clients.append(client)

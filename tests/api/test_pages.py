@@ -28,7 +28,7 @@ def join(client: TestClient, invite: str) -> str:
     return client.get("/consent").text
 
 
-def sign(client: TestClient, html: str, version: str = "1.0") -> None:
+def sign(client: TestClient, html: str, version: str = "1.1") -> None:
     signed = client.post("/consent", data={
         "csrf": csrf_of(html), "version": version, "typed_signature": "A",
         "confirmations": ["read-and-understood", "adult", "voluntary"]}, follow_redirects=False)
@@ -53,12 +53,31 @@ def test_forms_without_the_csrf_token_are_refused(engine: Engine, app_client: Te
     forged = app_client.post("/join", data={"pre": "guess", "invite_code": invite}, follow_redirects=False)
     assert (forged.status_code, forged.headers["location"]) == (303, "/?expired=1")
     html = join(app_client, invite)
-    refused = app_client.post("/consent", data={"csrf": "0" * 64, "version": "1.0", "typed_signature": "A",
+    refused = app_client.post("/consent", data={"csrf": "0" * 64, "version": "1.1", "typed_signature": "A",
                                                 "confirmations": ["read-and-understood", "adult", "voluntary"]},
                               follow_redirects=False)
     assert refused.headers["location"] == "/?expired=1"
     sign(app_client, html)
     assert app_client.get("/", follow_redirects=False).headers["location"] == "/onboarding"
+
+
+def test_an_optional_confirmation_is_shown_as_optional_and_may_be_ticked(
+    engine: Engine, app_client: TestClient, example_protocol: str,
+) -> None:
+    [invite] = make_invites(engine, load_study(engine, example_protocol))
+    html = join(app_client, invite)
+    box = re.search(r'<input type="checkbox" id="confirm-share-conversation-text"[^>]*>', html)
+    assert box, html
+    assert "required" not in box.group(0)  # it can be left unticked ...
+    assert 'id="confirm-adult" name="confirmations" value="adult" required' in html  # ... unlike these
+    assert "(optional)" in html
+    signed = app_client.post("/consent", data={
+        "csrf": csrf_of(html), "version": "1.1", "typed_signature": "A",
+        "confirmations": ["read-and-understood", "adult", "voluntary", "share-conversation-text"]},
+        follow_redirects=False)
+    assert signed.status_code == 303, signed.text
+    copy = app_client.get("/api/v1/me/consent/signed").json()
+    assert "share-conversation-text" in copy["confirmations"]
 
 
 def test_a_revised_consent_is_shown_and_signed_again(engine: Engine, app_client: TestClient,
@@ -68,7 +87,7 @@ def test_a_revised_consent_is_shown_and_signed_again(engine: Engine, app_client:
     sign(app_client, join(app_client, invite))
     onboarding = app_client.get("/onboarding")
     app_client.post("/onboarding", data={"csrf": csrf_of(onboarding.text), "timezone": "Europe/Paris"})
-    revised = example_protocol.replace('version: "1.0"', 'version: "2.0"').replace(
+    revised = example_protocol.replace('version: "1.1"', 'version: "2.0"').replace(
         "answer a few short questionnaires", "answer a few short questionnaires and one interview")
     load_study(engine, revised)
     assert app_client.get("/chat", follow_redirects=False).headers["location"] == "/consent"

@@ -49,7 +49,7 @@ def test_sigterm_under_load_exits_within_five_seconds(engine: Engine, example_pr
             body = client.post("/api/v1/enrollment", json={"invite_code": invite}).json()
             client.cookies.clear()
             client.headers["Authorization"] = f"Bearer {body['token']}"
-            client.post("/api/v1/me/consent", json={"version": "1.0", "confirmations": CONFIRMATIONS,
+            client.post("/api/v1/me/consent", json={"version": "1.1", "confirmations": CONFIRMATIONS,
                                                     "typed_signature": "A"})
             assert client.put("/api/v1/me/profile", json={"timezone": "Europe/Berlin"}).status_code == 200
             put_in_arm(engine, body["participant_code"], "control")

@@ -19,6 +19,14 @@ def test_example_protocol_parses(example_protocol: str) -> None:
     assert protocol.instruments() == {"perma-profiler", "decision-regret"}
 
 
+def test_confirmations_are_required_unless_marked_optional_and_ids_are_unique(example_protocol: str) -> None:
+    consent = parse_protocol(example_protocol).consent
+    assert [(c.id, c.required) for c in consent.confirmations] == [
+        ("read-and-understood", True), ("adult", True), ("voluntary", True), ("share-conversation-text", False)]
+    with pytest.raises(ProtocolError, match=r"consent \(line \d+\): confirmation ids must be unique"):
+        parse_protocol(example_protocol.replace("- id: share-conversation-text", "- id: adult"))
+
+
 def test_invalid_field_is_named_with_its_line(example_protocol: str) -> None:
     broken = example_protocol.replace("    mode: default\n", "    mode: engagement\n")
     line = broken.splitlines().index("    mode: engagement") + 1
@@ -40,7 +48,7 @@ def test_bad_duration_and_reminder_outside_window(example_protocol: str) -> None
 
 
 def test_missing_required_field_points_at_parent(example_protocol: str) -> None:
-    broken = example_protocol.replace("  version: \"1.0\"\n", "")
+    broken = example_protocol.replace("  version: \"1.1\"\n", "")
     with pytest.raises(ProtocolError) as error:
         parse_protocol(broken)
     consent_line = broken.splitlines().index("consent:") + 1
@@ -81,5 +89,5 @@ def test_consent_text_change_needs_new_version(engine: Engine, example_protocol:
     with session_scope(engine) as session, pytest.raises(Conflict, match="new version"):
         studies.load_protocol(session, sneaky, TEST_ACTOR)
     with session_scope(engine) as session:
-        studies.load_protocol(session, sneaky.replace('version: "1.0"', 'version: "1.1"'), TEST_ACTOR)
-        assert session.scalars(select(ConsentVersion.version).order_by(ConsentVersion.id)).all() == ["1.0", "1.1"]
+        studies.load_protocol(session, sneaky.replace('version: "1.1"', 'version: "1.2"'), TEST_ACTOR)
+        assert session.scalars(select(ConsentVersion.version).order_by(ConsentVersion.id)).all() == ["1.1", "1.2"]

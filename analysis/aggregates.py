@@ -1,0 +1,776 @@
+"""A study's aggregate tables with disclosure control: what every staff role, viewers included,
+may see and export. Enrollment by arm and status, follow-up completion per wave and arm, PERMA
+overall well-being per wave and arm, decision regret per wave and starting role, conversations
+and pushback per arm and role, and safety events per month and category.
+
+The numbers come set-based from ``analysis.panel`` (follow-ups, scores), ``analysis.features``
+(conversations) and SQL aggregates (enrollment, safety events), so they mean what the same
+numbers mean in the panel and the exports. Then the suppression rule (``SUPPRESSION_RULE``)
+is applied: a cell resting on fewer than 5 participants shows ``"< 5"``, and further cells show
+``"suppressed"`` wherever a hidden cell could otherwise be worked out from the cells shown.
+
+    >>> from analysis.aggregates import aggregate_tables, export_aggregates
+    >>> tables = aggregate_tables(engine, "wellbeing-pilot")
+    >>> tables["followups"]
+    >>> export_aggregates(engine, "wellbeing-pilot", Path("out"), actor=Actor.system("cli"))
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Final, get_args
+
+import pandas as pd
+from sqlalchemy import case, func, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
+
+from analysis.codebook import Column, TableSpec, write_codebook_markdown, write_datapackage
+from analysis.exports import open_study, record_export
+from analysis.features import conversation_features
+from analysis.panel import PERMA, REGRET, panel
+from analysis.reading import Source, connect, read_frame, resolve_study_id
+from chat.models import SafetyEvent
+from chat.monitors import CrisisCategory
+from chat.roles import roles_for_arm
+from study import audit
+from study.clock import now
+from study.db import READ_ONLY
+from study.models import Participant, ProtocolVersion, Study
+
+THRESHOLD = 5  # a cell resting on fewer participants than this is not shown
+SUPPRESSED = "suppressed"
+ALL = "all"
+AGGREGATES: Final = "aggregates"  # the export format's name (CLI and API)
+
+
+def below(threshold: int = THRESHOLD) -> str:
+    """The marker of a cell resting on fewer than ``threshold`` participants: ``"< 5"``."""
+    return f"< {threshold}"
+
+
+SUPPRESSION_RULE = f"""\
+Every value is an aggregate; no participant code, contact detail or free text appears.
+
+1. **Fewer than {THRESHOLD} participants: `{below()}`.** A count is shown only when at least
+   {THRESHOLD} participants contribute to it (a count of zero rests on none, so it shows `{below()}` too).
+   A mean, SD or rate is shown only when the participants it rests on (its n, or its
+   denominator) number at least {THRESHOLD}. `{below()}` always means "fewer than {THRESHOLD}
+   participants"; for counts of other things (turns, follow-ups, events) the count itself may
+   be larger.
+2. **No working out by subtraction: `{SUPPRESSED}`.** The counts are tied together: the parts of
+   a row add up to its total, the arms (or roles, or months) add up to the `{ALL}` row, and some
+   counts appear in two tables (completed PERMA follow-ups are the n of the well-being table;
+   completed regret follow-ups of an arm are the n of its roles in the regret table). A viewer
+   who knows every shown value, every such sum, that a `{below()}` count of participants lies
+   between 0 and {THRESHOLD - 1} and that a `{SUPPRESSED}` count is at least {THRESHOLD} could pin a
+   hidden count down: a margin with one hidden cell gives it away by subtraction, and a total of
+   8 over two `{below()}` cells means both are 4. So while some hidden count can be pinned down
+   this way, one more count is hidden: the smallest shown count of a sum it belongs to (the sum
+   with the fewest hidden cells first; its parts before its total). In particular no row or
+   column ever has exactly one hidden cell, and totals are hidden when they would reveal what
+   they add up. The check is exact: a hidden count counts as protected only when another table,
+   consistent with everything shown and those bounds, gives it a different value.
+3. **Means, SDs and rates follow their counts.** One whose n, numerator or denominator is
+   hidden is `{SUPPRESSED}` as well.
+
+What the rule does not model: inequalities between tables (e.g. that a wave's follow-ups cannot
+exceed the participants enrolled), and means pinned by the ends of their scale (a mean of 10.00
+on a 0-10 scale tells that every answer was 10).
+"""
+
+
+# Disclosure control: counts tied by sums, primary and complementary suppression.
+
+CellKey = tuple[str, int, str]  # (table, row position, column)
+SHOWN, BELOW = "shown", "below"
+
+
+@dataclass(frozen=True)
+class Count:
+    """A count and the participants contributing to it (each contributes at least one unit, so
+    ``value >= contributors``). ``counts_participants``: the value is the number of participants
+    itself, so a viewer knows a hidden one below the threshold lies between 0 and threshold - 1."""
+
+    value: int
+    contributors: int
+    counts_participants: bool
+
+
+class Disclosure:
+    """Counts tied by additive sums; ``protect`` decides which are shown, below the threshold,
+    or suppressed so that no hidden count can be pinned down (see ``SUPPRESSION_RULE``)."""
+
+    def __init__(self, threshold: int = THRESHOLD) -> None:
+        self.threshold = threshold
+        self.counts: dict[CellKey, Count] = {}
+        self.sums: list[tuple[CellKey, tuple[CellKey, ...]]] = []
+
+    def add_count(self, key: CellKey, count: Count) -> None:
+        self.counts[key] = count
+
+    def add_sum(self, total: CellKey, parts: Iterable[CellKey]) -> None:
+        """``total`` equals the sum of ``parts`` (a viewer is assumed to know it)."""
+        parts = tuple(parts)
+        if sum(self.counts[p].value for p in parts) != self.counts[total].value:
+            raise ValueError(f"{total} is not the sum of {parts}")
+        self.sums.append((total, parts))
+
+    def protect(self) -> dict[CellKey, str]:
+        """Each count's status: ``"shown"``, ``"below"`` (primary) or ``"suppressed"``."""
+        status = {key: BELOW if count.contributors < self.threshold else SHOWN
+                  for key, count in self.counts.items()}
+        safe: set[tuple[tuple[CellKey, str], ...]] = set()  # groups of hidden counts found protected
+        settled: set[CellKey] = set()  # pinned by the tables' structure alone (see _complement)
+        while (pinned := self._first_pinned(status, safe, settled)) is not None:
+            extra = self._complement(pinned, status)
+            if extra is None:
+                settled.add(pinned)
+            else:
+                status[extra] = SUPPRESSED
+        return status
+
+    def _bounds(self, key: CellKey, status: str) -> tuple[int, int | None]:
+        """What a viewer knows of a hidden count."""
+        if status == BELOW:
+            return 0, self.threshold - 1 if self.counts[key].counts_participants else None
+        return self.threshold, None
+
+    def _first_pinned(self, status: dict[CellKey, str], safe: set[tuple[tuple[CellKey, str], ...]],
+                      settled: set[CellKey]) -> CellKey | None:
+        """The first hidden count a viewer could pin down. Hidden counts fall into groups tied by
+        sums; a group whose members are unchanged since it was found protected is not checked again."""
+        hidden = [key for key in self.counts if status[key] != SHOWN]
+        group = {key: key for key in hidden}  # union-find over the sums' hidden counts
+
+        def root(key: CellKey) -> CellKey:
+            while group[key] != key:
+                group[key] = group[group[key]]
+                key = group[key]
+            return key
+
+        sums = [[k for k in (total, *parts) if k in group] for total, parts in self.sums]
+        for members in sums:
+            for key in members[1:]:
+                group[root(key)] = root(members[0])
+        groups: dict[CellKey, list[CellKey]] = {}
+        for key in hidden:
+            groups.setdefault(root(key), []).append(key)
+        for members in groups.values():
+            signature = tuple((key, status[key]) for key in members)
+            if signature in safe:
+                continue
+            index = {key: i for i, key in enumerate(members)}
+            rows = []
+            for total, parts in self.sums:
+                row: dict[int, int] = {}
+                for key, coefficient in ((total, -1), *((p, 1) for p in parts)):
+                    if key in index:
+                        row[index[key]] = row.get(index[key], 0) + coefficient
+                if any(row.values()):
+                    rows.append(row)
+            unknowns = _Unknowns(rows, [self.counts[key].value for key in members],
+                                 [self._bounds(key, status[key]) for key in members])
+            pinned = next((key for i, key in enumerate(members)
+                           if key not in settled and not unknowns.movable(i)), None)
+            if pinned is not None:
+                return pinned
+            safe.add(signature)
+        return None
+
+    def _complement(self, pinned: CellKey, status: dict[CellKey, str]) -> CellKey | None:
+        """The next count to hide: the smallest shown part (else the total) of a sum containing
+        ``pinned``, the sum with the fewest hidden cells first; failing that, of a sum reached
+        through hidden cells. None when every count tied to it is hidden already: then no shown
+        value pins it, only the tables' structure (e.g. a total over no rows is 0)."""
+        order = {key: i for i, key in enumerate(self.counts)}
+
+        def pick(sums: list[tuple[CellKey, tuple[CellKey, ...]]]) -> CellKey | None:
+            def hidden_in(item: tuple[CellKey, tuple[CellKey, ...]]) -> int:
+                return sum(status[k] != SHOWN for k in (item[0], *item[1]))
+            for total, parts in sorted(sums, key=hidden_in):
+                shown = sorted((p for p in parts if status[p] == SHOWN),
+                               key=lambda p: (self.counts[p].value, order[p]))
+                if shown:
+                    return shown[0]
+                if status[total] == SHOWN:
+                    return total
+            return None
+
+        reached, frontier = {pinned}, [pinned]
+        while frontier:
+            sums = [s for s in self.sums if any(k in (s[0], *s[1]) for k in frontier)]
+            found = pick(sums)
+            if found is not None:
+                return found
+            frontier = [k for total, parts in sums for k in (total, *parts) if k not in reached]
+            reached.update(frontier)
+        return None
+
+
+def _integer_kernel(rows: Sequence[dict[int, int]], size: int) -> list[dict[int, int]]:
+    """An integer basis of {v in Z^size : row . v = 0 for every row}, rows and vectors sparse
+    (column -> coefficient), by exact Gauss-Jordan elimination over the rationals."""
+    pivots: dict[int, dict[int, Fraction]] = {}  # pivot column -> its reduced row (pivot entry 1)
+    for given in rows:
+        row = {c: Fraction(v) for c, v in given.items() if v}
+        for column, pivot_row in pivots.items():
+            _subtract(row, pivot_row, row.get(column, Fraction(0)))
+        if not row:
+            continue
+        column = min(row)
+        row = {c: v / row[column] for c, v in row.items()}
+        for pivot_row in pivots.values():
+            _subtract(pivot_row, row, pivot_row.get(column, Fraction(0)))
+        pivots[column] = row
+    basis = []
+    for free in (c for c in range(size) if c not in pivots):
+        vector = {free: Fraction(1)}
+        for column, pivot_row in pivots.items():
+            if free in pivot_row:
+                vector[column] = -pivot_row[free]
+        scale = math.lcm(*(v.denominator for v in vector.values()))
+        basis.append({c: int(v * scale) for c, v in vector.items()})
+    return basis
+
+
+def _subtract(row: dict[int, Fraction], other: dict[int, Fraction], factor: Fraction) -> None:
+    if not factor:
+        return
+    for column, value in other.items():
+        updated = row.get(column, Fraction(0)) - factor * value
+        if updated:
+            row[column] = updated
+        else:
+            row.pop(column, None)
+
+
+class _Unknowns:
+    """The hidden counts as unknowns: the sums restricted to them (rows: unknown -> coefficient),
+    their true values and what a viewer knows of their bounds."""
+
+    SEARCH_BUDGET = 2_000  # steps of the search for a move before a count is taken as pinned
+    SEARCH_DEPTH = 200  # unknowns changed along one branch of that search
+
+    def __init__(self, rows: list[dict[int, int]], values: list[int], bounds: list[tuple[int, int | None]]) -> None:
+        self.rows, self.values, self.bounds = rows, values, bounds
+        self.rows_of: list[list[int]] = [[] for _ in values]
+        for r, row in enumerate(rows):
+            for i in row:
+                self.rows_of[i].append(r)
+        self.basis = _integer_kernel(rows, len(values))
+
+    def fits(self, i: int, delta: int) -> bool:
+        low, high = self.bounds[i]
+        return low <= self.values[i] + delta and (high is None or self.values[i] + delta <= high)
+
+    def movable(self, i: int) -> bool:
+        """Whether another table within the bounds gives unknown ``i`` a different value, i.e.
+        a move ``v`` (every sum still holds: ``v`` in the kernel) with ``v[i] != 0``. Tried: the
+        kernel basis vectors, then a search that starts from ``v[i] = +-1`` and repairs each sum
+        it breaks by changing another unknown of it. A count no move is found for is pinned (so a
+        search that gives up only ever hides more)."""
+        touching = [vector for vector in self.basis if vector.get(i)]
+        if not touching:
+            return False  # determined by the sums alone
+        for vector in touching:
+            for sign in (1, -1):
+                if all(self.fits(j, sign * d) for j, d in vector.items()):
+                    return True
+        return any(self._search(i, sign) for sign in (1, -1))
+
+    def _search(self, i: int, sign: int) -> bool:
+        if not self.fits(i, sign):
+            return False
+        move = {i: sign}
+        residual = {r: self.rows[r][i] * sign for r in self.rows_of[i]}  # each sum's imbalance
+        broken = {r for r, off in residual.items() if off}
+        steps = 0
+
+        def change(j: int, delta: int) -> None:
+            move[j] = move.get(j, 0) + delta
+            for r in self.rows_of[j]:
+                residual[r] = residual.get(r, 0) + self.rows[r][j] * delta
+                if residual[r]:
+                    broken.add(r)
+                else:
+                    broken.discard(r)
+
+        def repair(depth: int) -> bool:
+            nonlocal steps
+            steps += 1
+            if not broken:
+                return True
+            if steps > self.SEARCH_BUDGET or depth > self.SEARCH_DEPTH:
+                return False
+            r = min(broken, key=lambda r: (len(self.rows[r]), r))  # the most constrained sum first
+            off = residual[r]
+            for j, c in sorted(self.rows[r].items(), key=lambda item: (item[0] in move, len(self.rows_of[item[0]]))):
+                if j == i or off % c or not self.fits(j, move.get(j, 0) - off // c):
+                    continue
+                change(j, -off // c)
+                if repair(depth + 1):
+                    return True
+                change(j, off // c)
+            return False
+
+        return repair(0)
+
+
+# The tables: rows of labels, count cells (in the Disclosure) and derived cells (means, SDs, rates).
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A mean, SD or rate: shown only when every count in ``inputs`` is shown; ``inputs[0]`` is
+    what it rests on (its n or its denominator)."""
+
+    value: float | None
+    inputs: tuple[CellKey, ...]
+    digits: int
+
+
+@dataclass
+class _Table:
+    spec: TableSpec
+    labels: list[str]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    derived: dict[CellKey, Derived] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def row(self, **labels: Any) -> int:
+        self.rows.append(labels)
+        return len(self.rows) - 1
+
+    def key(self, row: int, column: str) -> CellKey:
+        return (self.name, row, column)
+
+
+def _tally(frame: pd.DataFrame, mask: Any = None, amount: str | None = None,
+           counts_participants: bool = False) -> Count:
+    """Rows of ``frame`` (where ``mask``), or the sum of column ``amount`` over them, and the
+    participants contributing (those with at least one row, or a positive amount)."""
+    rows = frame if mask is None else frame[mask]
+    if amount is None:
+        return Count(len(rows), int(rows["participant_code"].nunique()), counts_participants)
+    values = pd.to_numeric(rows[amount]).fillna(0)
+    return Count(int(values.sum()), int(rows.loc[values > 0, "participant_code"].nunique()), counts_participants)
+
+
+def _mean_sd(values: pd.Series) -> tuple[float | None, float | None]:
+    values = pd.to_numeric(values).dropna()
+    if values.empty:
+        return None, None
+    sd = float(values.std(ddof=1)) if len(values) > 1 else None
+    return float(values.mean()), sd
+
+
+@dataclass(frozen=True)
+class _Protocol:
+    arms: dict[str, str]  # name -> mode
+    roles: dict[str, list[str]]  # arm -> roles it offers (``standard`` for the default mode)
+    instruments: dict[str, str]  # follow-up key -> instrument, in protocol order
+    anchors: dict[str, str]  # follow-up key -> enrollment or decision
+
+
+def _protocol(connection: Connection, study_id: int) -> _Protocol:
+    """Arms, roles and follow-ups of every protocol version, the newest version's first."""
+    documents = connection.scalars(select(ProtocolVersion.protocol).where(ProtocolVersion.study_id == study_id)
+                                   .order_by(ProtocolVersion.version.desc())).all()
+    arms: dict[str, str] = {}
+    roles: dict[str, list[str]] = {}
+    instruments: dict[str, str] = {}
+    anchors: dict[str, str] = {}
+    for document in documents:
+        for arm in document.get("arms", []):
+            if arm["name"] not in arms:
+                arms[arm["name"]] = arm["mode"]
+                roles[arm["name"]] = list(roles_for_arm(arm["mode"], list(arm.get("roles") or [])))
+        for followup in document.get("followups", []):
+            instruments.setdefault(followup["id"], followup["instrument"])
+            anchors.setdefault(followup["id"], followup["anchor"])
+    return _Protocol(arms, roles, instruments, anchors)
+
+
+def _in_order(known: Sequence[str], found: Iterable[Any]) -> list[str]:
+    """``known`` values, then any others found in the data (sorted)."""
+    extra = sorted({v for v in found if isinstance(v, str) and v} - set(known))
+    return [*known, *extra]
+
+
+ROLE_ORDER = ("concierge", "collaborator", "coach", "standard")
+
+
+class _Builder:
+    """Reads the study once (panel, conversation features, two SQL aggregates) and builds each
+    table's rows, registering its counts and sums with one ``Disclosure``."""
+
+    def __init__(self, connection: Connection, study_id: int, threshold: int) -> None:
+        self.connection, self.study_id = connection, study_id
+        self.protocol = _protocol(connection, study_id)
+        self.disclosure = Disclosure(threshold)
+        self.conversations = conversation_features(connection, study_id)
+        self.panel = panel(connection, study_id, conversations=self.conversations)
+        self.arms = _in_order(list(self.protocol.arms), connection.scalars(
+            select(Participant.arm).where(Participant.study_id == study_id).distinct()))
+        self.arm_roles = {arm: self.protocol.roles.get(arm, []) for arm in self.arms}
+        roles = [r for r in ROLE_ORDER if any(r in offered for offered in self.arm_roles.values())]
+        self.roles = _in_order(roles, self.conversations["starting_role"])
+
+    def count(self, table: _Table, row: int, column: str, count: Count) -> CellKey:
+        key = table.key(row, column)
+        self.disclosure.add_count(key, count)
+        return key
+
+    def margin(self, table: _Table, total: int, parts: list[int], columns: Sequence[str]) -> None:
+        """For each of ``columns``: row ``total`` is the sum of rows ``parts``."""
+        for column in columns if parts else ():
+            self.disclosure.add_sum(table.key(total, column), [table.key(p, column) for p in parts])
+
+    def link(self, total: CellKey, parts: list[CellKey]) -> None:
+        """A count of one table that is the sum of counts of another: declared when it holds in the
+        data (then a viewer may know it)."""
+        counts = self.disclosure.counts
+        if counts[total].value == sum(counts[p].value for p in parts):
+            self.disclosure.add_sum(total, parts)
+
+    def waves(self) -> list[str]:
+        return _in_order(["baseline", *self.protocol.instruments], self.panel["wave"])
+
+    # Tables
+
+    def enrollment(self) -> _Table:
+        table = _Table(TableSpec("enrollment", "Participants assigned to each arm, by status now (participants "
+                                 "not yet assigned to an arm are not counted).", [
+            Column("arm", "string", "Study arm, or 'all'.", enum=self._arm_enum()),
+            Column("enrolled", "integer", "Enrolled and taking part.", unit="participants"),
+            Column("withdrawn_kept_data", "integer", "Withdrew; the data collected so far are kept.",
+                   unit="participants"),
+            Column("withdrawn_data_deleted", "integer", "Withdrew and had their research data deleted.",
+                   unit="participants"),
+            Column("participants", "integer", "All participants assigned to the arm (the sum of the three).",
+                   unit="participants"),
+        ]), ["arm"])
+        status = case((Participant.data_deleted_at.is_not(None), "withdrawn_data_deleted"),
+                      (Participant.status == "withdrawn", "withdrawn_kept_data"), else_="enrolled")
+        frame = read_frame(self.connection, select(Participant.arm, status.label("column"), func.count().label("n"))
+                           .where(Participant.study_id == self.study_id, Participant.arm.is_not(None))
+                           .group_by(Participant.arm, status))
+        columns = ["enrolled", "withdrawn_kept_data", "withdrawn_data_deleted"]
+        cells = {(arm, column): int(n) for arm, column, n in frame.itertuples(index=False)}
+        rows = {arm: table.row(arm=arm) for arm in [*self.arms, ALL]}
+        for arm, row in rows.items():
+            values = {c: sum(n for (a, col), n in cells.items() if col == c and arm in (a, ALL)) for c in columns}
+            for column, value in values.items():
+                self.count(table, row, column, Count(value, value, True))
+            total = sum(values.values())
+            self.count(table, row, "participants", Count(total, total, True))
+            self.disclosure.add_sum(table.key(row, "participants"), [table.key(row, c) for c in columns])
+        self.margin(table, rows[ALL], [rows[a] for a in self.arms], [*columns, "participants"])
+        return table
+
+    def followups(self) -> _Table:
+        table = _Table(TableSpec("followups", "Survey completion per wave and arm: the baseline PERMA-Profiler and "
+                                 "every follow-up of the protocol (a wave asking about decisions has one follow-up "
+                                 "per decision).", [
+            Column("wave", "string", "'baseline' or the protocol's follow-up id.", enum=self._wave_enum()),
+            Column("arm", "string", "Study arm, or 'all'.", enum=self._arm_enum()),
+            Column("due", "integer", "Surveys whose time has come: completed + expired + pending (not counted: not "
+                   "yet due, cancelled by a withdrawal or otherwise).", unit="surveys"),
+            Column("completed", "integer", "Submitted.", unit="surveys"),
+            Column("expired", "integer", "Window closed unanswered.", unit="surveys"),
+            Column("pending", "integer", "Due and not answered yet (open, or due and not yet sent).", unit="surveys"),
+            Column("completion_rate", "number", "completed / due.", unit="proportion"),
+        ]), ["wave", "arm"])
+        parts = {"completed": ["completed"], "expired": ["expired"], "pending": ["open", "overdue"]}
+        due_statuses = [status for statuses in parts.values() for status in statuses]
+        frame = self.panel
+        for wave in self.waves():
+            one_each = wave == "baseline" or self.protocol.anchors.get(wave) == "enrollment"
+            rows = {arm: table.row(wave=wave, arm=arm) for arm in [*self.arms, ALL]}
+            for arm, row in rows.items():
+                cell = frame[(frame["wave"] == wave) & ((frame["arm"] == arm) | (arm == ALL))]
+                for column, statuses in parts.items():
+                    self.count(table, row, column, _tally(cell, cell["response_status"].isin(statuses),
+                                                          counts_participants=one_each))
+                due = self.count(table, row, "due", _tally(cell, cell["response_status"].isin(due_statuses),
+                                                           counts_participants=one_each))
+                self.disclosure.add_sum(due, [table.key(row, c) for c in parts])
+                completed, due_value = (self.disclosure.counts[k].value for k in (table.key(row, "completed"), due))
+                table.derived[table.key(row, "completion_rate")] = Derived(
+                    completed / due_value if due_value else None, (due, table.key(row, "completed")), 3)
+            self.margin(table, rows[ALL], [rows[a] for a in self.arms], ["due", *parts])
+        return table
+
+    def wellbeing(self, followups: _Table) -> _Table:
+        table = _Table(TableSpec("wellbeing", "PERMA-Profiler overall well-being (mean of the 15 PERMA items and "
+                                 "happiness, 0-10) per wave and arm, over the submitted surveys with a score.", [
+            Column("wave", "string", "'baseline' or a PERMA follow-up id.", enum=self._wave_enum()),
+            Column("arm", "string", "Study arm, or 'all'.", enum=self._arm_enum()),
+            Column("n", "integer", "Submitted surveys with an overall well-being score (one per participant).",
+                   unit="participants"),
+            Column("mean", "number", "Mean overall well-being.", unit="points (0-10)"),
+            Column("sd", "number", "Sample standard deviation (n - 1).", unit="points (0-10)"),
+        ]), ["wave", "arm"])
+        frame = self.panel
+        scored = frame[(frame["response_status"] == "completed") & frame["perma_overall_wellbeing"].notna()]
+        for wave in [w for w in self.waves() if w == "baseline" or self.protocol.instruments.get(w) == PERMA]:
+            rows = {arm: table.row(wave=wave, arm=arm) for arm in [*self.arms, ALL]}
+            for arm, row in rows.items():
+                cell = scored[(scored["wave"] == wave) & ((scored["arm"] == arm) | (arm == ALL))]
+                n = self.count(table, row, "n", _tally(cell, counts_participants=True))
+                mean, sd = _mean_sd(cell["perma_overall_wellbeing"])
+                table.derived[table.key(row, "mean")] = Derived(mean, (n,), 2)
+                table.derived[table.key(row, "sd")] = Derived(sd, (n,), 2)
+                self.link(self._followup_cell(followups, wave, arm), [n])
+            self.margin(table, rows[ALL], [rows[a] for a in self.arms], ["n"])
+        return table
+
+    def regret(self, followups: _Table) -> _Table:
+        table = _Table(TableSpec("regret", "Decision Regret Scale (0-100, 100 = high regret) per regret wave and "
+                                 "the starting role of the conversation the decision was made in.", [
+            Column("wave", "string", "The protocol's regret follow-up id.", enum=self._wave_enum()),
+            Column("starting_role", "string", "Role the decision's conversation started in, or 'all'.",
+                   enum=self._role_enum()),
+            Column("n", "integer", "Submitted regret surveys with a score (one per decision).", unit="responses"),
+            Column("mean", "number", "Mean regret score.", unit="points (0-100)"),
+            Column("sd", "number", "Sample standard deviation (n - 1).", unit="points (0-100)"),
+        ]), ["wave", "starting_role"])
+        frame = self.panel
+        scored = frame[(frame["response_status"] == "completed") & frame["regret"].notna()].copy()
+        role_of = dict(zip(self.conversations["conversation_id"], self.conversations["starting_role"], strict=True))
+        scored["starting_role"] = scored["decision_conversation_id"].map(role_of)
+        offered = [role for roles in self.arm_roles.values() for role in roles]
+        for wave in [w for w in self.waves() if self.protocol.instruments.get(w) == REGRET]:
+            rows = {role: table.row(wave=wave, starting_role=role) for role in [*self.roles, ALL]}
+            for role, row in rows.items():
+                cell = scored[(scored["wave"] == wave) & ((scored["starting_role"] == role) | (role == ALL))]
+                n = self.count(table, row, "n", _tally(cell))
+                mean, sd = _mean_sd(cell["regret"])
+                table.derived[table.key(row, "mean")] = Derived(mean, (n,), 2)
+                table.derived[table.key(row, "sd")] = Derived(sd, (n,), 2)
+            self.margin(table, rows[ALL], [rows[r] for r in self.roles], ["n"])
+            self.link(self._followup_cell(followups, wave, ALL), [table.key(rows[ALL], "n")])
+            if len(offered) == len(set(offered)):  # no role in two arms: an arm's regret n is its roles'
+                for arm, roles in self.arm_roles.items():
+                    self.link(self._followup_cell(followups, wave, arm), [table.key(rows[r], "n") for r in roles])
+        return table
+
+    def conversation_table(self) -> _Table:
+        table = _Table(TableSpec("conversations", "Conversations per arm and starting role: how often the assistant "
+                                 "pushed back, and how participants answered.", [
+            Column("arm", "string", "Study arm, or 'all'.", enum=self._arm_enum()),
+            Column("starting_role", "string", "Role the conversation started in, or 'all'.", enum=self._role_enum()),
+            Column("participants", "integer", "Participants with a conversation.", unit="participants"),
+            Column("conversations", "integer", "Conversations.", unit="conversations"),
+            Column("assistant_turns", "integer", "Replies of the assistant.", unit="turns"),
+            Column("pushback_turns", "integer", "Replies whose stance was nudge or challenge.", unit="turns"),
+            Column("pushback_rate", "number", "pushback_turns / assistant_turns (the conversations' pushback_rate, "
+                   "pooled).", unit="proportion"),
+            Column("overrides", "integer", "Pushbacks the participant overrode ('go ahead anyway').",
+                   unit="responses"),
+            Column("reconsiders", "integer", "Pushbacks the participant answered with 'let me reconsider'.",
+                   unit="responses"),
+        ]), ["arm", "starting_role"])
+        frame = self.conversations.copy()
+        frame["pushback_turns"] = (pd.to_numeric(frame["nudge_turns"]).fillna(0)
+                                   + pd.to_numeric(frame["challenge_turns"]).fillna(0))
+        additive = ["conversations", "assistant_turns", "pushback_turns", "overrides", "reconsiders"]
+        arm_rows: list[int] = []
+        for arm in self.arms:
+            in_arm = frame[frame["arm"] == arm]
+            roles = _in_order(self.arm_roles[arm], in_arm["starting_role"])
+            rows = [table.row(arm=arm, starting_role=role) for role in roles]
+            for role, row in zip(roles, rows, strict=True):
+                self._conversation_cells(table, row, in_arm[in_arm["starting_role"] == role])
+            arm_rows.append(table.row(arm=arm, starting_role=ALL))
+            self._conversation_cells(table, arm_rows[-1], in_arm)
+            # A participant may start conversations in several roles, but has one arm.
+            self.margin(table, arm_rows[-1], rows, [*additive, "participants"] if len(rows) == 1 else additive)
+        everyone = table.row(arm=ALL, starting_role=ALL)
+        self._conversation_cells(table, everyone, frame[frame["arm"].isin(self.arms)])
+        self.margin(table, everyone, arm_rows, [*additive, "participants"])
+        return table
+
+    def _conversation_cells(self, table: _Table, row: int, cell: pd.DataFrame) -> None:
+        participants = int(cell["participant_code"].nunique())
+        self.count(table, row, "participants", Count(participants, participants, True))
+        self.count(table, row, "conversations", _tally(cell))
+        keys = [self.count(table, row, amount, _tally(cell, amount=amount))
+                for amount in ("assistant_turns", "pushback_turns", "overrides", "reconsiders")]
+        turns, pushbacks = (self.disclosure.counts[key].value for key in keys[:2])
+        table.derived[table.key(row, "pushback_rate")] = Derived(pushbacks / turns if turns else None,
+                                                                 (keys[0], keys[1]), 3)
+
+    def safety_events(self) -> _Table:
+        events = read_frame(self.connection, select(
+            Participant.code.label("participant_code"), SafetyEvent.category, SafetyEvent.created_at,
+        ).join(Participant, Participant.id == SafetyEvent.participant_id).where(SafetyEvent.study_id == self.study_id))
+        categories = _in_order(list(get_args(CrisisCategory)), events["category"])
+        table = _Table(TableSpec("safety_events", "Safety events (escalations recorded for staff review) per month "
+                                 "(UTC) and category, from the month the study was created to the current one.", [
+            Column("month", "string", "Calendar month, YYYY-MM (UTC), or 'all'."),
+            *(Column(c, "integer", f"Safety events of category '{c}'.", unit="events") for c in categories),
+            Column("total", "integer", "Safety events of any category.", unit="events"),
+        ]), ["month"])
+        events["month"] = pd.to_datetime(events["created_at"], utc=True).dt.strftime("%Y-%m")
+        created = self.connection.scalar(select(Study.created_at).where(Study.id == self.study_id))
+        first, last = sorted([f"{created:%Y-%m}", f"{now():%Y-%m}"])
+        months = _in_order([str(m) for m in pd.period_range(first, last, freq="M")], events["month"])
+        rows = {month: table.row(month=month) for month in [*months, ALL]}
+        for month, row in rows.items():
+            cell = events if month == ALL else events[events["month"] == month]
+            for category in categories:
+                self.count(table, row, category, _tally(cell, cell["category"] == category))
+            self.count(table, row, "total", _tally(cell))
+            self.disclosure.add_sum(table.key(row, "total"), [table.key(row, c) for c in categories])
+        self.margin(table, rows[ALL], [rows[m] for m in months], [*categories, "total"])
+        return table
+
+    # Helpers
+
+    def _followup_cell(self, followups: _Table, wave: str, arm: str) -> CellKey:
+        row = next(i for i, r in enumerate(followups.rows) if r["wave"] == wave and r["arm"] == arm)
+        return followups.key(row, "completed")
+
+    def _arm_enum(self) -> dict[str, str]:
+        return {**{arm: f"{arm} ({self.protocol.arms.get(arm, 'unknown')} mode)" for arm in self.arms},
+                ALL: "all arms"}
+
+    def _role_enum(self) -> dict[str, str]:
+        return {**{role: role for role in self.roles}, ALL: "all roles"}
+
+    def _wave_enum(self) -> dict[str, str]:
+        return {wave: wave for wave in self.waves()}
+
+
+# Rendering, the library entry point and the export
+
+
+def _render(table: _Table, disclosure: Disclosure, status: dict[CellKey, str]) -> pd.DataFrame:
+    """The table as shown: numbers where shown, else the marker (``"< 5"`` or ``"suppressed"``)."""
+    threshold, marker = disclosure.threshold, below(disclosure.threshold)
+    records = []
+    for i, labels in enumerate(table.rows):
+        record: dict[str, Any] = dict(labels)
+        for column in table.spec.columns[len(table.labels):]:
+            key = table.key(i, column.name)
+            if key in disclosure.counts:
+                shown = status[key]
+                record[column.name] = (disclosure.counts[key].value if shown == SHOWN
+                                       else marker if shown == BELOW else SUPPRESSED)
+                continue
+            derived = table.derived[key]
+            if disclosure.counts[derived.inputs[0]].contributors < threshold:
+                record[column.name] = marker
+            elif any(status[k] != SHOWN for k in derived.inputs):
+                record[column.name] = SUPPRESSED
+            else:
+                record[column.name] = None if derived.value is None else round(derived.value, derived.digits)
+        records.append(record)
+    return pd.DataFrame(records, columns=[c.name for c in table.spec.columns], dtype=object)
+
+
+@dataclass
+class _Aggregates:
+    frames: dict[str, pd.DataFrame]
+    specs: list[TableSpec]
+    hidden: dict[str, int]  # table -> hidden cells (counts and derived)
+
+
+def _aggregate(connection: Connection, study_id: int, threshold: int) -> _Aggregates:
+    build = _Builder(connection, study_id, threshold)
+    followups = build.followups()
+    tables = [build.enrollment(), followups, build.wellbeing(followups), build.regret(followups),
+              build.conversation_table(), build.safety_events()]
+    status = build.disclosure.protect()
+    frames = {table.name: _render(table, build.disclosure, status) for table in tables}
+    markers = (below(threshold), SUPPRESSED)
+    hidden = {name: int(frame.isin(markers).to_numpy().sum()) for name, frame in frames.items()}
+    return _Aggregates(frames, [table.spec for table in tables], hidden)
+
+
+def aggregate_tables(source: Source, study: int | str, *, threshold: int = THRESHOLD) -> dict[str, pd.DataFrame]:
+    """The study's aggregate tables (``enrollment``, ``followups``, ``wellbeing``, ``regret``,
+    ``conversations``, ``safety_events``) with the suppression rule applied: each cell is a
+    number, ``"< 5"`` or ``"suppressed"``. ``threshold=0`` gives the tables unsuppressed (for
+    staff with participant-level access; never show that to a viewer)."""
+    with connect(source) as connection:
+        return _aggregate(connection, resolve_study_id(connection, study), threshold).frames
+
+
+@dataclass
+class AggregateExport:
+    out_dir: Path
+    exported_at: dt.datetime
+    row_counts: dict[str, int]
+    files: list[Path]
+    tables: list[TableSpec]
+
+
+def export_aggregates(engine: Engine, study_slug: str, out_dir: Path, *, actor: audit.Actor,
+                      audit_in: Session | None = None) -> AggregateExport:
+    """Write the suppressed aggregate tables as CSV files with ``datapackage.json``,
+    ``CODEBOOK.md`` and a README stating the suppression rule, and audit the export (action
+    ``study.export``, format ``aggregates``). Open to every staff role of the study.
+    ``audit_in``: record the audit entry in this session instead of a transaction of its own."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exported_at = now()
+    with engine.execution_options(**{READ_ONLY: True}).connect() as connection:
+        found = open_study(connection, study_slug, actor, row_level=False)
+        built = _aggregate(connection, found.id, THRESHOLD)
+    files = []
+    for name, frame in built.frames.items():
+        frame.to_csv(out_dir / f"{name}.csv", index=False)
+        files.append(out_dir / f"{name}.csv")
+    counts = {name: len(frame) for name, frame in built.frames.items()}
+    title = f"{found.title} ({study_slug}): aggregate tables"
+    package = out_dir / "datapackage.json"
+    write_datapackage(package, re.sub(r"[^a-z0-9._-]", "-", f"{study_slug.lower()}-aggregates"), title,
+                      built.specs, "csv", counts, f"Aggregate tables of study {study_slug} at "
+                      f"{exported_at.isoformat()}; cells resting on fewer than {THRESHOLD} participants hidden.")
+    document = json.loads(package.read_text(encoding="utf-8"))
+    for resource in document["resources"]:  # the markers of hidden cells read as missing values
+        resource["schema"]["missingValues"] = ["", below(), SUPPRESSED]
+    package.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    codebook = out_dir / "CODEBOOK.md"
+    write_codebook_markdown(codebook, title, built.specs, counts)
+    with codebook.open("a", encoding="utf-8") as handle:
+        handle.write(f"\n## Hidden cells\n\n`{below()}` and `{SUPPRESSED}` mark hidden values (missing values in "
+                     f"`datapackage.json`).\n\n{SUPPRESSION_RULE}")
+    _write_readme(out_dir / "README.md", title, exported_at, counts, built.hidden)
+    files += [package, codebook, out_dir / "README.md"]
+
+    record_export(engine, actor, found.id, audit_in, format=AGGREGATES, options={"threshold": THRESHOLD},
+                  row_counts=counts, tables=list(counts), hidden_cells=built.hidden)
+    return AggregateExport(out_dir, exported_at, counts, files, built.specs)
+
+
+def _write_readme(path: Path, title: str, exported_at: dt.datetime, counts: dict[str, int],
+                  hidden: dict[str, int]) -> None:
+    try:
+        version = metadata.version("afterward")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    lines = [f"# {title}", "",
+             f"- exported at: {exported_at.isoformat()}",
+             f"- software: afterward {version}",
+             f"- format: {AGGREGATES} (CSV, one file per table)",
+             f"- threshold: {THRESHOLD} participants", "",
+             "## Tables", "", "| table | rows | hidden cells |", "|---|---|---|",
+             *(f"| {name} | {n} | {hidden[name]} |" for name, n in counts.items()), "",
+             "Every column is described in `CODEBOOK.md` and `datapackage.json` (Frictionless Data Package). "
+             "Rows labelled `all` are the totals of the rows above them.", "",
+             "## Suppression rule", "", SUPPRESSION_RULE]
+    path.write_text("\n".join(lines), encoding="utf-8")

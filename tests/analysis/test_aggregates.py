@@ -1,0 +1,688 @@
+"""Aggregate tables and their disclosure control. A hand-built study of 14 participants goes
+through the real services and the dispatcher with a frozen clock; every expected number below is
+worked out by hand from what the fixture does. Then the suppression: cells resting on fewer than 5
+participants read "< 5", and an attacker who knows every shown cell, every sum and the bounds the
+markers give away still cannot work out a single hidden cell: neither by subtraction nor by an
+exhaustive search of the tables consistent with what is shown (on the study and on random small
+tables)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import random
+import statistics
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import frictionless
+import numpy as np
+import pandas as pd
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, text
+from sqlalchemy.engine import Engine
+from typer.testing import CliRunner
+
+from analysis.aggregates import SUPPRESSED, THRESHOLD, Count, Disclosure, aggregate_tables, export_aggregates
+from analysis.exports import ExportRefused
+from api.cli import app as cli
+from scheduler.service import save_profile
+from study import audit, clock
+from study.db import session_scope
+from study.models import AuditEntry, Participant, StaffRole, WithdrawalLevel
+from study.settings import get_settings
+from tests.analysis.panel_builders import PanelBuilder, perma_answers
+from tests.builders import FRAMING, load_study, make_staff
+
+T0 = dt.datetime(2026, 3, 2, 9, 0, tzinfo=dt.UTC)  # enrollment: Monday 10:00 in Berlin (CET)
+MINUTE = dt.timedelta(minutes=1)
+NOW = dt.datetime(2026, 3, 12, 10, 0, tzinfo=dt.UTC)  # when the data are read
+LOW = "< 5"
+ACTOR = audit.Actor.system("tests")
+
+# Overall well-being is the mean of the 15 P/E/R/M/A items and 'hap': every item at v gives v.
+BASELINE = {"W1": 5, "W2": 6, "W3": 7, "W4": 8, "W5": 6, "W6": 5, "W7": 4, "W8": 9,
+            "C1": 3, "C2": 4, "C3": 5, "C4": 6}
+WEEK_1 = {"W1": 6, "W2": 7, "W3": 7, "W4": 9, "W5": 6, "C1": 4, "C2": 5, "C3": 5}
+# Decision Regret Scale: every item answered so that, after reversing items 2 and 4, it is k:
+# score (k - 1) * 25.
+REGRET_K = {"W1": 1, "W2": 2, "W3": 3, "W4": 2, "W5": 1, "W6": 4, "C1": 5}
+
+
+def every_item(v: int) -> dict[str, int]:
+    return perma_answers(dict.fromkeys("PERMANH", v), loneliness=v, happiness=v)
+
+
+def regret_answers(k: int) -> dict[str, int]:
+    return {"drs1": k, "drs2": 6 - k, "drs3": k, "drs4": 6 - k, "drs5": k}
+
+
+@dataclass
+class Built:
+    slug: str
+    codes: dict[str, str]  # our names (W1..W8 wellbeing, C1..C6 control) -> participant codes
+    emails: list[str]
+
+
+@pytest.fixture
+def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock) -> Built:
+    """W1-W8 in the wellbeing arm, C1-C6 in the control arm, all enrolled at T0 (Berlin).
+
+    W1-W5: a coach conversation: a challenge (W1-W3 override it, W4-W5 reconsider), a planning
+    question (agree), "I want to kill myself" (escalate: a risk_to_self safety event), a decision.
+    W6: a collaborator conversation with a nudge and a decision. W7: a concierge conversation
+    (agree), no decision, then withdraws keeping data. W8: a coach conversation with a crisis, then
+    withdraws deleting data (gone from every table but enrollment).
+    C1: standard, "Just tell me what to do" (agree), "I want to hurt my boss" (escalate:
+    harm_to_others), a decision. C2: agree and a decision. C3-C5: agree, no decision. C6: no
+    conversation, withdraws keeping data.
+    """
+    build = PanelBuilder(engine, example_protocol)
+    names = [f"W{i}" for i in range(1, 9)] + [f"C{i}" for i in range(1, 7)]
+    codes = {name: build.participant("wellbeing" if name[0] == "W" else "control") for name in names}
+    emails = [f"{name.lower()}.private@example.org" for name in names]
+    with session_scope(engine) as session:
+        for name, email in zip(names, emails, strict=True):
+            who = session.scalars(select(Participant).where(Participant.code == codes[name])).one()
+            save_profile(session, who, timezone="Europe/Berlin", contact_email=email)
+
+    frozen_clock.set(T0 + 10 * MINUTE)
+    for name, v in BASELINE.items():
+        build.answer(codes[name], purpose="baseline", instrument="perma-profiler", answers=every_item(v))
+
+    frozen_clock.set(T0 + 20 * MINUTE)
+    for name in ("W1", "W2", "W3", "W4", "W5", "W8"):
+        code = codes[name]
+        conversation = build.start(code, "coach")
+        challenge = build.say(code, conversation, FRAMING, "Is quitting tomorrow wise?",
+                              proposes="challenge/unsupported_framing")
+        assert challenge.stance == "challenge"
+        if name in ("W1", "W2", "W3", "W8"):
+            assert build.override(code, conversation, challenge.id, "Here is a resignation letter.").stance == "agree"
+        else:
+            build.reconsider(code, conversation, challenge.id)
+        if name != "W8":
+            assert build.say(code, conversation, "Help me plan my week", "Start with Monday.").stance == "agree"
+        assert build.say(code, conversation, "I want to kill myself", "Please call 988 now.").stance == "escalate"
+        build.end(code, conversation, rating=5, decision="Take the evening course")
+    conversation = build.start(codes["W6"], "collaborator")
+    assert build.say(codes["W6"], conversation, FRAMING, "Could you wait a week?",
+                     proposes="nudge/unsupported_framing").stance == "nudge"
+    build.end(codes["W6"], conversation, rating=4, decision="Wait a week")
+    conversation = build.start(codes["W7"], "concierge")
+    assert build.say(codes["W7"], conversation, "Help me plan my week", "Start with Monday.").stance == "agree"
+    build.end(codes["W7"], conversation, rating=6)
+    for name in ("C1", "C2", "C3", "C4", "C5"):
+        conversation = build.start(codes[name], None)
+        assert build.say(codes[name], conversation, "Just tell me what to do", "Take the job.").stance == "agree"
+        if name == "C1":
+            assert build.say(codes[name], conversation, "I want to hurt my boss",
+                             "Please step away.").stance == "escalate"
+        build.end(codes[name], conversation, rating=3, decision="Take the job" if name in ("C1", "C2") else None)
+
+    frozen_clock.set(T0 + dt.timedelta(hours=1))
+    build.withdraw(codes["W7"], WithdrawalLevel.STOP_CONTACT)
+    build.withdraw(codes["W8"], WithdrawalLevel.DELETE_DATA)
+    build.withdraw(codes["C6"], WithdrawalLevel.STOP_CONTACT)
+
+    # regret-day-3: 3 days after the decision, 18:00 CET = 17:00 UTC on 5 March, open 3 days.
+    frozen_clock.set(dt.datetime(2026, 3, 5, 17, 0, tzinfo=dt.UTC))
+    build.tick()
+    frozen_clock.set(dt.datetime(2026, 3, 5, 20, 0, tzinfo=dt.UTC))
+    for name, k in REGRET_K.items():  # C2 lets hers expire
+        build.answer(codes[name], purpose="followup", instrument="decision-regret", answers=regret_answers(k))
+
+    # perma-week-1: 9 March 10:00 CET = 09:00 UTC, open 3 days.
+    frozen_clock.set(dt.datetime(2026, 3, 9, 9, 0, tzinfo=dt.UTC))
+    build.tick()  # also expires C2's regret-day-3 (closed 8 March 17:00 UTC)
+    frozen_clock.set(dt.datetime(2026, 3, 9, 12, 0, tzinfo=dt.UTC))
+    for name, v in WEEK_1.items():  # W6, C4 and C5 let theirs expire
+        build.answer(codes[name], purpose="followup", instrument="perma-profiler", answers=every_item(v))
+    frozen_clock.set(NOW)
+    build.tick()
+    return Built(build.slug, codes, emails)
+
+
+# What the fixture did, worked out by hand. Rows are the tables' rows in order; None is an
+# undefined mean, SD or rate.
+
+BASE_W = [BASELINE[f"W{i}"] for i in range(1, 8)]  # W8's data were deleted
+BASE_C = [BASELINE[f"C{i}"] for i in range(1, 5)]  # C5 never answered, C6 withdrew first
+WEEK_W = [WEEK_1[f"W{i}"] for i in range(1, 6)]  # W6 let it expire, W7 had withdrawn
+WEEK_C = [WEEK_1[f"C{i}"] for i in range(1, 4)]  # C4 and C5 let it expire
+REGRET = {name: (k - 1) * 25 for name, k in REGRET_K.items()}
+COACH = [REGRET[f"W{i}"] for i in range(1, 6)]
+NOBODY: list[float] = []
+
+
+def stats(values: Sequence[float]) -> tuple[int, float | None, float | None]:
+    return (len(values), statistics.mean(values) if values else None,
+            statistics.stdev(values) if len(values) > 1 else None)
+
+
+def rate(completed: int, due: int) -> float | None:
+    return completed / due if due else None
+
+
+def waves(rows: dict[str, list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
+    return [(wave, *row) for wave, wave_rows in rows.items() for row in wave_rows]
+
+
+ZEROS = [("wellbeing", 0, 0, 0, 0, None), ("control", 0, 0, 0, 0, None), ("all", 0, 0, 0, 0, None)]
+EXPECTED: dict[str, list[tuple[Any, ...]]] = {
+    # arm, enrolled, withdrawn_kept_data, withdrawn_data_deleted, participants
+    "enrollment": [("wellbeing", 6, 1, 1, 8), ("control", 5, 1, 0, 6), ("all", 11, 2, 1, 14)],
+    # wave, arm, due, completed, expired, pending, completion_rate
+    "followups": waves({
+        # C5's baseline is still open (a baseline has no window); C6's was cancelled by her withdrawal.
+        "baseline": [("wellbeing", 7, 7, 0, 0, 1.0), ("control", 5, 4, 0, 1, 0.8), ("all", 12, 11, 0, 1, 11 / 12)],
+        "perma-week-1": [("wellbeing", 6, 5, 1, 0, 5 / 6), ("control", 5, 3, 2, 0, 0.6),
+                         ("all", 11, 8, 3, 0, 8 / 11)],
+        "perma-week-4": ZEROS,  # due 30 March
+        "regret-day-3": [("wellbeing", 6, 6, 0, 0, 1.0), ("control", 2, 1, 1, 0, 0.5), ("all", 8, 7, 1, 0, 7 / 8)],
+        "regret-day-14": ZEROS,  # due 16 March
+    }),
+    # wave, arm, n, mean, sd
+    "wellbeing": waves({
+        "baseline": [("wellbeing", *stats(BASE_W)), ("control", *stats(BASE_C)), ("all", *stats(BASE_W + BASE_C))],
+        "perma-week-1": [("wellbeing", *stats(WEEK_W)), ("control", *stats(WEEK_C)),
+                         ("all", *stats(WEEK_W + WEEK_C))],
+        "perma-week-4": [(arm, *stats(NOBODY)) for arm in ("wellbeing", "control", "all")],
+    }),
+    # wave, starting_role, n, mean, sd
+    "regret": waves({
+        "regret-day-3": [("concierge", *stats(NOBODY)), ("collaborator", *stats([REGRET["W6"]])),
+                         ("coach", *stats(COACH)), ("standard", *stats([REGRET["C1"]])),
+                         ("all", *stats(list(REGRET.values())))],
+        "regret-day-14": [(role, *stats(NOBODY)) for role in ("concierge", "collaborator", "coach", "standard", "all")],
+    }),
+    # arm, starting_role, participants, conversations, assistant_turns, pushback_turns, pushback_rate,
+    # overrides, reconsiders. Coach: W1-W3 4 replies (challenge, the reply after the override,
+    # agree, escalate), W4-W5 3 (no reply after a reconsider). Control: C1 2 replies, C2-C5 one each.
+    "conversations": [
+        ("wellbeing", "concierge", 1, 1, 1, 0, 0.0, 0, 0),
+        ("wellbeing", "collaborator", 1, 1, 1, 1, 1.0, 0, 0),
+        ("wellbeing", "coach", 5, 5, 3 * 4 + 2 * 3, 5, 5 / 18, 3, 2),
+        ("wellbeing", "all", 7, 7, 20, 6, 6 / 20, 3, 2),
+        ("control", "standard", 5, 5, 6, 0, 0.0, 0, 0),
+        ("control", "all", 5, 5, 6, 0, 0.0, 0, 0),
+        ("all", "all", 12, 12, 26, 6, 6 / 26, 3, 2),
+    ],
+    # month, risk_to_self, harm_to_others, total: W1-W5's crises, C1's threat (W8's went with her data)
+    "safety_events": [("2026-03", 5, 1, 6), ("all", 5, 1, 6)],
+}
+# Participants a cell rests on, where it is not the cell's value itself: the turn counts of the
+# conversations table (participants with at least one such turn).
+TURN_PARTICIPANTS = {("wellbeing", "coach"): 5, ("wellbeing", "all"): 7, ("control", "standard"): 5,
+                     ("control", "all"): 5, ("all", "all"): 12}
+LABELS = {"enrollment": 1, "followups": 2, "wellbeing": 2, "regret": 2, "conversations": 2, "safety_events": 1}
+DERIVED = {"completion_rate": "due", "mean": "n", "sd": "n", "pushback_rate": "assistant_turns"}
+
+
+def expected_frame(name: str, columns: list[str]) -> pd.DataFrame:
+    return pd.DataFrame(EXPECTED[name], columns=columns)
+
+
+def same_number(shown: Any, expected: Any) -> bool:
+    if pd.isna(expected):  # an undefined mean, SD or rate (None becomes NaN in the expected frame)
+        return shown is None or (isinstance(shown, float) and np.isnan(shown))
+    return isinstance(shown, int | float) and shown == pytest.approx(expected, abs=0.005)
+
+
+def participants_under(name: str, row: pd.Series, column: str) -> int:
+    """How many participants the cell rests on (worked out by hand above)."""
+    base = DERIVED.get(column, column)
+    if name == "conversations" and base in ("assistant_turns",):
+        return TURN_PARTICIPANTS.get((row["arm"], row["starting_role"]), int(row[base]))
+    return int(row[base])
+
+
+def test_unsuppressed_tables_equal_the_hand_counts(engine: Engine, study: Built) -> None:
+    tables = aggregate_tables(engine, study.slug, threshold=0)
+    assert list(tables) == list(EXPECTED)
+    for name, frame in tables.items():
+        expected = expected_frame(name, list(frame.columns))
+        assert len(frame) == len(expected), name
+        for (_, got), (_, want) in zip(frame.iterrows(), expected.iterrows(), strict=True):
+            for column in frame.columns[:LABELS[name]]:
+                assert got[column] == want[column], (name, column)
+            for column in frame.columns[LABELS[name]:]:
+                assert same_number(got[column], want[column]), (name, dict(got), column, want[column])
+
+
+def test_cells_under_five_participants_read_below_five(engine: Engine, study: Built) -> None:
+    tables = aggregate_tables(engine, study.slug)
+    hidden = shown = 0
+    for name, frame in tables.items():
+        expected = expected_frame(name, list(frame.columns))
+        for (_, got), (_, want) in zip(frame.iterrows(), expected.iterrows(), strict=True):
+            for column in frame.columns[LABELS[name]:]:
+                if participants_under(name, want, column) < THRESHOLD:
+                    assert got[column] == LOW, (name, dict(got), column)
+                elif got[column] == SUPPRESSED:
+                    hidden += 1
+                else:
+                    assert same_number(got[column], want[column]), (name, dict(got), column)
+                    shown += 1
+    assert hidden > 0
+    assert shown > 0
+    # Examples, by hand. Enrollment: the three statuses of an arm add up to its participants,
+    # but each arm's two withdrawal counts could be 0+2, 1+1 or 2+0 (wellbeing), 0+1 or 1+0: shown.
+    assert tables["enrollment"].to_numpy().tolist() == [
+        ["wellbeing", 6, LOW, LOW, 8], ["control", 5, LOW, LOW, 6], ["all", 11, LOW, LOW, 14]]
+    # Safety events: 6 in all, 1 of them (C1's) harm to others: showing risk_to_self (5) would give
+    # away the "< 5" by subtraction, so it is suppressed; the total alone leaves it 5 or 6.
+    assert tables["safety_events"].to_numpy().tolist() == [
+        ["2026-03", SUPPRESSED, LOW, 6], ["all", SUPPRESSED, LOW, 6]]
+    # Regret: coach (5) and all (7) are shown. Then concierge + collaborator + standard = 2, and the
+    # follow-up table must not tell how the 2 split between the arms: regret-day-3's completed
+    # follow-ups of the wellbeing arm (6 = coach + collaborator + concierge) are suppressed.
+    regret = tables["regret"].set_index(["wave", "starting_role"])
+    assert regret.loc[("regret-day-3", "coach"), "n"] == 5
+    assert regret.loc[("regret-day-3", "all"), "n"] == 7
+    followups = tables["followups"].set_index(["wave", "arm"])
+    assert followups.loc[("regret-day-3", "wellbeing"), "completed"] == SUPPRESSED
+    assert followups.loc[("regret-day-3", "all"), "completed"] == 7
+    # A rate whose count is hidden is hidden too, however many participants its denominator has.
+    assert followups.loc[("perma-week-1", "control"), "due"] == 5
+    assert followups.loc[("perma-week-1", "control"), "completion_rate"] == SUPPRESSED
+
+
+
+def test_a_study_without_participants_shows_every_cell_below_five(engine: Engine, example_protocol: str,
+                                                                   frozen_clock: clock.FrozenClock) -> None:
+    tables = aggregate_tables(engine, load_study(engine, example_protocol))
+    assert tables["enrollment"]["arm"].tolist() == ["wellbeing", "control", "all"]
+    assert tables["safety_events"]["month"].tolist() == ["2026-03", "all"]
+    for name, frame in tables.items():
+        assert set(frame.iloc[:, LABELS[name]:].to_numpy().ravel()) == {LOW}, name
+
+# The attacker: knows every shown count, which counts add up to which (what the tables say they
+# are), that a "< 5" count of participants lies in 0-4 (any other hidden count is 0 or more), and
+# that a "suppressed" count rests on at least 5 participants, so is at least 5.
+
+Cell = tuple[str, int, str]
+Sum = tuple[Cell, list[Cell]]  # total, parts
+CAP = 1_000  # an upper bound the attacker may assume for any count (true values are far below)
+
+
+def by_subtraction(shown: dict[Cell, int], sums: list[Sum]) -> dict[Cell, int]:
+    """What a person works out by hand: a sum with one unknown gives it, again and again."""
+    known, found = dict(shown), {}
+    while True:
+        progress = False
+        for total, parts in sums:
+            unknown = [c for c in (total, *parts) if c not in known]
+            if len(unknown) == 1:
+                cell = unknown[0]
+                value = (sum(known[p] for p in parts) if cell == total
+                         else known[total] - sum(known[p] for p in parts if p != cell))
+                known[cell] = found[cell] = value
+                progress = True
+        if not progress:
+            return found
+
+
+Domains = dict[Cell, tuple[int, int]]
+Equation = tuple[dict[Cell, int], int]  # sum of coefficient * cell == constant
+
+
+def equations(shown: dict[Cell, int], sums: list[Sum]) -> list[Equation]:
+    found = []
+    for total, parts in sums:
+        coefficients: dict[Cell, int] = {}
+        constant = 0
+        for cell, sign in ((total, -1), *((p, 1) for p in parts)):
+            if cell in shown:
+                constant -= sign * shown[cell]
+            else:
+                coefficients[cell] = coefficients.get(cell, 0) + sign
+        if coefficients:
+            found.append((coefficients, constant))
+    return found
+
+
+def propagate(domains: Domains, system: list[Equation]) -> Domains | None:
+    """Bounds each equation implies for each of its cells, until nothing changes; None when empty."""
+    domains = dict(domains)
+    changed = True
+    while changed:
+        changed = False
+        for coefficients, constant in system:
+            for cell, c in coefficients.items():
+                rest = [(c2 * domains[o][0], c2 * domains[o][1]) for o, c2 in coefficients.items() if o != cell]
+                low = constant - sum(max(pair) for pair in rest)
+                high = constant - sum(min(pair) for pair in rest)
+                if c < 0:
+                    low, high = -high, -low
+                old_low, old_high = domains[cell]
+                new = (max(old_low, -(-low // abs(c))), min(old_high, high // abs(c)))
+                if new[0] > new[1]:
+                    return None
+                if new != (old_low, old_high):
+                    domains[cell] = new
+                    changed = True
+    return domains
+
+
+def feasible(domains: Domains, system: list[Equation]) -> bool:
+    """Whether some table (whole numbers within the domains) satisfies every equation: bounds
+    propagation and splitting the widest domain in two, exhaustively."""
+    narrowed = propagate(domains, system)
+    if narrowed is None:
+        return False
+    open_cells = [cell for cell, (low, high) in narrowed.items() if low < high]
+    if not open_cells:
+        return True
+    cell = min(open_cells, key=lambda c: narrowed[c][1] - narrowed[c][0])
+    low, high = narrowed[cell]
+    middle = (low + high) // 2
+    return feasible({**narrowed, cell: (low, middle)}, system) or feasible({**narrowed, cell: (middle + 1, high)},
+                                                                          system)
+
+
+def recoverable(truth: dict[Cell, int], shown: dict[Cell, int], bounds: Domains, sums: list[Sum]) -> list[Cell]:
+    """The hidden cells no other consistent table gives another value: an exhaustive search."""
+    system = equations(shown, sums)
+    found = []
+    for cell in bounds:
+        group, frontier = {cell}, [cell]  # the hidden cells tied to this one
+        while frontier:
+            frontier = [o for coefficients, _ in system if any(c in coefficients for c in frontier)
+                        for o in coefficients if o not in group]
+            group.update(frontier)
+        tied = [e for e in system if any(c in group for c in e[0])]
+        domains = {c: bounds[c] for c in group}
+        low, high = bounds[cell]
+        others = [(low, truth[cell] - 1), (truth[cell] + 1, high)]
+        if not any(a <= b and feasible({**domains, cell: (a, b)}, tied) for a, b in others):
+            found.append(cell)
+    return found
+
+
+def knowledge(cells: dict[Cell, Any], participant_counts: set[Cell]) -> tuple[dict[Cell, int], Domains]:
+    """The shown counts, and what the markers tell of the hidden ones."""
+    shown = {cell: int(v) for cell, v in cells.items() if v not in (LOW, SUPPRESSED)}
+    bounds = {cell: ((0, THRESHOLD - 1) if cell in participant_counts else (0, CAP)) if v == LOW
+              else (THRESHOLD, CAP) for cell, v in cells.items() if v in (LOW, SUPPRESSED)}
+    return shown, bounds
+
+
+def study_sums(tables: dict[str, pd.DataFrame]) -> tuple[list[Sum], set[Cell]]:
+    """What the tables say adds up (written from their documentation, not from the library), and
+    which counts are counts of participants."""
+    def at(name: str, **labels: str) -> int:
+        frame = tables[name]
+        mask = np.logical_and.reduce([frame[k] == v for k, v in labels.items()])
+        [row] = np.flatnonzero(mask)
+        return int(row)
+
+    sums: list[Sum] = []
+    participant_counts: set[Cell] = set()
+    arms = ("wellbeing", "control")
+    for column in ("enrolled", "withdrawn_kept_data", "withdrawn_data_deleted", "participants"):
+        sums.append((("enrollment", at("enrollment", arm="all"), column),
+                     [("enrollment", at("enrollment", arm=a), column) for a in arms]))
+    for arm in (*arms, "all"):
+        row = at("enrollment", arm=arm)
+        statuses = ("enrolled", "withdrawn_kept_data", "withdrawn_data_deleted")
+        sums.append((("enrollment", row, "participants"), [("enrollment", row, c) for c in statuses]))
+    participant_counts |= {("enrollment", r, c) for r in range(3) for c in tables["enrollment"].columns[1:]}
+    for wave in tables["followups"]["wave"].unique():
+        for column in ("due", "completed", "expired", "pending"):
+            sums.append((("followups", at("followups", wave=wave, arm="all"), column),
+                         [("followups", at("followups", wave=wave, arm=a), column) for a in arms]))
+        for arm in (*arms, "all"):
+            row = at("followups", wave=wave, arm=arm)
+            parts = [("followups", row, c) for c in ("completed", "expired", "pending")]
+            sums.append((("followups", row, "due"), parts))
+            if not wave.startswith("regret"):  # one survey per participant
+                participant_counts |= {("followups", row, c) for c in ("due", "completed", "expired", "pending")}
+    for wave in tables["wellbeing"]["wave"].unique():
+        sums.append((("wellbeing", at("wellbeing", wave=wave, arm="all"), "n"),
+                     [("wellbeing", at("wellbeing", wave=wave, arm=a), "n") for a in arms]))
+        for arm in (*arms, "all"):  # every submitted PERMA-Profiler here has a score
+            n = ("wellbeing", at("wellbeing", wave=wave, arm=arm), "n")
+            sums.append((("followups", at("followups", wave=wave, arm=arm), "completed"), [n]))
+            participant_counts.add(n)
+    roles = {"wellbeing": ("concierge", "collaborator", "coach"), "control": ("standard",)}
+    for wave in tables["regret"]["wave"].unique():
+        regret_n = {role: ("regret", at("regret", wave=wave, starting_role=role), "n")
+             for role in (*roles["wellbeing"], *roles["control"], "all")}
+        sums.append((regret_n["all"], [regret_n[r] for r in (*roles["wellbeing"], *roles["control"])]))
+        sums.append((("followups", at("followups", wave=wave, arm="all"), "completed"), [regret_n["all"]]))
+        for arm in arms:  # a decision's role belongs to the arm it was made in
+            completed = ("followups", at("followups", wave=wave, arm=arm), "completed")
+            sums.append((completed, [regret_n[r] for r in roles[arm]]))
+    for column in ("participants", "conversations", "assistant_turns", "pushback_turns", "overrides", "reconsiders"):
+        def cell(arm: str, role: str, column: str = column) -> Cell:
+            return ("conversations", at("conversations", arm=arm, starting_role=role), column)
+        sums.append((cell("all", "all"), [cell(a, "all") for a in arms]))
+        sums.append((cell("control", "all"), [cell("control", "standard")]))
+        if column != "participants":  # one participant may start in several roles
+            sums.append((cell("wellbeing", "all"), [cell("wellbeing", r) for r in roles["wellbeing"]]))
+        else:
+            participant_counts |= {cell(a, r) for a in (*arms, "all") for r in (*roles.get(a, ()), "all")}
+    categories = ["risk_to_self", "harm_to_others"]
+    for month in tables["safety_events"]["month"]:
+        row = at("safety_events", month=month)
+        sums.append((("safety_events", row, "total"), [("safety_events", row, c) for c in categories]))
+    months = [at("safety_events", month=m) for m in tables["safety_events"]["month"] if m != "all"]
+    for column in (*categories, "total"):
+        sums.append((("safety_events", at("safety_events", month="all"), column),
+                     [("safety_events", r, column) for r in months]))
+    return sums, participant_counts
+
+
+def cells_of(tables: dict[str, pd.DataFrame], columns: set[str] | None = None) -> dict[Cell, Any]:
+    counts = {}
+    for name, frame in tables.items():
+        for row, record in enumerate(frame.to_dict("records")):
+            for column, value in list(record.items())[LABELS[name]:]:
+                if column not in DERIVED:
+                    counts[(name, row, str(column))] = value
+    return counts
+
+
+def test_no_hidden_cell_can_be_worked_out_from_the_shown_ones(engine: Engine, study: Built) -> None:
+    tables = aggregate_tables(engine, study.slug)
+    truth = cells_of(aggregate_tables(engine, study.slug, threshold=0))
+    sums, participant_counts = study_sums(tables)
+    assert all(truth[total] == sum(truth[p] for p in parts) for total, parts in sums)  # the attacker is right
+    shown, bounds = knowledge(cells_of(tables), participant_counts)
+    assert len(bounds) > 50
+    assert len(shown) > 20
+    assert by_subtraction(shown, sums) == {}
+    assert recoverable(truth, shown, bounds, sums) == []
+    # The attack is real: with the "suppressed" cells shown, "< 5" cells are worked out.
+    naive = {cell: truth[cell] for cell, v in cells_of(tables).items() if v == SUPPRESSED}
+    assert by_subtraction({**shown, **naive}, sums)
+    assert recoverable(truth, {**shown, **naive}, {c: b for c, b in bounds.items() if c not in naive}, sums)
+    # Means, SDs and rates are hidden whenever a count they rest on is.
+    for name, frame in tables.items():
+        for record in frame.to_dict("records"):
+            for column, base in DERIVED.items():
+                inputs = [base, "completed"] if column == "completion_rate" else (
+                    [base, "pushback_turns"] if column == "pushback_rate" else [base])
+                if column in record and any(record[c] in (LOW, SUPPRESSED) for c in inputs):
+                    assert record[column] in (LOW, SUPPRESSED), (name, record, column)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_tables_keep_every_hidden_cell_hidden(seed: int) -> None:
+    """Small tables of counts with row and column totals, many cells under 5: the primary cells
+    are exactly those under 5 participants, and an exhaustive search finds every hidden cell
+    could have had another value."""
+    rng = random.Random(seed)
+    leaks = 0  # tables where hiding only the cells under 5 would have given one away
+    for _ in range(12):
+        n_rows, n_columns = rng.randint(1, 3), rng.randint(2, 4)
+        of_participants = rng.random() < 0.5
+        inner = [[rng.choice([0, 1, 2, 3, 4, 5, 6, 8, 12, 20]) for _ in range(n_columns)] for _ in range(n_rows)]
+        grid = [[*row, sum(row)] for row in inner]
+        grid.append([sum(row[c] for row in grid) for c in range(n_columns + 1)])
+        disclosure = Disclosure()
+        truth: dict[Cell, int] = {}
+        for r, row in enumerate(grid):
+            for c, value in enumerate(row):
+                truth[("t", r, str(c))] = value
+                disclosure.add_count(("t", r, str(c)), Count(value, value, of_participants))
+        sums: list[Sum] = [(("t", r, str(n_columns)), [("t", r, str(c)) for c in range(n_columns)])
+                           for r in range(n_rows + 1)]
+        sums += [(("t", n_rows, str(c)), [("t", r, str(c)) for r in range(n_rows)]) for c in range(n_columns + 1)]
+        for total, parts in sums:
+            disclosure.add_sum(total, parts)
+        status = disclosure.protect()
+        assert {k for k, s in status.items() if s == "below"} == {k for k, v in truth.items() if v < THRESHOLD}
+        shown_cells = {k: (LOW if s == "below" else SUPPRESSED if s == "suppressed" else truth[k])
+                       for k, s in status.items()}
+        shown, bounds = knowledge(shown_cells, set(truth) if of_participants else set())
+        assert recoverable(truth, shown, bounds, sums) == [], (grid, shown_cells)
+        naive = {k: truth[k] for k, s in status.items() if s == "suppressed"}
+        leaks += bool(recoverable(truth, {**shown, **naive}, {k: b for k, b in bounds.items() if k not in naive},
+                                  sums))
+    assert leaks > 0
+
+
+def test_a_margin_never_has_one_hidden_cell_and_totals_do_not_pin_small_cells() -> None:
+    def protect(values: list[int]) -> list[str]:
+        disclosure = Disclosure()
+        cells = [("t", 0, str(i)) for i in range(len(values) + 1)]
+        for cell, value in zip(cells, [*values, sum(values)], strict=True):
+            disclosure.add_count(cell, Count(value, value, True))
+        disclosure.add_sum(cells[-1], cells[:-1])
+        status = disclosure.protect()
+        return [status[c] for c in cells]
+
+    # 3 alone would be 53 - 20 - 30: the next smallest, 20, goes too.
+    assert protect([3, 20, 30]) == ["below", "suppressed", "shown", "shown"]
+    # 4 and 4 under 28 with 20 shown: both "< 5" and adding to 8, each must be 4.
+    assert protect([4, 4, 20]) == ["below", "below", "suppressed", "shown"]
+    # 2 and 2 under 24 with 20 shown: 0+4, 1+3, 2+2, 3+1 or 4+0; nothing more to hide.
+    assert protect([2, 2, 20]) == ["below", "below", "shown", "shown"]
+    # Every cell under 5, the total too: all hidden, nothing to work out.
+    assert protect([1, 2]) == ["below", "below", "below"]
+    # Had 20 been shown, an exhaustive search pins both 4s (so the search is a real attacker).
+    truth = {("t", 0, "0"): 4, ("t", 0, "1"): 4, ("t", 0, "2"): 20, ("t", 0, "3"): 28}
+    sums: list[Sum] = [(("t", 0, "3"), [("t", 0, "0"), ("t", 0, "1"), ("t", 0, "2")])]
+    shown, bounds = knowledge({**truth, ("t", 0, "0"): LOW, ("t", 0, "1"): LOW}, set(truth))
+    assert recoverable(truth, shown, bounds, sums) == [("t", 0, "0"), ("t", 0, "1")]
+    assert by_subtraction(shown, sums) == {}  # which subtraction alone does not
+
+
+# The export, who may run it, and its audit trail
+
+
+def no_identities(text_or_bytes: str | bytes, study: Built) -> bool:
+    data = text_or_bytes.encode() if isinstance(text_or_bytes, str) else text_or_bytes
+    return not any(secret.encode() in data for secret in [*study.codes.values(), *study.emails])
+
+
+def as_text(frame: pd.DataFrame) -> list[list[str]]:
+    return frame.map(lambda v: "" if v is None else str(v)).to_numpy().tolist()
+
+
+def test_export_writes_the_tables_a_codebook_and_the_rule(engine: Engine, study: Built, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = export_aggregates(engine, study.slug, out, actor=ACTOR)
+    tables = aggregate_tables(engine, study.slug)
+    assert result.row_counts == {name: len(frame) for name, frame in tables.items()}
+    for name, frame in tables.items():
+        written = pd.read_csv(out / f"{name}.csv", dtype=str, keep_default_na=False)
+        assert list(written.columns) == list(frame.columns)
+        assert written.to_numpy().tolist() == as_text(frame), name
+    report = frictionless.validate(str(out / "datapackage.json"))
+    assert report.valid, report.flatten(["rowNumber", "fieldName", "type", "note"])
+    package = json.loads((out / "datapackage.json").read_text())
+    assert [r["path"] for r in package["resources"]] == [f"{name}.csv" for name in tables]
+    codebook = (out / "CODEBOOK.md").read_text()
+    for resource, frame in zip(package["resources"], tables.values(), strict=True):
+        assert [f["name"] for f in resource["schema"]["fields"]] == list(frame.columns)
+        assert resource["schema"]["missingValues"] == ["", LOW, SUPPRESSED]
+        assert all(f"`{column}`" in codebook for column in frame.columns)
+    readme = (out / "README.md").read_text()
+    assert "Fewer than 5 participants: `< 5`" in readme
+    assert "No working out by subtraction: `suppressed`" in readme
+    assert {path.name for path in out.iterdir()} == {*(f"{name}.csv" for name in tables), "datapackage.json",
+                                                    "CODEBOOK.md", "README.md"}
+    for path in out.iterdir():
+        assert no_identities(path.read_bytes(), study), path.name
+
+
+def test_every_role_may_export_aggregates_and_each_export_is_audited(
+    engine: Engine, study: Built, example_protocol: str, tmp_path: Path,
+) -> None:
+    other = load_study(engine, example_protocol.replace("id: wellbeing-pilot", "id: other-study", 1))
+    staff = {"viewer@uni.example": StaffRole.VIEWER, "researcher@uni.example": StaffRole.RESEARCHER,
+             "admin@uni.example": StaffRole.ADMIN}
+    results = {}
+    for email, role in staff.items():
+        make_staff(engine, study.slug, role, email)
+        results[email] = export_aggregates(engine, study.slug, tmp_path / role, actor=audit.Actor("staff", email))
+    make_staff(engine, other, StaffRole.ADMIN, "outsider@uni.example")
+    with pytest.raises(ExportRefused, match="no role in study 'wellbeing-pilot'"):
+        export_aggregates(engine, study.slug, tmp_path / "outsider", actor=audit.Actor("staff", "outsider@uni.example"))
+    with engine.connect() as connection:
+        entries = connection.execute(select(AuditEntry.actor_type, AuditEntry.actor, AuditEntry.detail)
+                                     .where(AuditEntry.action == "study.export").order_by(AuditEntry.seq)).all()
+    assert [(e.actor_type, e.actor) for e in entries] == [("staff", email) for email in staff]
+    for entry in entries:
+        assert entry.detail["format"] == "aggregates"
+        assert entry.detail["options"] == {"threshold": THRESHOLD}
+        assert entry.detail["row_counts"] == results[entry.actor].row_counts
+
+
+def test_a_viewer_downloads_aggregates_through_the_api_but_no_rows(engine: Engine, app_client: TestClient,
+                                                                     study: Built) -> None:
+    headers = {"Authorization": f"Bearer {make_staff(engine, study.slug, StaffRole.VIEWER, 'v@uni.example')}"}
+    path = f"/api/v1/staff/studies/{study.slug}/exports"
+    for row_level in ("csv", "parquet", "spss", "stata", "trajectories"):
+        refused = app_client.get(path, params={"format": row_level}, headers=headers)
+        assert refused.status_code == 403, row_level
+        assert refused.json()["error"]["code"] == "participant_data_forbidden"
+        assert "format=aggregates" in refused.json()["error"]["message"]
+    assert app_client.get(path, params={"format": "aggregates", "turns": "true"}, headers=headers).status_code == 422
+    response = app_client.get(path, params={"format": "aggregates"}, headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/zip"
+    bundle = zipfile.ZipFile(io.BytesIO(response.content))
+    tables = aggregate_tables(engine, study.slug)
+    assert set(bundle.namelist()) == {f"{study.slug}/{name}" for name in (
+        *(f"{table}.csv" for table in tables), "datapackage.json", "CODEBOOK.md", "README.md")}
+    written = pd.read_csv(io.BytesIO(bundle.read(f"{study.slug}/followups.csv")), dtype=str, keep_default_na=False)
+    assert written.to_numpy().tolist() == as_text(tables["followups"])
+    assert all(no_identities(bundle.read(name), study) for name in bundle.namelist())
+    with engine.connect() as connection:
+        entries = connection.execute(text(
+            "SELECT actor FROM audit_log WHERE action = 'study.export'")).scalars().all()
+    assert entries == ["v@uni.example"]  # the refused requests left no entry
+
+
+def test_the_cli_exports_aggregates_for_a_viewer_and_refuses_rows(
+    engine: Engine, study: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AFTERWARD_DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    get_settings.cache_clear()
+    make_staff(engine, study.slug, StaffRole.VIEWER, "v@uni.example")
+    runner = CliRunner()
+    done = runner.invoke(cli, ["export", study.slug, "--format", "aggregates", "--out", str(tmp_path / "agg"),
+                               "--as", "v@uni.example"])
+    assert done.exit_code == 0, done.output
+    assert "enrollment: 3 rows" in done.output
+    written = pd.read_csv(tmp_path / "agg" / "enrollment.csv", dtype=str, keep_default_na=False)
+    assert written.to_numpy().tolist() == as_text(aggregate_tables(engine, study.slug)["enrollment"])
+    refused = runner.invoke(cli, ["export", study.slug, "--format", "csv", "--out", str(tmp_path / "rows"),
+                                  "--as", "v@uni.example"])
+    assert refused.exit_code == 1
+    assert "may not export row-level data" in refused.output
+    assert "--format aggregates" in refused.output
+    assert not (tmp_path / "rows" / "participants.csv").exists()
+    options = runner.invoke(cli, ["export", study.slug, "--format", "aggregates", "--out", str(tmp_path / "x"),
+                                  "--turns"])
+    assert options.exit_code == 1
+    assert "do not apply to --format aggregates" in options.output
