@@ -614,9 +614,14 @@ class _Builder:
                                                                  (keys[0], keys[1]), 3)
 
     def safety_events(self) -> _Table:
+        # De-identified records (the participant withdrew and deleted data) count too; they are
+        # taken as one participant between them, the fewest they can be, so the disclosure rule errs
+        # towards suppressing.
         events = read_frame(self.connection, select(
-            Participant.code.label("participant_code"), SafetyEvent.category, SafetyEvent.created_at,
-        ).join(Participant, Participant.id == SafetyEvent.participant_id).where(SafetyEvent.study_id == self.study_id))
+            func.coalesce(Participant.code, "(deleted)").label("participant_code"), SafetyEvent.category,
+            SafetyEvent.created_at,
+        ).outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
+            .where(SafetyEvent.study_id == self.study_id))
         categories = _in_order(list(get_args(CrisisCategory)), events["category"])
         table = _Table(TableSpec("safety_events", "Safety events (escalations recorded for staff review) per month "
                                  "(UTC) and category, from the month the study was created to the current one.", [

@@ -417,14 +417,19 @@ class _Builder:
             _c("review_status", "string", "Whether staff reviewed it.",
                enum={"reviewed": "reviewed", "unreviewed": "not yet reviewed"}),
             _c("reviewed_at", "datetime", "Latest staff review (UTC)."),
+            _c("participant_data_deleted", "boolean", "A de-identified safety record: the participant withdrew and "
+               "deleted their data, so participant, conversation and turn are empty (and, with shifted dates, "
+               "its dates too: they cannot move with a participant's)."),
         ])
-        query = self.scoped(select(
+        # Outer join: de-identified records have no participant but stay in the study's safety record.
+        query = select(
             SafetyEvent.id.label("safety_event_id"), Participant.code.label("participant_code"),
             SafetyEvent.conversation_id, SafetyEvent.turn_id, SafetyEvent.category, SafetyEvent.source,
             SafetyEvent.created_at,
             case((SafetyEvent.reviewed_at.is_(None), "unreviewed"), else_="reviewed").label("review_status"),
-            SafetyEvent.reviewed_at,
-        ), SafetyEvent.participant_id).where(SafetyEvent.study_id == self.study.id).order_by(SafetyEvent.id)
+            SafetyEvent.reviewed_at, SafetyEvent.participant_data_deleted,
+        ).outerjoin(Participant, Participant.id == SafetyEvent.participant_id).where(
+            SafetyEvent.study_id == self.study.id).order_by(SafetyEvent.id)
         return spec, lambda c: stream_frames(c, query, self.chunk_rows)
 
 

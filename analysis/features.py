@@ -24,11 +24,11 @@ from analysis.lexicons import count_affirmations, count_words
 from analysis.reading import Source, connect, read_frame, resolve_study_id
 from chat import monitors
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn
+from chat.roles import STANCES
 from scheduler.models import FollowUp
 from study.models import Participant
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
-STANCES = ("agree", "nudge", "challenge", "escalate")
 TEXT_CHUNK_ROWS = 50_000
 LIST_SEPARATOR = ";"
 
@@ -69,7 +69,8 @@ FEATURES: dict[str, Feature] = {
                                "words", "sum"),
     **{f"{stance}_turns": Feature(f"Assistant turns whose final stance was '{stance}'.", "integer", "turns", "sum")
        for stance in STANCES},
-    "pushback_rate": Feature("(nudge + challenge) / assistant turns; empty without assistant turns.", "number",
+    "pushback_rate": Feature("(nudge + challenge) / assistant turns: the overridable pushback (check-ins, "
+                             "declines and escalations are counted apart); empty without assistant turns.", "number",
                              "proportion", "ratio"),
     "concerns_raised": Feature("Distinct concerns of non-agree assistant turns, ';'-separated, alphabetical.",
                                "string", rollup="union"),

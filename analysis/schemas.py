@@ -8,8 +8,6 @@ from pydantic import BaseModel, Field
 
 from chat.schemas import SafetyEventRead
 
-STANCES = ("agree", "nudge", "challenge", "escalate")
-
 
 class ConversationSummaryRead(BaseModel):
     """One conversation in a staff listing."""
@@ -25,7 +23,7 @@ class ConversationSummaryRead(BaseModel):
     ended_at: dt.datetime | None
     turn_count: int
     stance_counts: dict[str, int] = Field(description="assistant turns per stance (agree, nudge, challenge, "
-                                                      "escalate); zero counts included")
+                                                      "check_in, decline, escalate); zero counts included")
     has_safety_event: bool
 
 

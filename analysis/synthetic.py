@@ -54,7 +54,7 @@ import numpy.typing as npt
 import pandas as pd
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-from analysis.features import FEATURES, LIST_SEPARATOR, STANCES, _rolled
+from analysis.features import FEATURES, LIST_SEPARATOR, _rolled
 from analysis.lexicons import count_affirmations
 from analysis.panel import PANEL_COLUMNS, PERMA, PERMA_SCORES, REGRET, SURVIVAL_COLUMNS
 from analysis.simulate import (
@@ -73,6 +73,7 @@ from chat.answer_format import guidance, parse_answer
 from chat.offline import answer
 from chat.policy import StanceDecision
 from chat.roles import CONCERNS, ROLE_SPECS, SAFETY_CONCERNS, roles_for_arm, system_prompt
+from chat.roles import STANCES as ALL_STANCES
 from scheduler import planner
 from study.participants import allocate
 from study.protocol import FollowUp as FollowUpSpec
@@ -81,6 +82,9 @@ from study.settings import PROJECT_ROOT
 from surveys import registry
 from surveys.definitions import Instrument
 
+# The stances this generator models: distress check-ins and declines of harm to others are not
+# drawn (their columns are 0); the full simulation through the services has them.
+STANCES = ("agree", "nudge", "challenge", "escalate")
 EXAMPLE_PROTOCOL = PROJECT_ROOT / "examples" / "wellbeing-pilot.yaml"
 DEFAULT_START = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # fixed, so a seed alone fixes the data
 DAY = 86_400
@@ -777,6 +781,8 @@ class _Draw:
             "participant_turns": chat.participant_turns, "assistant_turns": turns,
             "participant_words": chat.participant_words, "assistant_words": chat.assistant_words,
             **{f"{stance}_turns": s[:, i] for i, stance in enumerate(STANCES)},
+            **{f"{stance}_turns": np.zeros(len(person), dtype=np.int64) for stance in ALL_STANCES
+               if stance not in STANCES},
             "pushback_rate": (s[:, NUDGE] + s[:, CHALLENGE]) / np.where(turns > 0, turns, np.nan),
             "concerns_raised": concern_labels[chat.concern_bits],
             "n_concerns_raised": _popcount(chat.concern_bits),

@@ -16,7 +16,6 @@ from sqlalchemy import Select, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from analysis.schemas import (
-    STANCES,
     ConversationPageRead,
     ConversationSummaryRead,
     DecisionRead,
@@ -29,8 +28,9 @@ from analysis.schemas import (
 )
 from chat import service as chat_service
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, SafetyEventReview, Turn
+from chat.roles import STANCES
 from chat.schemas import SafetyEventRead
-from study.errors import NotFound
+from study.errors import Gone, NotFound
 from study.models import Participant
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
@@ -86,7 +86,7 @@ def _filtered(query: Select[*Ts], filters: ConversationFilters) -> Select[*Ts]:
 
 
 def _stance_counts(stances: list[tuple[str | None, int]]) -> dict[str, int]:
-    counts = dict.fromkeys(STANCES, 0)
+    counts: dict[str, int] = dict.fromkeys(STANCES, 0)
     for stance, n in stances:
         if stance is not None:
             counts[stance] = counts.get(stance, 0) + n
@@ -218,13 +218,18 @@ def get_transcript(session: Session, study_id: int, conversation_id: int) -> Tra
 def safety_event_context(session: Session, study_id: int, event_id: int, *, around: int = 3,
                          ) -> SafetyEventContextRead:
     """A study's safety event, its review history and the ``around`` turns before and after the
-    turn that triggered it (the escalating reply), in order. Raises NotFound."""
-    row = session.execute(select(SafetyEvent, Participant.code).join(
+    turn that triggered it (the escalating reply), in order. Raises NotFound, or Gone for a
+    de-identified record (the participant withdrew and deleted their data: no turns are left)."""
+    row = session.execute(select(SafetyEvent, Participant.code).outerjoin(
         Participant, Participant.id == SafetyEvent.participant_id)
         .where(SafetyEvent.id == event_id, SafetyEvent.study_id == study_id)).first()
     if row is None:
         raise NotFound(f"no safety event {event_id} in this study")
     event, code = row
+    if code is None or event.conversation_id is None:
+        raise Gone(f"safety event {event_id} is a de-identified record: the participant withdrew and deleted their "
+                   "data, so no conversation is left to show. Its category, time and reviews are in the study's "
+                   "safety-events list, where it can still be reviewed.", code="participant_data_deleted")
     trigger_seq = (select(Turn.seq).where(Turn.id == event.turn_id).scalar_subquery())
     window = session.execute(
         select(Turn, PushbackResponse.action).outerjoin(PushbackResponse, PushbackResponse.turn_id == Turn.id)

@@ -402,6 +402,30 @@ def export(
         typer.echo(line)
 
 
+@app.command("analyze")
+def analyze(
+    study: str,
+    out: Annotated[Path, typer.Option("--out", help="The HTML file to write (one self-contained page)")],
+    as_staff: Annotated[str | None, typer.Option("--as", help="Staff email to audit the run under (researcher or "
+                                                 "admin of the study)")] = None,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap replicates of the immediate-vs-delayed table")] = 500,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap and the cross-validation folds")] = 0,
+) -> None:
+    """Fit the models of analysis.models and write the report: study numbers, tables and plots; audited."""
+    from analysis.report import ReportRefused, write_report
+    from study.db import get_engine
+
+    actor = audit.Actor("staff", as_staff) if as_staff else CLI_ACTOR
+    try:
+        result = write_report(get_engine(), study, out, actor=actor, n_boot=bootstrap, seed=seed)
+    except (DomainError, LookupError, ValueError) as exc:
+        hint = "; viewers may export --format aggregates" if isinstance(exc, ReportRefused) else ""
+        _fail(exc.message + hint if isinstance(exc, DomainError) else str(exc))
+        return
+    for line in result.summary():
+        typer.echo(line)
+
+
 @app.command("scheduler")
 def scheduler_process(name: str | None = None, poll_seconds: float | None = None) -> None:
     """Run the follow-up dispatcher (its own process; several may run against PostgreSQL)."""

@@ -21,6 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
+from markdown_it.token import Token
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData
@@ -30,7 +32,7 @@ from api.deps import SESSION_COOKIE, Form, RowId, SessionDep, run_unit, set_sess
 from api.errors import error_body, status_of
 from api.routers import chat as chat_api
 from chat import service as chat_service
-from chat.roles import ROLE_SPECS
+from chat.roles import ROLE_SPECS, SAFETY_CONCERNS
 from chat.schemas import ConversationCreate, ExitCheck, MessageCreate, RoleChange
 from scheduler import service as scheduler_service
 from study import audit
@@ -129,7 +131,60 @@ def markdown(text: str) -> str:
     return _markdown.render(text)
 
 
+# Help texts: web addresses become links, phone numbers tel: links ("text HOME to 741741": sms:).
+# A phone number is 3 to 15 digits in groups split by single spaces or hyphens, not touching
+# letters, slashes, colons or decimals (so "24/7", "21:00" and "3.5" stay text), and not a year.
+_PHONE = r"\+?\d(?:[ -]?\d){2,14}"
+_LINKABLE = re.compile(rf"(?P<url>https?://[^\s<>\"]+|www\.[^\s<>\"]+)|(?<![\w/:.+-])(?P<phone>{_PHONE})"
+                       r"(?![\w/:%-]|[.,]\d)")
+_TEXT_TO = re.compile(r"\btext\s+\S+\s+to\s*$", re.IGNORECASE)
+_NOT_A_PHONE = re.compile(r"(?:19|20)\d\d|\d{4}-\d\d-\d\d")
+
+
+def _links_in(text: str) -> list[Token]:
+    tokens: list[Token] = []
+    at = 0
+    for found in _LINKABLE.finditer(text):
+        shown = found.group(0).rstrip(".,;:!?)") if found.group("url") else found.group(0)
+        if found.group("url"):
+            href = shown if shown.startswith("http") else f"https://{shown}"
+        elif _NOT_A_PHONE.fullmatch(shown):
+            continue
+        else:
+            number = re.sub(r"[ -]", "", shown)
+            href = f"sms:{number}" if _TEXT_TO.search(text[:found.start()]) else f"tel:{number}"
+        tokens.append(Token("text", "", 0, content=text[at:found.start()]))
+        tokens += [Token("link_open", "a", 1, attrs={"href": href}, markup="linkify", info="auto"),
+                   Token("text", "", 0, content=shown), Token("link_close", "a", -1, markup="linkify", info="auto")]
+        at = found.start() + len(shown)
+    tokens.append(Token("text", "", 0, content=text[at:]))
+    return [token for token in tokens if token.type != "text" or token.content]
+
+
+def _link_help(state: StateCore) -> None:
+    """A markdown-it core rule: link addresses and numbers in text outside links the author wrote."""
+    for block in state.tokens:
+        if block.type != "inline" or not block.children:
+            continue
+        children: list[Token] = []
+        in_link = 0
+        for token in block.children:
+            in_link += {"link_open": 1, "link_close": -1}.get(token.type, 0)
+            children += _links_in(token.content) if token.type == "text" and not in_link else [token]
+        block.children = children
+
+
+_resources_markdown = MarkdownIt("commonmark", {"html": False})
+_resources_markdown.core.ruler.push("help_links", _link_help)
+
+
+def resources_html(text: str) -> str:
+    """Crisis and support resources (Markdown) as HTML, every phone number and web address a link."""
+    return _resources_markdown.render(text)
+
+
 templates.env.filters["markdown"] = markdown
+templates.env.filters["resources"] = resources_html
 
 
 # Invite and consent
@@ -389,11 +444,14 @@ def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> 
     participant = _ready(session, request)
     conversation = chat_service.get_conversation(session, participant, conversation_id)
     arm, offered = chat_service.roles_offered(session, participant)
-    resources = chat_api.crisis_resources(session, participant).text
+    turns = chat_service.turns(session, conversation)
+    resources = {turn.concern: chat_api.crisis_resources(session, participant, turn.concern).text
+                 for turn in turns if turn.stance in ("check_in", "escalate")}
     responses = chat_api.pushback_responses(session, conversation.id)
-    return page(request, "chat.html", conversation=conversation, turns=chat_service.turns(session, conversation),
-                responses=responses, offered=offered, mode=arm.mode, resources=resources,
-                role=ROLE_SPECS[conversation.role], failed=request.query_params.get("failed"))  # type: ignore[index]
+    return page(request, "chat.html", conversation=conversation, turns=turns, responses=responses,
+                answerable=chat_service.latest_pushback_id(session, conversation.id), offered=offered,
+                mode=arm.mode, resources=resources, role=ROLE_SPECS[conversation.role],  # type: ignore[index]
+                safety_concerns=SAFETY_CONCERNS, failed=request.query_params.get("failed"))
 
 
 Prepare = Callable[[Session, Participant, FormData], chat_service.PreparedTurn | None]
@@ -536,7 +594,9 @@ def help_page(request: Request, session: SessionDep) -> Response:
     region, resources = found.region, found.text
     elsewhere = (current_protocol(session, participant.study_id).crisis_resources["default"]
                  if participant is not None and region != "default" else None)
-    return page(request, "help.html", resources=resources, region=region, elsewhere=elsewhere)
+    return page(request, "help.html", resources=resources, region=region, elsewhere=elsewhere,
+                from_others=chat_api.crisis_resources(session, participant, "risk_from_others").text,
+                to_others=chat_api.crisis_resources(session, participant, "harm_to_others").text)
 
 
 def install(app: Any) -> None:

@@ -1,5 +1,6 @@
-"""Monitors run on every participant message: crisis language, reassurance-seeking, dependence,
-and sentiment (VADER's compound score, stored so analyses need not recompute it).
+"""Monitors run on every participant message: crisis language (risk to self, danger from someone
+else, harm to others), reassurance-seeking, validation-seeking, dependence, and sentiment (VADER's
+compound score, stored so analyses need not recompute it).
 
 They are lexicons, fast and explainable: each finding names the cue that fired, and that cue is
 stored with the turn. An optional LLM classifier (``crisis_classifier_model``) can run beside the
@@ -16,7 +17,7 @@ from typing import Literal
 
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-CrisisCategory = Literal["risk_to_self", "harm_to_others"]
+CrisisCategory = Literal["risk_to_self", "harm_to_others", "risk_from_others"]
 
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'"})
 
@@ -106,13 +107,51 @@ _OTHERS_ACUTE = _any(
 _OTHERS_CONCERN = _any(
     r"\bget (?:back|even) at (?:him|her|them|my|our|that|this|these|those|the (?:guy|girl|man|woman|person|people))\b",
     r"\b(?:i|we)\b(?:'m| am| want| need| will|'ll| plan| am going)?.{0,25}\brevenge\b", r"\bhumiliate (?:him|her|them)\b",
-    r"\bruin (?:his|her|their) (?:life|career|reputation|marriage)\b", r"\bspread(?:ing)? (?:a )?rumou?rs?\b",
+    r"\bruin (?:his|her|their|my \w+'s|someone's|somebody's) (?:life|career|reputation|marriage|relationship|business)\b", r"\bspread(?:ing)? (?:a )?rumou?rs?\b",
     r"\b(?:post|share|leak|send)(?:ing)? (?:his|her|their) (?:private|nude|intimate|naked)\b", r"\bdox(?:x)?(?:ing)?\b",
     r"\bstalk(?:ing)? (?:him|her|them|my)\b", r"\bteach (?:him|her|them) a lesson\b",
     r"\bthreaten(?:ing)? (?:him|her|them|my)\b", r"\bmake (?:him|her|them|my \w+) pay\b",
     r"\b(?:get|break|hack|log) into (?:his|her|their|my (?:ex|wife|husband|partner|boyfriend|girlfriend)'s) "
     r"(?:email|phone|account|accounts|messages)\b",
     r"\b(?:slash|key|keying) (?:his|her|their) (?:tires|car)\b",
+)
+
+# Danger from someone else (abuse, threats, a partner's violence). Acute: threats to kill or hurt,
+# violence going on now, strangulation, not being safe at home. Below that: violence told of,
+# fear of a partner or a relative, coercive control. ``_WHO`` is the person the danger comes from.
+_WHO = (r"(?:he|she|they|my (?:\w+ )?(?:partner|husband|wife|boyfriend|girlfriend|bf|gf|ex|fianc\w*|dad|father|mom|"
+        r"mum|mother|stepdad|stepfather|stepmom|stepmother|brother|sister|parents?|uncle|aunt|family|roommate|"
+        r"flatmate|boss|landlord|neighbou?r))")
+_PARTNER = r"(?:my (?:\w+ )?(?:partner|husband|wife|boyfriend|girlfriend|bf|gf|ex|fianc\w*)|he|she)"
+_HARM_VERB = r"(?:kill|hurt|shoot|stab|strangle|choke|beat|burn|harm)"
+_FROM_OTHERS_ACUTE = _any(
+    rf"\b{_WHO} (?:has |just |)?(?:threatened|threatens|is threatening|keeps threatening|has been threatening) "
+    rf"(?:again )?to {_HARM_VERB} (?:me|us|my (?:kids|children|baby|son|daughter|family))\b",
+    rf"\b(?:said|says|told me|swore|swears) (?:that )?(?:he|she|they)(?:'d| would|'ll| will| is going to|'s going to|"
+    rf" was going to) {_HARM_VERB} me\b",
+    r"\b(?:kill|hurt|find) me if i (?:leave|tell|go|call|report|try|ever)\b",
+    rf"\b{_WHO} (?:is|'s|are|'re|keeps|kept|started) (?:hitting|beating|choking|strangling|hurting|attacking) me\b",
+    rf"\b{_WHO} (?:choked|strangled|chokes|strangles|tried to (?:kill|strangle|choke|drown|suffocate)) me\b",
+    rf"\b(?:afraid|scared|terrified|frightened) (?:that )?{_WHO}(?:'ll| will| is going to|'s going to| might| would) "
+    r"(?:kill|hurt|hit|beat|find) me\b",
+    r"\b(?:(?:i'm|i am|i feel|it's|it is) (?:not|no longer|never)|i (?:don't|do not|never|no longer) feel|unsafe) "
+    r"(?:safe )?(?:at home|in my (?:own )?(?:home|house|flat|apartment)|with (?:him|her|them|my \w+))\b",
+    r"\b(?:locked|locks|locking|trapped|traps) me in\b",
+)
+_FROM_OTHERS_CONCERN = _any(
+    rf"\b{_WHO} (?:hit|hits|beat|beats|slapped|slaps|punched|punches|kicked|kicks|shoved|shoves|pushed|pushes|"
+    r"grabbed|grabs|raped|rapes|assaulted|molested|molests) me\b(?! up\b)",
+    r"\b(?:threw|throws) (?:\w+ ){1,2}at me\b",
+    rf"\b(?:afraid|scared|terrified|frightened) (?:of|to go home to) {_WHO}\b", r"\b(?:scared|afraid) to go home\b",
+    rf"\b{_PARTNER} (?:won't|doesn't|does not|will not) let me (?:leave|go out|see (?:my )?(?:friends|family)|"
+    r"have (?:money|a phone|my own money)|work|talk to anyone)\b",
+    rf"\b{_PARTNER} (?:controls|takes|took|checks|tracks|monitors|reads|goes through) (?:all )?my (?:money|phone|"
+    r"messages|location|bank account|cards?|emails?)\b",
+    r"\b(?:is|keeps|has been|'s been|are|'re) (?:stalking|harassing) me\b",
+    r"\bthreaten(?:s|ed|ing)? to (?:take (?:the|my|our) (?:kids|children|baby)|(?:post|share|send|leak|show) (?:my|our) "
+    r"(?:\w+ )?(?:photos|pictures|pics|nudes|videos|messages))\b",
+    r"\b(?:abusive|violent) (?:relationship|partner|husband|wife|boyfriend|girlfriend|ex|dad|father|mom|mother)\b",
+    r"\b(?:abuses|abused|is abusing|was abusing|has been abusing) me\b",
 )
 
 
@@ -128,8 +167,9 @@ def detect_crisis(text: str) -> CrisisFinding | None:
     """The most serious crisis cue in a message, or None. Acute findings escalate at once."""
     cleaned = _IDIOMS.sub(" ", normalize(text))
     for pattern, category, acute in (
-        (_SELF_ACUTE, "risk_to_self", True), (_OTHERS_ACUTE, "harm_to_others", True),
-        (_OTHERS_CONCERN, "harm_to_others", False), (_SELF_CONCERN, "risk_to_self", False),
+        (_SELF_ACUTE, "risk_to_self", True), (_FROM_OTHERS_ACUTE, "risk_from_others", True),
+        (_OTHERS_ACUTE, "harm_to_others", True), (_OTHERS_CONCERN, "harm_to_others", False),
+        (_FROM_OTHERS_CONCERN, "risk_from_others", False), (_SELF_CONCERN, "risk_to_self", False),
     ):
         match = pattern.search(cleaned)
         if match:
@@ -146,6 +186,28 @@ _REASSURANCE = _any(
     r"\bpromise (?:me|it)\b", r"\bwas i wrong\b", r"\b(?:am i|i'm not) (?:a bad|overreacting|crazy|being unreasonable)",
     r"\bdoes (?:he|she|they) (?:still )?(?:like|love|hate|care about) me\b", r"\bwill (?:it|everything) be (?:ok|okay|fine|alright)\b",
     r"\b(?:right|isn't it|won't it|don't you think)\s*\?\s*$",
+)
+# Asking the assistant to side with a one-sided account or bless a plan ("tell me it's a great
+# idea", "I was right, wasn't I?"), as opposed to an open question ("was I wrong?"), which is
+# reassurance-seeking.
+_GOOD = r"(?:great|good|brilliant|genius|smart|perfect|fantastic|amazing|the right|the best|a good|a great)"
+_PLAN = r"(?:idea|plan|move|decision|call|choice|thing to do|way to)"
+_TAG = r",?\s*(?:right|wasn't i|weren't i|aren't i|didn't i|isn't it|don't you think|don't you agree|yeah|yes|no)\s*\?"
+_VALIDATION = _any(
+    r"\btell me (?:that )?(?:i(?:'m| am| was)|i did) (?:\w+ )?(?:right|correct|justified|not wrong|not crazy|"
+    r"not the problem|not overreacting|nothing wrong|the right thing|in the right)\b",
+    rf"\btell me (?:that )?(?:it's|it is|this is|that's|that is|my (?:\w+ )?(?:plan|idea) is) (?:a |an )?(?:\w+ )?{_GOOD} ?{_PLAN}?",
+    rf"\b(?:i was|i'm|i am) (?:totally |completely |so |obviously |clearly |100% )?(?:right|justified|in the right)\b"
+    rf"[^.!?]{{0,80}}?{_TAG}",
+    r"\b(?:wasn't|aren't|weren't) i (?:right|justified|in the right)\b",
+    rf"\bi did (?:nothing wrong|the right thing|right)\b[^.!?]{{0,60}}?{_TAG}",
+    r"\b(?:he|she|they|my \w+) (?:was|is|were|are|'s|'re) (?:totally |completely |so |clearly |obviously |being )?"
+    r"(?:wrong|out of line|unreasonable|overreacting|the problem|to blame|in the wrong|a jerk|an idiot|"
+    r"selfish|toxic|crazy)\b[^.!?]{0,80}?,?\s*(?:right|wasn't (?:he|she)|weren't they|isn't (?:he|she)|"
+    r"aren't they|don't you think|yeah)\s*\?",
+    r"\b(?:back me up|take my side|side with me|agree with me|say (?:that )?i(?:'m| am| was) right)\b",
+    rf"\b(?:isn't|wasn't) (?:it|this|that) (?:a |an )?(?:\w+ )?{_GOOD} {_PLAN}\b[^.!?]{{0,60}}?\?",
+    rf"\b(?:it's|it is|this is|that's|that is) (?:a |an )?(?:\w+ )?{_GOOD} {_PLAN}\b[^.!?]{{0,60}}?{_TAG}",
 )
 _DEPENDENCE = _any(
     r"\byou(?:'re| are) the only (?:one|person|thing|friend)\b", r"\bonly you (?:understand|get|listen)\b",
@@ -169,9 +231,32 @@ def reassurance_cue(text: str) -> str | None:
     return match.group(0) if match else None
 
 
+def validation_cue(text: str) -> str | None:
+    """The words asking the assistant to side with the participant's own account or plan."""
+    match = _VALIDATION.search(normalize(text))
+    return match.group(0) if match else None
+
+
 def dependence_cue(text: str) -> str | None:
     match = _DEPENDENCE.search(normalize(text))
     return match.group(0) if match else None
+
+
+_SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?\u2026]+[\"'\u201d\u2019)]*|$)")
+
+
+def sentences(text: str) -> list[str]:
+    """The message's sentences as written (split at ., ! and ? and at line breaks)."""
+    return [found.group(0).strip() for found in _SENTENCE.finditer(text) if found.group(0).strip()]
+
+
+def sentence_with(text: str, fragment: str) -> str | None:
+    """The whole sentence of ``text`` that contains ``fragment`` (compared as ``normalize`` does),
+    so a reason can quote what the participant said rather than the piece a pattern matched."""
+    wanted = normalize(fragment).strip(" .,;:!?\u2026")
+    if not wanted:
+        return None
+    return next((sentence for sentence in sentences(text) if wanted in normalize(sentence)), None)
 
 
 @cache

@@ -2,7 +2,9 @@
 
 It behaves like a model that follows the role prompt: it reads ``Role:`` from the system prompt,
 follows the platform guidance, and judges framing itself (absolutes, mind-reading, a drastic
-plan resting on one of them) as collaborator or coach would. It answers in the STANCE format, or
+plan resting on one of them) as collaborator or coach would; it does not notice validation-seeking
+on its own (the platform's guidance brings it). Where the platform checks in, declines or
+escalates, its reply never opens as if doing what was asked. It answers in the STANCE format, or
 as JSON when a response format is requested. Models for tests of failure handling:
 
 - ``offline/afterward`` (and any other name): answers.
@@ -24,7 +26,7 @@ from litellm.llms.custom_llm import CustomLLMError
 from litellm.types.utils import GenericStreamingChunk, ModelResponse, Usage
 
 from chat.answer_format import read_guidance
-from chat.monitors import detect_crisis, normalize
+from chat.monitors import detect_crisis, normalize, sentence_with
 
 PROVIDER = "offline"
 CLASSIFIER_MARKER = "CRISIS-CLASSIFIER"
@@ -56,12 +58,35 @@ def _role(system_text: str) -> str:
     return match.group(1) if match else "standard"
 
 
-def _reply(role: str, stance: str, message: str, overridden: bool) -> str:
+_SAFETY_REPLIES = {
+    ("escalate", "harm_to_others"): (
+        "I can't help with this: someone could get seriously hurt. If anyone is in danger right now, call your local "
+        "emergency number. If you feel you might act on it, put distance between you and them, and please reach out "
+        "to one of the services shown here."),
+    ("escalate", "risk_from_others"): (
+        "I'm really glad you told me, and I'm worried about your safety. If you are in danger right now, call your "
+        "local emergency number. The services shown here help people in your situation, confidentially, and can help "
+        "you plan how to stay safe."),
+    ("escalate", "risk_to_self"): (
+        "I'm really glad you told me. I'm not able to help with this the way things are, and I'm worried about safety "
+        "right now. Please reach out to one of the people or services shown here; they are available now and want to "
+        "help. If you are in immediate danger, call your local emergency number."),
+    ("decline", "harm_to_others"): (
+        "I won't help with that part, because it could hurt someone else. It sounds like something happened that "
+        "matters to you, though. Do you want to tell me what happened, and what you'd want to change?"),
+    ("check_in", "risk_from_others"): (
+        "I'm sorry this is happening to you. What someone else does to you is not your fault. Are you somewhere safe "
+        "right now? I'm here to listen, and the people shown here can help you think about what to do next."),
+    ("check_in", "risk_to_self"): (
+        "That sounds really hard, and I'm glad you told me. I'm here to listen: what's been weighing on you most, "
+        "and is there someone around you who knows how you're feeling?"),
+}
+
+
+def _reply(role: str, stance: str, concern: str, message: str, overridden: bool) -> str:
     topic = _topic(message)
-    if stance == "escalate":
-        return ("I'm really glad you told me. I'm not able to help with this the way things are, and I'm worried "
-                "about safety right now. Please reach out to one of the people or services shown here; they are "
-                "available now and want to help. If you are in immediate danger, call your local emergency number.")
+    if stance in ("check_in", "decline", "escalate"):  # never opened as if doing what was asked
+        return _SAFETY_REPLIES.get((stance, concern), _SAFETY_REPLIES[("escalate", "risk_to_self")])
     opening = {
         "standard": f"Great question! Here's what I'd suggest about {topic}.",
         "concierge": f"On it. Here is how to do {topic}:",
@@ -97,16 +122,17 @@ def answer(messages: list[dict[str, Any]], *, as_json: bool = False) -> str:
     guide = read_guidance(system_text)
     overridden = guide.get("override", "").startswith("yes")
     stance, concern, rationale = "agree", "none", ""
-    if guide.get("required_stance") in ("nudge", "challenge", "escalate"):
+    if guide.get("required_stance") in ("nudge", "challenge", "check_in", "decline", "escalate"):
         stance, concern, rationale = guide["required_stance"], guide.get("concern", "none"), guide.get("rationale", "")
     elif not overridden and role in ("collaborator", "coach"):
         match = _FRAMING.search(normalize(last_user))
         if match:
             stance = "nudge" if role == "collaborator" else "challenge"
             concern = "unsupported_framing"
-            rationale = (f"You said \u201c{match.group(0)}\u201d. I'm not sure what you've described supports "
-                         "that, and it's shaping the plan; is there evidence either way?")
-    reply = _reply(role, stance, last_user, overridden)
+            said = sentence_with(last_user, match.group(0)) or last_user.strip()
+            rationale = (f"You said \u201c{said}\u201d{'' if said[-1] in '.!?' else '.'} I'm not sure what you've "
+                         "described supports that, and it's shaping the plan; is there evidence either way?")
+    reply = _reply(role, stance, concern, last_user, overridden)
     if as_json:
         return json.dumps({"stance": stance, "concern": concern, "rationale": rationale, "reply": reply})
     header = json.dumps({"stance": stance, "concern": concern, "rationale": rationale})

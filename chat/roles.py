@@ -2,7 +2,8 @@
 
 A wellbeing arm offers some of ``concierge``, ``collaborator`` and ``coach``; a default-mode arm
 (the control) gets ``standard``, an ordinary helpful assistant. Each role says which concerns it
-may push back on; safety concerns (risk to self, harm to others) are raised in every role.
+may push back on; safety concerns (risk to self, danger from someone else, harm to others) are
+raised in every role, and never as something the participant can override.
 """
 
 from __future__ import annotations
@@ -16,13 +17,23 @@ from typing import Literal
 PROMPTS = Path(__file__).parent / "prompts"
 
 RoleName = Literal["standard", "concierge", "collaborator", "coach"]
-Stance = Literal["agree", "nudge", "challenge", "escalate"]
-Concern = Literal["risk_to_self", "harm_to_others", "unsupported_framing", "reassurance_loop", "dependence", "none"]
+Stance = Literal["agree", "nudge", "challenge", "check_in", "decline", "escalate"]
+Concern = Literal["risk_to_self", "harm_to_others", "risk_from_others", "unsupported_framing", "validation_seeking",
+                  "reassurance_loop", "dependence", "none"]
 
-STANCES: tuple[Stance, ...] = ("agree", "nudge", "challenge", "escalate")
+# Weakest to strongest. ``nudge`` and ``challenge`` are pushback the participant may override;
+# ``check_in`` (distress, or danger from someone else, below escalation: a supportive check-in with
+# resources) and ``decline`` (harm to others below escalation: the assistant won't help with it)
+# never are; ``escalate`` shows crisis resources for the category and alerts staff.
+STANCES: tuple[Stance, ...] = ("agree", "nudge", "challenge", "check_in", "decline", "escalate")
+OVERRIDABLE_STANCES: frozenset[Stance] = frozenset({"nudge", "challenge"})
+# The steps repeats graduate through (``RoleSpec.starts_at`` names one); how a step is shown
+# depends on the concern (``chat.policy.fitting``).
+LADDER: tuple[Stance, ...] = ("agree", "nudge", "challenge", "escalate")
 CONCERNS: tuple[Concern, ...] = (
-    "risk_to_self", "harm_to_others", "unsupported_framing", "reassurance_loop", "dependence", "none")
-SAFETY_CONCERNS: frozenset[Concern] = frozenset({"risk_to_self", "harm_to_others"})
+    "risk_to_self", "harm_to_others", "risk_from_others", "unsupported_framing", "validation_seeking",
+    "reassurance_loop", "dependence", "none")
+SAFETY_CONCERNS: frozenset[Concern] = frozenset({"risk_to_self", "harm_to_others", "risk_from_others"})
 
 
 @dataclass(frozen=True)
@@ -41,12 +52,13 @@ class Disclosure:
 class RoleSpec:
     name: RoleName
     disclosure: Disclosure
-    # Where pushback on each concern starts; a concern missing here is never raised in this role.
+    # The LADDER step where raising each concern starts (repeats climb from there); a concern
+    # missing here is never raised in this role.
     starts_at: dict[Concern, Stance]
 
 
 _OVERRIDE = "If it pushes back, it says why, and you can tap \u201cGo ahead anyway\u201d to have it do what you asked."
-_SAFETY = "Whatever the mode, it will show crisis resources if you might be in danger; that cannot be overridden."
+_SAFETY = "It never helps anyone get hurt and shows crisis resources when needed; that cannot be overridden."
 
 ROLE_SPECS: dict[RoleName, RoleSpec] = {
     "standard": RoleSpec(
@@ -59,7 +71,7 @@ ROLE_SPECS: dict[RoleName, RoleSpec] = {
             wont=("Help with harming yourself or others",),
             pushback="It raises only safety concerns. " + _SAFETY,
         ),
-        starts_at={"risk_to_self": "nudge", "harm_to_others": "challenge"},
+        starts_at={"risk_to_self": "nudge", "risk_from_others": "nudge", "harm_to_others": "challenge"},
     ),
     "concierge": RoleSpec(
         name="concierge",
@@ -69,9 +81,9 @@ ROLE_SPECS: dict[RoleName, RoleSpec] = {
             optimized_for="Getting what you asked for done, quickly and well.",
             will=("Carry out your request as you framed it", "Keep questions to a minimum"),
             wont=("Second-guess your plans or choices", "Help with harming yourself or others"),
-            pushback="It pushes back only on safety and on harm to other people. " + _OVERRIDE + " " + _SAFETY,
+            pushback="It doesn't question your plans; it speaks up only about safety. " + _SAFETY,
         ),
-        starts_at={"risk_to_self": "nudge", "harm_to_others": "challenge"},
+        starts_at={"risk_to_self": "nudge", "risk_from_others": "nudge", "harm_to_others": "challenge"},
     ),
     "collaborator": RoleSpec(
         name="collaborator",
@@ -84,8 +96,9 @@ ROLE_SPECS: dict[RoleName, RoleSpec] = {
             wont=("Decide for you", "Flatter you or agree just to please"),
             pushback="It may disagree, always with a reason. " + _OVERRIDE + " " + _SAFETY,
         ),
-        starts_at={"risk_to_self": "nudge", "harm_to_others": "challenge", "unsupported_framing": "nudge",
-                   "reassurance_loop": "nudge", "dependence": "nudge"},
+        starts_at={"risk_to_self": "nudge", "risk_from_others": "nudge", "harm_to_others": "challenge",
+                   "unsupported_framing": "nudge", "validation_seeking": "nudge", "reassurance_loop": "nudge",
+                   "dependence": "nudge"},
     ),
     "coach": RoleSpec(
         name="coach",
@@ -97,7 +110,8 @@ ROLE_SPECS: dict[RoleName, RoleSpec] = {
             wont=("Tell you what you want to hear", "Decide for you"),
             pushback="It will challenge you directly, always with a reason. " + _OVERRIDE + " " + _SAFETY,
         ),
-        starts_at={"risk_to_self": "nudge", "harm_to_others": "challenge", "unsupported_framing": "challenge",
+        starts_at={"risk_to_self": "nudge", "risk_from_others": "nudge", "harm_to_others": "challenge",
+                   "unsupported_framing": "challenge", "validation_seeking": "challenge",
                    "reassurance_loop": "challenge", "dependence": "challenge"},
     ),
 }

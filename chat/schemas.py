@@ -134,14 +134,20 @@ class SafetyReviewRead(BaseModel):
         return cls(reviewed_at=review.reviewed_at, reviewed_by=review.reviewed_by, note=review.note)
 
 
+DEIDENTIFIED = "participant withdrew and deleted data"
+
+
 class SafetyEventRead(BaseModel):
     id: int
-    participant: str
-    conversation_id: int
+    participant: str | None = Field(description="the participant's code; null once they deleted their data")
+    conversation_id: int | None
     category: str
     source: str
     cue: str | None
     created_at: dt.datetime
+    participant_data_deleted: bool = Field(
+        default=False, description="a de-identified safety record: no participant, conversation or matched text")
+    marker: str | None = Field(default=None, description=f"'{DEIDENTIFIED}' on a de-identified record")
     # The newest review, as before the history existed (None: not reviewed yet).
     reviewed_at: dt.datetime | None
     reviewed_by: str | None
@@ -149,11 +155,14 @@ class SafetyEventRead(BaseModel):
     reviews: list[SafetyReviewRead] = Field(description="every review, oldest first; none is ever overwritten")
 
     @classmethod
-    def of(cls, event: SafetyEvent, participant_code: str, reviews: list[SafetyEventReview]) -> SafetyEventRead:
+    def of(cls, event: SafetyEvent, participant_code: str | None,
+           reviews: list[SafetyEventReview]) -> SafetyEventRead:
         """``reviews``: the event's reviews, oldest first."""
         newest = reviews[-1] if reviews else None
         return cls(id=event.id, participant=participant_code, conversation_id=event.conversation_id,
                    category=event.category, source=event.source, cue=event.cue, created_at=event.created_at,
+                   participant_data_deleted=event.participant_data_deleted,
+                   marker=DEIDENTIFIED if event.participant_data_deleted else None,
                    reviewed_at=newest.reviewed_at if newest else None,
                    reviewed_by=newest.reviewed_by if newest else None, review_note=newest.note if newest else None,
                    reviews=[SafetyReviewRead.of(review) for review in reviews])

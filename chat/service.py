@@ -22,8 +22,17 @@ from chat import monitors
 from chat.answer_format import guidance, parse_answer
 from chat.gateway import Completion
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, SafetyEventReview, Turn
-from chat.policy import Assessment, History, StanceDecision, decide, directive, with_classifier
-from chat.roles import ROLE_SPECS, RoleName, RoleSpec, roles_for_arm, system_prompt
+from chat.policy import (
+    Assessment,
+    History,
+    StanceDecision,
+    decide,
+    directive,
+    platform_reply,
+    shown_reply,
+    with_classifier,
+)
+from chat.roles import ROLE_SPECS, SAFETY_CONCERNS, RoleName, RoleSpec, roles_for_arm, system_prompt
 from study import audit
 from study.clock import now
 from study.db import is_postgres
@@ -176,7 +185,8 @@ def _assess(session: Session, participant: Participant, content: str, before_tur
             .order_by(Turn.id.desc()).limit(50)).all()
         repeats = sum(monitors.similar(words, monitors.content_words(text)) for text in earlier)
     return Assessment(crisis=crisis, reassurance_cue=cue, reassurance_repeats=repeats,
-                      dependence_cue=monitors.dependence_cue(content), sentiment=monitors.sentiment(content))
+                      dependence_cue=monitors.dependence_cue(content), validation_cue=monitors.validation_cue(content),
+                      sentiment=monitors.sentiment(content), message=content)
 
 
 def _messages(session: Session, conversation: ConversationState, role: RoleName, required: StanceDecision,
@@ -203,7 +213,7 @@ def _prepare(session: Session, conversation: Conversation | ConversationState, p
     model = current_protocol(session, participant.study_id).arm(conversation.arm).model
     history = _history(conversation)
     required = directive(ROLE_SPECS[role], assessment, history)
-    if overridden and required.stance != "escalate":
+    if overridden and required.overridable:  # safety stances stand whatever was overridden
         required = StanceDecision("agree")
     return PreparedTurn(
         conversation_id=conversation.id, participant_turn_id=participant_turn.id, role=role,
@@ -358,11 +368,26 @@ def _pushback_turn(session: Session, participant: Participant, conversation: Con
     if turn.stance == "escalate":
         raise Conflict("a safety message can't be overridden. If you are safe, you can keep talking; the resources "
                        "shown stay available.", code="not_overridable")
-    if turn.stance not in ("nudge", "challenge"):
+    if turn.stance not in ("nudge", "challenge", "decline"):
         raise Conflict("this message did not push back, so there is nothing to override", code="nothing_to_override")
+    if turn.stance == "decline" or turn.concern in SAFETY_CONCERNS:  # also a safety note stored as a nudge
+        raise Conflict("the assistant won't help with something that could hurt you or someone else, and that "
+                       "can't be overridden. You can keep talking about what happened or what you need.",
+                       code="not_overridable")
     if session.scalar(select(PushbackResponse.id).where(PushbackResponse.turn_id == turn.id)) is not None:
         raise Conflict("you already answered this note", code="already_answered")
+    if latest_pushback_id(session, conversation.id) != turn.id:
+        raise Conflict("a newer note has replaced this one, and only the latest note can be answered; answer that "
+                       "one, or just keep talking", code="pushback_superseded")
     return turn
+
+
+def latest_pushback_id(session: Session, conversation_id: int) -> int | None:
+    """The conversation's latest assistant turn that did not simply agree: the only note that can
+    still be answered ("Go ahead anyway" or "Let me reconsider"), if it is a nudge or challenge."""
+    return session.scalar(select(Turn.id).where(
+        Turn.conversation_id == conversation_id, Turn.speaker == "assistant", Turn.stance.is_not(None),
+        Turn.stance != "agree").order_by(Turn.seq.desc()).limit(1))
 
 
 def prepare_override(session: Session, participant: Participant, conversation_id: int,
@@ -371,11 +396,12 @@ def prepare_override(session: Session, participant: Participant, conversation_id
     message: refused while another reply is awaited, so a conversation never gets two at once."""
     conversation = get_conversation(session, participant, conversation_id)
     _require_active(conversation)
+    # Claimed first: no reply (and so no newer note) can be stored between the checks and the override.
+    at, state, _ = _claim_reply(session, participant, conversation_id, new_message=False)
     pushback = _pushback_turn(session, participant, conversation, turn_id)
     original = session.get(Turn, pushback.reply_to_id) if pushback.reply_to_id else None
     if original is None:
         raise Conflict("the message this note answered is gone", code="nothing_to_override")
-    at, state, _ = _claim_reply(session, participant, conversation_id, new_message=False)
     session.add(PushbackResponse(turn_id=pushback.id, conversation_id=conversation.id, participant_id=participant.id,
                                  action="override", stance=pushback.stance or "", concern=pushback.concern or "none",
                                  created_at=at))
@@ -403,18 +429,13 @@ def reconsider(session: Session, participant: Participant, conversation_id: int,
     return response
 
 
-SAFETY_FALLBACK_REPLY = (
-    "I'm concerned about your safety, and I want to make sure you can reach someone right now. Please contact one "
-    "of the services shown here. If you are in immediate danger, call your local emergency number.")
-
-
 def record_reply(session: Session, prepared: PreparedTurn, completion: Completion) -> Turn:
     """Store the assistant's turn with the stance the policy settled on; returns it."""
     parsed = parse_answer(completion.text)
-    final = decide(ROLE_SPECS[prepared.role], prepared.required, parsed.proposed, prepared.history)
-    if prepared.after_override and final.stance != "escalate":
+    final = decide(ROLE_SPECS[prepared.role], prepared.required, parsed.proposed, prepared.history, prepared.content)
+    if prepared.after_override and final.overridable:
         final = StanceDecision("agree")
-    reply = parsed.reply or (SAFETY_FALLBACK_REPLY if final.stance == "escalate" else "")
+    reply = shown_reply(final, parsed.proposed, parsed.reply)  # never one written as if helping, under safety
     if not reply:
         reply = "I'm sorry, I lost my train of thought. Could you say that again?"
     # One statement: the reply's sequence number, the claim released, the concern counted (in SQL,
@@ -456,7 +477,7 @@ def _record_safety_event(session: Session, participant_id: int, turn: Turn, fina
     session.add(SafetyEvent(study_id=participant.study_id, participant_id=participant.id,
                             conversation_id=prepared.conversation_id, turn_id=turn.id, category=final.concern,
                             source=source or "model", cue=str(cue)[:200] if cue else None, created_at=now()))
-    session.flush()
+    session.flush()  # committed with the reply; the dispatcher tells the safety contacts (scheduler.oncall)
     audit.record(session, audit.Actor.system(), "chat.safety_escalation", study_id=participant.study_id,
                  participant_code=participant.code, conversation_id=prepared.conversation_id, category=final.concern)
 
@@ -465,7 +486,8 @@ def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Turn
     """The model did not answer. The message stays, marked for retry; but a safety escalation is
     never left waiting on the model: the platform's own safety reply is stored instead."""
     if prepared.required.stance == "escalate":
-        return record_reply(session, prepared, Completion(text=SAFETY_FALLBACK_REPLY, model="platform/safety"))
+        return record_reply(session, prepared, Completion(text=platform_reply(prepared.required),
+                                                          model="platform/safety"))
     session.execute(update(Turn).where(Turn.id == prepared.participant_turn_id)
                     .values(reply_status="failed", reply_error=error[:300])
                     .execution_options(synchronize_session=False))
@@ -534,8 +556,23 @@ def _end_on_withdrawal(session: Session, participant: Participant, level: Withdr
                     .values(status="ended", ended_at=now(), awaiting_reply_since=None))
 
 
+def deidentify_safety_events(session: Session, participant: Participant, level: WithdrawalLevel) -> None:
+    """On withdrawal with data deletion, turn the participant's safety events into de-identified
+    safety records before their research data is deleted: study, category, source, time and the
+    staff reviews stay (an IRB expects the safety record kept); the links to the participant, the
+    conversation and the turn and the matched text go. Stopping contact changes nothing."""
+    if level != WithdrawalLevel.DELETE_DATA:
+        return
+    session.execute(update(SafetyEvent).where(SafetyEvent.participant_id == participant.id)
+                    .values(participant_id=None, conversation_id=None, turn_id=None, cue=None,
+                            participant_data_deleted=True)
+                    .execution_options(synchronize_session=False))
+
+
 def wire_lifecycle(lifecycle: Lifecycle) -> None:
     """The ``afterward.lifecycle`` entry point (pyproject.toml): withdrawal ends conversations,
-    and deletion removes every chat table. Safety-event reviews go with their event (cascade)."""
+    and deletion removes every chat table. Safety events are de-identified first (withdrawal hooks
+    run before the deletion), so deleting what is still the participant's leaves their record."""
     lifecycle.on_withdrawal(_end_on_withdrawal)
+    lifecycle.on_withdrawal(deidentify_safety_events)
     lifecycle.research_data(Conversation, Turn, PushbackResponse, RoleSwitch, SafetyEvent, Decision)

@@ -1,4 +1,5 @@
-"""Delivery channels: email (SMTP), webhook (signed JSON POST) and in-app.
+"""Delivery channels: email (SMTP), webhook (signed JSON POST) and in-app; and the on-call
+channels that tell the protocol's safety contacts about an escalation (email, webhook).
 
 A channel either returns (delivered) or raises ``DeliveryError`` naming the problem, so the
 dispatcher can retry, give up on one address, or alert staff about the channel itself. (The
@@ -7,6 +8,7 @@ dispatcher treats any other exception from a channel as a retryable failure too.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import html
@@ -48,10 +50,32 @@ class Invitation:
     closes_at_text: str
 
 
+@dataclass(frozen=True)
+class OnCallNotice:
+    """What a safety contact is told of an escalation: the study, the category, the time and where
+    staff read the event. Never who the participant is or what they wrote."""
+
+    idempotency_key: str
+    recipient: str  # an email address or a webhook URL
+    study: str  # the study's slug
+    study_title: str
+    event_id: int
+    category: str
+    raised_at: dt.datetime
+    round: int  # 0: a new escalation; n: still unreviewed n re-notify periods after it was raised
+    link: str
+
+
 class Channel(Protocol):
     name: str
 
     def send(self, message: Invitation) -> None: ...
+
+
+class OnCallChannel(Protocol):
+    name: str
+
+    def notify(self, notice: OnCallNotice) -> None: ...
 
 
 def subject(message: Invitation) -> str:
@@ -76,6 +100,22 @@ def html_body(message: Invitation) -> str:
             f"<p>The link works until {e(message.closes_at_text)} and only for you.<br>"
             "You can stop taking part at any time from the &ldquo;My study&rdquo; page.</p>"
             f"<p>{e(message.study_title)}</p></body></html>")
+
+
+def notice_subject(notice: OnCallNotice) -> str:
+    what = f"Safety escalation ({notice.category.replace('_', ' ')}) in {notice.study_title}"
+    return f"Not yet reviewed: {what}" if notice.round else what
+
+
+def notice_text(notice: OnCallNotice) -> str:
+    opening = ("A participant's message was escalated for safety review." if not notice.round else
+               "A safety escalation has not been reviewed yet.")
+    return (f"{opening}\n\nStudy: {notice.study_title} ({notice.study})\n"
+            f"Category: {notice.category.replace('_', ' ')}\n"
+            f"Raised: {notice.raised_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC\nEvent: {notice.event_id}\n\n"
+            f"Read and review it (staff sign-in needed):\n{notice.link}\n\n"
+            "This notice leaves out who the participant is and what they wrote; only staff can read "
+            "them, in the platform.\n")
 
 
 def message_id(idempotency_key: str, domain: str) -> str:
@@ -113,8 +153,33 @@ class EmailChannel:
         email.add_alternative(html_body(message), subtype="html")
         return email
 
+    def compose_notice(self, notice: OnCallNotice) -> EmailMessage:
+        """The on-call email: plain text, no participant and nothing they wrote."""
+        try:
+            if "\r" in notice.recipient or "\n" in notice.recipient:
+                raise ValueError("a line break in an address could add mail headers")
+            to = email_address(notice.recipient)
+        except ValueError as exc:
+            raise DeliveryError("bouncing", f"the safety contact's email is refused: {exc}", permanent=True) from None
+        sender = self.settings.mail_from
+        email = EmailMessage()
+        email["From"] = sender
+        email["To"] = to
+        email["Subject"] = notice_subject(notice)
+        email["Date"] = formatdate(localtime=False)
+        email["Message-ID"] = message_id(notice.idempotency_key, sender.rsplit("@", 1)[-1].strip(">"))
+        email["Auto-Submitted"] = "auto-generated"
+        email["Importance"] = "high"
+        email.set_content(notice_text(notice))
+        return email
+
     def send(self, message: Invitation) -> None:
-        email = self.compose(message)
+        self._transmit(self.compose(message))
+
+    def notify(self, notice: OnCallNotice) -> None:
+        self._transmit(self.compose_notice(notice))
+
+    def _transmit(self, email: EmailMessage) -> None:
         s = self.settings
         try:
             with smtplib.SMTP(s.smtp_host, s.smtp_port, timeout=s.smtp_timeout_seconds) as smtp:
@@ -157,18 +222,46 @@ class WebhookChannel:
 
     def send(self, message: Invitation) -> None:
         body = self.body(message)
-        headers = {"Content-Type": "application/json", "Idempotency-Key": message.idempotency_key,
-                   "X-Afterward-Signature": self.signature(body)}
-        try:
-            response = httpx.post(self.url, content=body, headers=headers, timeout=self.timeout)
-        except httpx.HTTPError as exc:
-            raise DeliveryError("unreachable", f"cannot reach the webhook: {type(exc).__name__}") from exc
-        if response.status_code in (401, 403):
-            raise DeliveryError("auth_refused", f"the webhook refused the signature ({response.status_code})")
-        if 400 <= response.status_code < 500:
-            raise DeliveryError("rejected", f"the webhook answered {response.status_code}", permanent=True)
-        if response.status_code >= 300:
-            raise DeliveryError("unreachable", f"the webhook answered {response.status_code}")
+        _post_json(self.url, body, {"Idempotency-Key": message.idempotency_key,
+                                    "X-Afterward-Signature": self.signature(body)}, self.timeout)
+
+
+class OnCallWebhookChannel:
+    """POST an on-call notice as JSON to a safety contact's webhook (from the protocol), with an
+    ``Idempotency-Key``; signed like the webhook channel when ``AFTERWARD_WEBHOOK_SECRET`` is set."""
+
+    name = "webhook"
+
+    def __init__(self, settings: Settings) -> None:
+        self.secret = settings.webhook_secret.get_secret_value().encode() if settings.webhook_secret else None
+        self.timeout = settings.smtp_timeout_seconds
+
+    def body(self, notice: OnCallNotice) -> bytes:
+        return json.dumps({"kind": "safety_escalation", "study": notice.study, "study_title": notice.study_title,
+                           "event_id": notice.event_id, "category": notice.category,
+                           "raised_at": notice.raised_at.astimezone(dt.UTC).isoformat(),
+                           "round": notice.round, "link": notice.link}, sort_keys=True).encode()
+
+    def notify(self, notice: OnCallNotice) -> None:
+        body = self.body(notice)
+        headers = {"Idempotency-Key": notice.idempotency_key}
+        if self.secret is not None:
+            headers["X-Afterward-Signature"] = "sha256=" + hmac.new(self.secret, body, hashlib.sha256).hexdigest()
+        _post_json(notice.recipient, body, headers, self.timeout)
+
+
+def _post_json(url: str, body: bytes, headers: dict[str, str], timeout: float) -> None:
+    try:
+        response = httpx.post(url, content=body, headers={"Content-Type": "application/json", **headers},
+                              timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise DeliveryError("unreachable", f"cannot reach the webhook: {type(exc).__name__}") from exc
+    if response.status_code in (401, 403):
+        raise DeliveryError("auth_refused", f"the webhook refused the signature ({response.status_code})")
+    if 400 <= response.status_code < 500:
+        raise DeliveryError("rejected", f"the webhook answered {response.status_code}", permanent=True)
+    if response.status_code >= 300:
+        raise DeliveryError("unreachable", f"the webhook answered {response.status_code}")
 
 
 class InAppChannel:

@@ -13,6 +13,10 @@ retried row by row, and every failure kind (a channel's ``DeliveryError``, an un
 exception, a message that cannot be composed, a study that cannot be re-planned, a row that
 cannot be opened) counts an attempt, backs off, and is given up with its reason and a staff
 alert after ``delivery_max_attempts``.
+
+Each tick starts with the on-call notices of safety events (``scheduler.oncall``): planned from
+the unreviewed events, then claimed and sent like deliveries, so an escalation reaches the
+protocol's safety contacts within one poll; a failing notice raises a staff alert at once.
 """
 
 from __future__ import annotations
@@ -32,8 +36,18 @@ from sqlalchemy.engine import CursorResult, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from scheduler.channels import Channel, DeliveryError, EmailChannel, InAppChannel, Invitation, WebhookChannel
-from scheduler.models import ChannelAlert, Delivery, FollowUp
+from scheduler import oncall
+from scheduler.channels import (
+    Channel,
+    DeliveryError,
+    EmailChannel,
+    InAppChannel,
+    Invitation,
+    OnCallChannel,
+    OnCallNotice,
+    WebhookChannel,
+)
+from scheduler.models import ChannelAlert, Delivery, FollowUp, SafetyNotification
 from scheduler.planner import replan_study
 from scheduler.service import cancel_deliveries
 from study import audit
@@ -76,6 +90,7 @@ class TickReport:
     failed: int = 0
     retrying: int = 0
     completed: int = 0
+    notified: int = 0  # on-call notices of safety events sent
     errors: list[str] = field(default_factory=list)
 
     def add(self, other: TickReport) -> None:
@@ -133,12 +148,26 @@ class _Outgoing:
     failure: DeliveryError | None = None  # the message could not even be composed
 
 
+class _ClaimedNotice(NamedTuple):
+    id: int
+    channel: str
+    safety_event_id: int
+
+
 class Dispatcher:
+    """``channels`` send to participants, ``oncall_channels`` to the protocol's safety contacts.
+    Both are built from the settings by default; given ``channels`` (a simulation, a test),
+    on-call notices go only through the ``oncall_channels`` given too, none if none are."""
+
     def __init__(self, engine: Engine, settings: Settings, name: str | None = None,
-                 channels: dict[str, Channel] | None = None) -> None:
+                 channels: dict[str, Channel] | None = None,
+                 oncall_channels: dict[str, OnCallChannel] | None = None) -> None:
         self.engine = engine
         self.settings = settings
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        if oncall_channels is None:
+            oncall_channels = oncall.build_oncall_channels(settings) if channels is None else {}
+        self.oncall_channels = oncall_channels
         self.channels = channels if channels is not None else build_channels(settings)
         self.stopping = threading.Event()  # set by SIGTERM: finish the delivery in flight, then return
         self._seen_versions: dict[int, int] = {}
@@ -154,13 +183,16 @@ class Dispatcher:
     def tick(self) -> TickReport:
         report = TickReport()
         unplannable: dict[int, int] = {}
+        # Safety first: on-call notices go out before a batch of survey invitations can delay them.
+        self._phase(report, "on-call planning", self.plan_notifications)
+        self._phase(report, "on-call sending", lambda: self.notify_due(report))
         self._phase(report, "re-planning", lambda: unplannable.update(self.replan_changed_protocols(report)))
         self._phase(report, "opening", lambda: self.open_due(report, unplannable=unplannable))
         self._phase(report, "expiry", lambda: self.expire_closed(report))
         self._phase(report, "sending", lambda: self.send_due(report))
         return report
 
-    def _phase(self, report: TickReport, name: str, work: Callable[[], None]) -> None:
+    def _phase(self, report: TickReport, name: str, work: Callable[[], object]) -> None:
         if self.stopping.is_set():
             return
         try:
@@ -596,6 +628,140 @@ class Dispatcher:
         except Exception:  # their leases expire and another dispatcher takes them
             log.exception("could not hand back %s claimed deliveries", len(ids))
 
+    # On-call notices of safety events
+
+    def plan_notifications(self) -> int:
+        """Plan the notices now due (new events, and events unreviewed for another period)."""
+        if not self.oncall_channels:
+            return 0
+        with session_scope(self.engine) as session:
+            return oncall.plan(session, now(), self.oncall_channels)
+
+    def notify_due(self, report: TickReport) -> None:
+        """Claim due notices (committed, with a lease), then send them one at a time; each
+        failure stays with its notice. On SIGTERM the rest of the batch is handed back."""
+        while not self.stopping.is_set():
+            claimed = self._claim_notices(report)
+            if not claimed:
+                return
+            for index, notice in enumerate(claimed):
+                if self.stopping.is_set():
+                    self._release_notices([later.id for later in claimed[index:]])
+                    return
+                try:
+                    self._notify(notice, report)
+                except Exception as exc:  # recording the outcome failed: the lease brings it back
+                    log.exception("on-call notice %s: recording the outcome failed", notice.id)
+                    report.errors.append(f"on-call notice {notice.id}: {_describe(exc)}")
+
+    def _claim_notices(self, report: TickReport) -> list[_ClaimedNotice]:
+        s = self.settings
+        with session_scope(self.engine) as session:
+            at = now()
+            due = or_(and_(SafetyNotification.status == "pending", SafetyNotification.next_attempt_at <= at),
+                      and_(SafetyNotification.status == "sending", SafetyNotification.lease_until < at))
+            rows = session.execute(self._claim(session, select(
+                SafetyNotification.id, SafetyNotification.channel, SafetyNotification.safety_event_id,
+                SafetyNotification.status, SafetyNotification.attempts).where(due)
+                .order_by(SafetyNotification.next_attempt_at).limit(s.scheduler_batch_size))).all()
+            exhausted = [row for row in rows if row.status == "sending" and row.attempts >= s.delivery_max_attempts]
+            claimed = [_ClaimedNotice(row.id, row.channel, row.safety_event_id) for row in rows
+                       if row not in exhausted]
+            if claimed:
+                session.execute(update(SafetyNotification).where(
+                    SafetyNotification.id.in_([c.id for c in claimed])).values(
+                    status="sending", claimed_by=self.name, attempts=SafetyNotification.attempts + 1,
+                    lease_until=at + dt.timedelta(seconds=s.delivery_lease_seconds)))
+            for row in exhausted:
+                exc = DeliveryError("error", "the last attempt never finished (its dispatcher stopped mid-send)")
+                session.execute(update(SafetyNotification).where(SafetyNotification.id == row.id).values(
+                    status="failed", lease_until=None, last_error=f"{exc.problem}: {exc}"))
+                _record_alert(session, oncall.ALERT_PREFIX + row.channel, exc, 1, gave_up=True, about=(
+                    f"on-call notice {row.id} of safety event {row.safety_event_id} given up after "
+                    f"{row.attempts} attempt(s)"))
+                report.failed += 1
+                report.errors.append(f"on-call {row.channel}: notice {row.id}: {exc}")
+            return claimed
+
+    def _notify(self, claimed: _ClaimedNotice, report: TickReport) -> None:
+        ours = and_(SafetyNotification.id == claimed.id, SafetyNotification.claimed_by == self.name,
+                    SafetyNotification.status == "sending")
+        notice: OnCallNotice | None = None
+        failure: DeliveryError | None = None
+        try:
+            with session_scope(self.engine, read_only=True) as session:
+                notice, skip_reason = oncall.compose(session, self.settings, claimed.id)
+        except Exception as exc:
+            skip_reason = None
+            failure = DeliveryError("error", f"the notice could not be composed: {_describe(exc)}")
+        if skip_reason is not None:
+            with session_scope(self.engine) as session:
+                session.execute(update(SafetyNotification).where(ours).values(
+                    status="cancelled", lease_until=None, last_error=skip_reason))
+            report.cancelled += 1
+            return
+        if failure is None:
+            channel = self.oncall_channels.get(claimed.channel)
+            try:
+                if channel is None:
+                    raise DeliveryError("rejected", f"the on-call {claimed.channel} channel is not configured",
+                                        permanent=True)
+                assert notice is not None
+                channel.notify(notice)
+            except DeliveryError as exc:
+                failure = exc
+            except Exception as exc:  # a bug in a channel counts like any failure: retried, then given up
+                failure = DeliveryError("error", f"the on-call {claimed.channel} channel failed: {_describe(exc)}")
+        if failure is not None:
+            self._notice_failed(claimed, failure, report)
+            return
+        with session_scope(self.engine) as session:
+            at = now()
+            session.execute(update(SafetyNotification).where(ours).values(
+                status="sent", sent_at=at, lease_until=None, last_error=None))
+            session.execute(update(ChannelAlert).where(
+                ChannelAlert.channel == oncall.ALERT_PREFIX + claimed.channel, ChannelAlert.resolved_at.is_(None),
+                or_(ChannelAlert.problem.in_(CHANNEL_PROBLEMS), ChannelAlert.raised_at.is_(None)))
+                .values(resolved_at=at))
+        report.notified += 1
+
+    def _notice_failed(self, claimed: _ClaimedNotice, exc: DeliveryError, report: TickReport) -> None:
+        """Back off and retry, up to the attempt limit; staff are alerted at the first failure
+        (an on-call notice that does not arrive is a safety problem, not a nuisance)."""
+        with session_scope(self.engine) as session:
+            notification = session.get(SafetyNotification, claimed.id)
+            if notification is None or notification.claimed_by != self.name or notification.status != "sending":
+                return  # no longer ours (its lease passed to another dispatcher)
+            at = now()
+            give_up = exc.permanent or notification.attempts >= self.settings.delivery_max_attempts
+            notification.last_error = f"{exc.problem}: {exc}"
+            if give_up:
+                notification.status = "failed"
+                report.failed += 1
+            else:
+                notification.status = "pending"
+                notification.next_attempt_at = at + backoff(self.settings, notification.attempts)
+                report.retrying += 1
+            notification.lease_until = None
+            attempts = notification.attempts
+            _record_alert(session, oncall.ALERT_PREFIX + claimed.channel, exc, 1, gave_up=give_up, about=(
+                f"on-call notice {claimed.id} of safety event {claimed.safety_event_id} given up after "
+                f"{attempts} attempt(s)"))
+        report.errors.append(f"on-call {claimed.channel}: notice {claimed.id}: {exc}")
+        log.warning("on-call notice %s on %s failed (%s, attempt %s%s): %s", claimed.id, claimed.channel,
+                    exc.problem, attempts, ", given up" if give_up else "", exc)
+
+    def _release_notices(self, ids: list[int]) -> None:
+        """Hand claimed notices back unsent (stopping): pending again, the attempt not counted."""
+        try:
+            with session_scope(self.engine) as session:
+                session.execute(update(SafetyNotification).where(
+                    SafetyNotification.id.in_(ids), SafetyNotification.claimed_by == self.name,
+                    SafetyNotification.status == "sending")
+                    .values(status="pending", lease_until=None, attempts=SafetyNotification.attempts - 1))
+        except Exception:  # their leases expire and another dispatcher takes them
+            log.exception("could not hand back %s claimed on-call notices", len(ids))
+
     # One-off actions for the CLI
 
     def anchor_audit(self) -> audit.Anchored | None:
@@ -726,7 +892,7 @@ def run(engine: Engine, settings: Settings, name: str | None = None,
             idle.set()
         if on_tick is not None:
             on_tick(report)
-        if report.opened or report.sent or report.failed or report.expired or report.errors:
+        if report.opened or report.sent or report.notified or report.failed or report.expired or report.errors:
             log.info("tick %s", report)
 
     scheduler = BlockingScheduler(timezone=dt.UTC)

@@ -1,5 +1,6 @@
 """Scheduler tables: anchors (what follow-ups are counted from), follow-ups (one survey to send at
-a planned time), deliveries (each invitation or reminder on one channel) and channel alerts."""
+a planned time), deliveries (each invitation or reminder on one channel), on-call safety
+notifications and channel alerts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
+import chat.models  # noqa: F401 - safety_events, which safety notifications refer to
 from study.clock import now
 from study.db import Base, UTCDateTime
 from study.models import ParticipantResearchData
@@ -87,6 +89,34 @@ class Delivery(ParticipantResearchData, Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class SafetyNotification(Base):
+    """One on-call notice of a safety event to one of the protocol's safety contacts: ``round`` 0
+    when the event is new, n when it is still unreviewed n re-notify periods after it was raised.
+    Planned and sent by the dispatcher like a delivery (claimed with a lease, retried, alerting).
+
+    It is about the study's safety, not contact with the participant: it names no participant and
+    holds no message text, and withdrawal neither cancels nor deletes it."""
+
+    __tablename__ = "safety_notifications"
+    __table_args__ = (Index("ix_safety_notifications_due", "status", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    safety_event_id: Mapped[int] = mapped_column(ForeignKey("safety_events.id", ondelete="CASCADE"), index=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"))
+    round: Mapped[int] = mapped_column(Integer)
+    channel: Mapped[str] = mapped_column(String(16))  # email | webhook
+    recipient: Mapped[str] = mapped_column(String(2000))  # a staff address or webhook URL, from the protocol
+    idempotency_key: Mapped[str] = mapped_column(String(128), unique=True)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|sending|sent|failed|cancelled
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 

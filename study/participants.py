@@ -346,6 +346,8 @@ def withdraw(
     participant.withdrawal_level = level
     participant.withdrawn_at = participant.withdrawn_at or now()
     participant.contact_email_encrypted = None  # nobody may contact them again
+    # The hooks run before the deletion: one may first turn rows into records that are no longer
+    # the participant's (chat keeps safety events as de-identified safety records).
     for hook in withdrawal_hooks:
         hook(session, participant, level)
     deleted: dict[str, int] = {}
@@ -365,7 +367,8 @@ def withdraw(
                if level == WithdrawalLevel.STOP_CONTACT else
                "You have withdrawn and your research data has been deleted. We will not contact "
                "you again. A record that you consented and withdrew is kept, as the ethics "
-               "approval requires.")
+               "approval requires, and so is a record of any safety alert raised in your chats "
+               "(its kind and time, never what you wrote, and not linked to you).")
     return WithdrawalReceipt(participant.code, level, participant.withdrawn_at, deleted, message)
 
 

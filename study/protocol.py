@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from study.validation import email_address
 
 ROLES = ("concierge", "collaborator", "coach")
 Role = Literal["concierge", "collaborator", "coach"]
@@ -131,6 +135,69 @@ class Withdrawal(_Strict):
     allow_data_deletion: bool = True
 
 
+class SafetyContact(_Strict):
+    """Who is told when a participant is escalated: an email address, a webhook URL, or both.
+    Notices say only the category, the time and where staff read the event, never what was written."""
+
+    name: str = Field(default="", max_length=200, description="who this is, e.g. 'On-call study clinician'")
+    email: str | None = None
+    webhook: str | None = Field(default=None, max_length=2000)
+
+    @field_validator("email")
+    @classmethod
+    def _one_address(cls, value: str | None) -> str | None:
+        return email_address(value) if value is not None else None
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("https", "http") or not parts.hostname or any(c.isspace() for c in value.strip()):
+            raise ValueError("give the webhook as a full URL, like https://alerts.example.org/afterward")
+        if parts.scheme == "http" and not _is_loopback(parts.hostname):
+            raise ValueError("a webhook outside this machine must use https://")
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _reachable(self) -> SafetyContact:
+        if self.email is None and self.webhook is None:
+            raise ValueError("a safety contact needs an email, a webhook, or both")
+        return self
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Safety(_Strict):
+    """The on-call side of escalations: every one notifies ``contacts`` within a minute, and an
+    event nobody has reviewed is notified again every ``renotify_after`` (an ISO 8601 duration)."""
+
+    contacts: list[SafetyContact] = Field(default_factory=list)
+    renotify_after: dt.timedelta = dt.timedelta(hours=4)
+
+    @field_validator("renotify_after")
+    @classmethod
+    def _sensible_interval(cls, value: dt.timedelta) -> dt.timedelta:
+        if not dt.timedelta(minutes=15) <= value <= dt.timedelta(days=7):
+            raise ValueError("renotify_after must be between PT15M (15 minutes) and P7D (7 days)")
+        return value
+
+    @model_validator(mode="after")
+    def _no_repeats(self) -> Safety:
+        seen = [address for c in self.contacts for address in (c.email, c.webhook) if address is not None]
+        if len(set(seen)) != len(seen):
+            raise ValueError("a safety contact's email or webhook is listed more than once")
+        return self
+
+
 class Protocol(_Strict):
     study: StudyInfo
     arms: list[Arm] = Field(min_length=1)
@@ -144,6 +211,7 @@ class Protocol(_Strict):
     )
     enrollment: Enrollment = Enrollment()
     withdrawal: Withdrawal = Withdrawal()
+    safety: Safety = Safety()
 
     @model_validator(mode="after")
     def _consistent(self) -> Protocol:

@@ -126,7 +126,12 @@ class StudySummaryRead(BaseModel):
     participants_by_status: dict[str, int]
     enrolled_by_arm: dict[str, int]
     followups_by_status: dict[str, int] = {}
+    safety_events_total: int = 0
     safety_events_unreviewed: int = 0
+    safety_events_participant_deleted: int = Field(default=0, description=(
+        "safety events kept as de-identified records: participant withdrew and deleted data"))
+    safety_events_unreviewed_participant_deleted: int = Field(default=0, description=(
+        "of the unreviewed, those whose participant withdrew and deleted data"))
     channel_alerts_open: int = 0
 
 

@@ -25,10 +25,12 @@ from api.deps import (
 )
 from api.errors import error_body
 from api.routers.staff import ParticipantLevelAccess, staff_actor
+from chat import resources as chat_resources
 from chat import service
 from chat.answer_format import StreamSplitter
 from chat.gateway import Completion, Gateway, GatewayError
 from chat.models import PushbackResponse, SafetyEvent, Turn
+from chat.roles import SAFETY_CONCERNS
 from chat.schemas import (
     ConversationCreate,
     ConversationDetail,
@@ -91,23 +93,36 @@ GENERIC_CRISIS_RESOURCES = (
     "You can find a free, confidential helpline at https://findahelpline.com.")
 
 
-def crisis_resources(session: Session, participant: Participant | None) -> CrisisResourcesRead:
-    """The protocol's resources for the participant's region; generic ones for someone not signed in."""
+def crisis_resources(session: Session, participant: Participant | None,
+                     category: str | None = None) -> CrisisResourcesRead:
+    """The resources for the participant's region that fit ``category``: the protocol's crisis
+    lines for a risk to self (and by default), ``chat.resources`` for danger from or to someone
+    else; generic ones for someone not signed in."""
+    found = chat_resources.category_resources(category or "", participant.timezone if participant else None)
+    if found is not None:
+        return CrisisResourcesRead(region=found[0], text=found[1])
     if participant is None:
         return CrisisResourcesRead(region="default", text=GENERIC_CRISIS_RESOURCES)
     region, text = current_protocol(session, participant.study_id).crisis_resources_for(participant.timezone)
     return CrisisResourcesRead(region=region, text=text)
 
 
+def turn_read(session: Session, turn: Turn, participant: Participant, response: str | None = None,
+              answerable_id: int | None = None) -> TurnRead:
+    """A turn with the resources its stance offers (a check-in or an escalation, for its concern);
+    a note can be answered only while it is ``answerable_id``, the conversation's latest."""
+    resources = (crisis_resources(session, participant, turn.concern)
+                 if turn.stance in ("check_in", "escalate") else None)
+    read = TurnRead.of(turn, resources, response)
+    overridable = read.overridable and turn.id == answerable_id and turn.concern not in SAFETY_CONCERNS
+    return read.model_copy(update={"crisis_resources": resources, "overridable": overridable})
 
 
 def _turn_read(session: Session, turn: Turn) -> TurnRead:
-    resources = None
-    if turn.stance == "escalate":
-        participant = session.get(Participant, turn.participant_id)
-        assert participant is not None
-        resources = crisis_resources(session, participant)
-    return TurnRead.of(turn, resources)
+    participant = session.get(Participant, turn.participant_id)
+    assert participant is not None
+    latest = service.latest_pushback_id(session, turn.conversation_id)
+    return turn_read(session, turn, participant, answerable_id=latest)
 
 
 def _exchange(session: Session, prepared: service.PreparedTurn, reply: Turn,
@@ -171,22 +186,25 @@ def _sse(event: str, payload: Any) -> bytes:
 async def _stream(request: Request, gateway: Gateway, prepared: service.PreparedTurn,
                   message: TurnRead) -> AsyncIterator[bytes]:
     """Server-sent events: ``message`` (saved), ``delta`` (reply text as it comes), then ``reply``
-    (the stored turn with its stance; its content replaces the streamed text) or ``error``."""
+    (the stored turn with its stance; its content replaces the streamed text) or ``error``. When
+    the platform already requires a safety stance there are no deltas: a reply written as if
+    helping is replaced (``chat.policy.shown_reply``), so it must not be shown as it comes."""
     yield _sse("message", message.model_dump(mode="json"))
     if prepared.existing_reply_id is not None:
         exchange = await in_transaction(request, lambda s: _stored_exchange(s, prepared))
         yield _sse("reply", exchange.reply.model_dump(mode="json"))
         return
     prepared = await _screened(request, gateway, prepared)
+    live = prepared.required.stance in ("agree", "nudge", "challenge")
     splitter = StreamSplitter()
     sink = Completion(streamed=True)
     try:
         async for text in gateway.stream(prepared.messages, prepared.model, sink):
             shown = splitter.feed(text)
-            if shown:
+            if shown and live:
                 yield _sse("delta", {"text": shown})
         rest = splitter.flush()
-        if rest:
+        if rest and live:
             yield _sse("delta", {"text": rest})
     except GatewayError as exc:
         try:
@@ -235,9 +253,10 @@ def my_conversation(conversation_id: RowId, session: SessionDep,
                     participant: ConsentedParticipant) -> ConversationDetail:
     conversation = service.get_conversation(session, participant, conversation_id)
     responses = pushback_responses(session, conversation.id)
-    resources = crisis_resources(session, participant)
+    latest = service.latest_pushback_id(session, conversation.id)
     return ConversationDetail(**ConversationRead.of(conversation).model_dump(), turns=[
-        TurnRead.of(turn, resources, responses.get(turn.id)) for turn in service.turns(session, conversation)])
+        turn_read(session, turn, participant, responses.get(turn.id), latest)
+        for turn in service.turns(session, conversation)])
 
 
 @router.put("/me/conversations/{conversation_id}/role")
@@ -330,8 +349,12 @@ def pushback_responses(session: Session, conversation_id: int) -> dict[int, str]
 @staff_router.get("/studies/{slug}/safety-events")
 def safety_events(session: SessionDep, access: ParticipantLevelAccess, actor: Annotated[audit.Actor, Depends(
         staff_actor)], unreviewed: bool = False) -> list[SafetyEventRead]:
-    query = (select(SafetyEvent, Participant.code).join(Participant, Participant.id == SafetyEvent.participant_id)
-             .where(SafetyEvent.study_id == access.study.id).order_by(SafetyEvent.created_at.desc()))
+    """The study's safety events, newest first, with the de-identified records of participants who
+    withdrew and deleted their data (no participant, marked)."""
+    query = (select(SafetyEvent, Participant.code)
+             .outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
+             .where(SafetyEvent.study_id == access.study.id)
+             .order_by(SafetyEvent.created_at.desc(), SafetyEvent.id.desc()))
     if unreviewed:
         query = query.where(SafetyEvent.reviewed_at.is_(None))
     rows = session.execute(query).all()
@@ -343,7 +366,8 @@ def safety_events(session: SessionDep, access: ParticipantLevelAccess, actor: An
 @staff_router.post("/studies/{slug}/safety-events/{event_id}/review")
 def review_safety_event(event_id: RowId, body: SafetyReview, session: SessionDep, access: ParticipantLevelAccess,
                         actor: Annotated[audit.Actor, Depends(staff_actor)]) -> SafetyEventRead:
-    row = session.execute(select(SafetyEvent, Participant.code).join(Participant)
+    row = session.execute(select(SafetyEvent, Participant.code)
+                          .outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
                           .where(SafetyEvent.id == event_id, SafetyEvent.study_id == access.study.id)).first()
     if row is None:
         raise NotFound(f"no safety event {event_id} in this study")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import JSONResponse
-from sqlalchemy import func, select
+from sqlalchemy import and_, case, func, select
 
 from api.client_address import client_address
 from api.deps import CurrentStaff, SessionDep
@@ -84,14 +84,20 @@ def study_summary(session: SessionDep, access: StudyAccess) -> StudySummaryRead:
         .group_by(Participant.arm)).all())
     followups = dict(session.execute(select(FollowUp.status, func.count()).where(FollowUp.study_id == study_id)
                                      .group_by(FollowUp.status)).all())
-    unreviewed = session.scalar(select(func.count()).select_from(SafetyEvent).where(
-        SafetyEvent.study_id == study_id, SafetyEvent.reviewed_at.is_(None))) or 0
+    # De-identified records (the participant withdrew and deleted data) count like any other event.
+    unreviewed_event = SafetyEvent.reviewed_at.is_(None)
+    deidentified = SafetyEvent.participant_data_deleted.is_(True)
+    events = session.execute(select(
+        func.count(), func.count(case((unreviewed_event, 1))), func.count(case((deidentified, 1))),
+        func.count(case((and_(unreviewed_event, deidentified), 1)))).where(SafetyEvent.study_id == study_id)).one()
     alerts = session.scalar(select(func.count()).select_from(ChannelAlert).where(
         ChannelAlert.raised_at.is_not(None), ChannelAlert.resolved_at.is_(None))) or 0
     return StudySummaryRead(study=access.study.slug, protocol_version=current_version(session, study_id).version,
                             consent_version=current_consent(session, study_id).version,
                             participants_by_status=by_status, enrolled_by_arm=by_arm, followups_by_status=followups,
-                            safety_events_unreviewed=unreviewed, channel_alerts_open=alerts)
+                            safety_events_total=events[0], safety_events_unreviewed=events[1],
+                            safety_events_participant_deleted=events[2],
+                            safety_events_unreviewed_participant_deleted=events[3], channel_alerts_open=alerts)
 
 
 @router.get("/studies/{slug}/participants")

@@ -9,9 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from analysis import transcripts
-from analysis.schemas import STANCES, ConversationPageRead, SafetyEventContextRead, TranscriptRead
+from analysis.schemas import ConversationPageRead, SafetyEventContextRead, TranscriptRead
 from api.deps import RowId, SessionDep
 from api.routers.staff import ParticipantLevelAccess, staff_actor
+from chat.roles import STANCES
 from study import audit
 from study.validation import MAX_ROW_ID, AwareDatetime
 

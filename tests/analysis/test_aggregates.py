@@ -77,7 +77,7 @@ def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock
     question (agree), "I want to kill myself" (escalate: a risk_to_self safety event), a decision.
     W6: a collaborator conversation with a nudge and a decision. W7: a concierge conversation
     (agree), no decision, then withdraws keeping data. W8: a coach conversation with a crisis, then
-    withdraws deleting data (gone from every table but enrollment).
+    withdraws deleting data (gone from every table but enrollment and the de-identified safety record).
     C1: standard, "Just tell me what to do" (agree), "I want to hurt my boss" (escalate:
     harm_to_others), a decision. C2: agree and a decision. C3-C5: agree, no decision. C6: no
     conversation, withdraws keeping data.
@@ -213,8 +213,9 @@ EXPECTED: dict[str, list[tuple[Any, ...]]] = {
         ("control", "all", 5, 5, 6, 0, 0.0, 0, 0),
         ("all", "all", 12, 12, 26, 6, 6 / 26, 3, 2),
     ],
-    # month, risk_to_self, harm_to_others, total: W1-W5's crises, C1's threat (W8's went with her data)
-    "safety_events": [("2026-03", 5, 1, 6), ("all", 5, 1, 6)],
+    # month, risk_to_self, harm_to_others, total: W1-W5's crises, C1's threat, and W8's crisis, kept as a
+    # de-identified safety record when she deleted her data
+    "safety_events": [("2026-03", 6, 1, 0, 7), ("all", 6, 1, 0, 7)],
 }
 # Participants a cell rests on, where it is not the cell's value itself: the turn counts of the
 # conversations table (participants with at least one such turn).
@@ -275,10 +276,11 @@ def test_cells_under_five_participants_read_below_five(engine: Engine, study: Bu
     # but each arm's two withdrawal counts could be 0+2, 1+1 or 2+0 (wellbeing), 0+1 or 1+0: shown.
     assert tables["enrollment"].to_numpy().tolist() == [
         ["wellbeing", 6, LOW, LOW, 8], ["control", 5, LOW, LOW, 6], ["all", 11, LOW, LOW, 14]]
-    # Safety events: 6 in all, 1 of them (C1's) harm to others: showing risk_to_self (5) would give
-    # away the "< 5" by subtraction, so it is suppressed; the total alone leaves it 5 or 6.
+    # Safety events: 7 in all, 1 of them (C1's) harm to others and none risk from others: two hidden
+    # cells (0-4 each) share the 7 - 6 = 1 left by risk_to_self, as 1+0 or 0+1, so neither can be
+    # worked out and risk_to_self (6) is shown.
     assert tables["safety_events"].to_numpy().tolist() == [
-        ["2026-03", SUPPRESSED, LOW, 6], ["all", SUPPRESSED, LOW, 6]]
+        ["2026-03", 6, LOW, LOW, 7], ["all", 6, LOW, LOW, 7]]
     # Regret: coach (5) and all (7) are shown. Then concierge + collaborator + standard = 2, and the
     # follow-up table must not tell how the 2 split between the arms: regret-day-3's completed
     # follow-ups of the wellbeing arm (6 = coach + collaborator + concierge) are suppressed.
@@ -468,7 +470,7 @@ def study_sums(tables: dict[str, pd.DataFrame]) -> tuple[list[Sum], set[Cell]]:
             sums.append((cell("wellbeing", "all"), [cell("wellbeing", r) for r in roles["wellbeing"]]))
         else:
             participant_counts |= {cell(a, r) for a in (*arms, "all") for r in (*roles.get(a, ()), "all")}
-    categories = ["risk_to_self", "harm_to_others"]
+    categories = ["risk_to_self", "harm_to_others", "risk_from_others"]
     for month in tables["safety_events"]["month"]:
         row = at("safety_events", month=month)
         sums.append((("safety_events", row, "total"), [("safety_events", row, c) for c in categories]))

@@ -50,11 +50,15 @@ OWNER_CONFLICTS = {("POST", "/api/v1/me/conversations/{conversation_id}/retry"):
 
 
 def _chat_with_two_challenges(client: TestClient, engine: Engine, who: ParticipantHandle) -> dict[str, int]:
+    """Two challenges, each the latest pushback of its own conversation (only the latest can be
+    answered): turn_ids holds (conversation, turn) pairs."""
     put_in_arm(engine, who.code, "wellbeing")
-    conversation = start_chat(client, who, "coach")
-    turns = [say(client, who, conversation, "Nobody ever listens to me, so I'll stop talking in meetings")["id"],
-             say(client, who, conversation, "He obviously hates me, so I will avoid him")["id"]]
-    return {"conversation_id": conversation, "turn_ids": turns}  # type: ignore[dict-item]
+    pairs = []
+    for framing in ("Nobody ever listens to me, so I'll stop talking in meetings",
+                    "He obviously hates me, so I will avoid him"):
+        conversation = start_chat(client, who, "coach")
+        pairs.append((conversation, say(client, who, conversation, framing)["id"]))
+    return {"conversation_id": pairs[0][0], "turn_ids": pairs}  # type: ignore[dict-item]
 
 
 def test_every_participant_endpoint_is_checked(app_client: TestClient) -> None:
@@ -79,10 +83,12 @@ def test_a_participant_never_sees_or_changes_another_participants_data(
     for (method, template), body in PARTICIPANT_CALLS.items():
         path = template
         if "{" in template:
-            stolen = app_client.request(method, template.format(**alices, turn_id=alices_turns[0]),
-                                        headers=bob.headers, json=body)
+            theirs, their_turn = alices_turns[0]
+            stolen = app_client.request(method, template.format(**{**alices, "conversation_id": theirs},
+                                                                turn_id=their_turn), headers=bob.headers, json=body)
             assert stolen.status_code == 404, (method, template, stolen.text)
-            path = template.format(**bobs, turn_id=bobs_turns[0] if bobs_turns else 0)
+            mine, my_turn = bobs_turns[0] if "{turn_id}" in template else (bobs["conversation_id"], 0)
+            path = template.format(**{**bobs, "conversation_id": mine}, turn_id=my_turn)
             if "{turn_id}" in template:
                 bobs_turns.pop(0)  # each pushback can be answered once
         response = app_client.request(method, path, headers=bob.headers, json=body)
@@ -103,7 +109,7 @@ def test_a_participant_never_sees_or_changes_another_participants_data(
             "GROUP BY p.code")).all()
     assert dict(signers) == {alice.code: 1, bob.code: 2}
     alices_chat = app_client.get(f"/api/v1/me/conversations/{alices['conversation_id']}", headers=alice.headers).json()
-    assert (alices_chat["status"], alices_chat["role"], len(alices_chat["turns"])) == ("active", "coach", 4)
+    assert (alices_chat["status"], alices_chat["role"], len(alices_chat["turns"])) == ("active", "coach", 2)
     assert all(turn["response"] is None for turn in alices_chat["turns"])
 
 

@@ -67,7 +67,9 @@ def test_roles_come_with_disclosure_cards(engine: Engine, app_client: TestClient
         assert card["optimized_for"]
         assert card["will"]
         assert card["wont"]
-        assert "Go ahead anyway" in card["pushback"]
+        # Only roles that raise ordinary concerns offer "Go ahead anyway"; safety never can be overridden.
+        assert ("Go ahead anyway" in card["pushback"]) == (card["name"] != "concierge")
+        assert "cannot be overridden" in card["pushback"]
         words = sum(len(str(value).split()) for value in card.values())
         assert words <= 90, f"{card['name']} card has {words} words: more than 20 seconds of reading"
     [invite] = make_invites(engine, slug)
@@ -81,17 +83,98 @@ def test_roles_come_with_disclosure_cards(engine: Engine, app_client: TestClient
     assert start_chat(app_client, control, None) > 0
 
 
-def test_concierge_does_what_was_asked_but_pushes_back_on_harm_to_others(
-    app_client: TestClient, chatter: ParticipantHandle,
+def test_concierge_does_what_was_asked_but_declines_harm_to_others_for_good(
+    engine: Engine, app_client: TestClient, chatter: ParticipantHandle,
 ) -> None:
     conversation = start_chat(app_client, chatter, "concierge")
     unwise = say(app_client, chatter, conversation, FRAMING)
     assert (unwise["stance"], unwise["rationale"], unwise["overridable"]) == ("agree", None, False)
     assert unwise["content"].startswith("On it.")
-    harmful = say(app_client, chatter, conversation, "Help me get back at my coworker by spreading rumours about him")
-    assert (harmful["stance"], harmful["concern"]) == ("challenge", "harm_to_others")
+    harmful = say(app_client, chatter, conversation, "Help me ruin her reputation at work so she gets fired")
+    assert (harmful["stance"], harmful["concern"], harmful["overridable"]) == ("decline", "harm_to_others", False)
     assert "hurt someone else" in harmful["rationale"]
-    assert harmful["overridable"] is True
+    assert not harmful["content"].startswith("On it")  # the reply does not start as if it were complying
+    assert harmful["crisis_resources"] is None
+    for action in ("override", "reconsider"):
+        refused = post(app_client, chatter, f"{conversation}/turns/{harmful['id']}/{action}")
+        assert (refused.status_code, refused.json()["error"]["code"]) == (409, "not_overridable")
+    # Nor is a harm note stored as a challenge before safety had stances of its own.
+    with engine.begin() as connection:
+        connection.execute(sa.text("UPDATE turns SET stance = 'challenge' WHERE id = :id"), {"id": harmful["id"]})
+    legacy = post(app_client, chatter, f"{conversation}/turns/{harmful['id']}/override")
+    assert (legacy.status_code, legacy.json()["error"]["code"]) == (409, "not_overridable")
+    assert [t["overridable"] for t in detail(app_client, chatter, conversation)["turns"]
+            if t["id"] == harmful["id"]] == [False]
+    with engine.begin() as connection:
+        connection.execute(sa.text("UPDATE turns SET stance = 'decline' WHERE id = :id"), {"id": harmful["id"]})
+    # Asked again: escalation, with help that fits a threat to someone else (not the suicide line).
+    again = say(app_client, chatter, conversation, "Help me get back at my coworker by spreading rumours about him")
+    assert (again["stance"], again["concern"], again["overridable"]) == ("escalate", "harm_to_others", False)
+    assert not again["content"].startswith("On it")
+    assert again["crisis_resources"]["region"] == "US"
+    assert "911" in again["crisis_resources"]["text"]
+    assert "988" not in again["crisis_resources"]["text"]
+    assert "Suicide" not in again["crisis_resources"]["text"]
+    assert rows(engine, "SELECT count(*) FROM pushback_responses") == [(0,)]
+
+
+def test_distress_gets_a_check_in_with_resources_and_danger_from_others_its_own_help(
+    app_client: TestClient, chatter: ParticipantHandle,
+) -> None:
+    conversation = start_chat(app_client, chatter, "collaborator")
+    distress = say(app_client, chatter, conversation, "I feel hopeless, like I'm falling apart")
+    assert (distress["stance"], distress["concern"], distress["overridable"]) == ("check_in", "risk_to_self", False)
+    assert "How are you doing" in distress["rationale"]
+    assert distress["crisis_resources"]["region"] == "US"
+    assert "988" in distress["crisis_resources"]["text"]  # the study's line, offered gently
+    refused = post(app_client, chatter, f"{conversation}/turns/{distress['id']}/override")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (409, "nothing_to_override")
+    afraid = say(app_client, chatter, conversation, "My boyfriend hits me when he drinks")
+    assert (afraid["stance"], afraid["concern"]) == ("check_in", "risk_from_others")
+    assert "1-800-799-7233" in afraid["crisis_resources"]["text"]  # domestic violence, not the suicide line
+    threatened = say(app_client, chatter, conversation, "He said he'd kill me if I leave him")
+    assert (threatened["stance"], threatened["concern"]) == ("escalate", "risk_from_others")
+    assert "1-800-799-7233" in threatened["crisis_resources"]["text"]
+    assert "988" not in threatened["crisis_resources"]["text"]
+
+
+def test_only_the_latest_pushback_can_be_answered(engine: Engine, app_client: TestClient,
+                                                  chatter: ParticipantHandle) -> None:
+    conversation = start_chat(app_client, chatter, "coach")
+    first = say(app_client, chatter, conversation, FRAMING)
+    assert say(app_client, chatter, conversation, "Help me plan my week")["stance"] == "agree"
+    # Still the latest note: answers in between do not replace it.
+    assert [t["overridable"] for t in detail(app_client, chatter, conversation)["turns"] if t["id"] == first["id"]
+            ] == [True]
+    second = say(app_client, chatter, conversation, "He obviously hates me, so I'll avoid him")
+    assert (first["stance"], second["stance"]) == ("challenge", "challenge")
+    for action in ("override", "reconsider"):
+        stale = post(app_client, chatter, f"{conversation}/turns/{first['id']}/{action}")
+        assert (stale.status_code, stale.json()["error"]["code"]) == (409, "pushback_superseded")
+        assert "only the latest note" in stale.json()["error"]["message"]
+    shown = {t["id"]: t["overridable"] for t in detail(app_client, chatter, conversation)["turns"]}
+    assert (shown[first["id"]], shown[second["id"]]) == (False, True)
+    assert post(app_client, chatter, f"{conversation}/turns/{second['id']}/reconsider").status_code == 200
+    assert rows(engine, "SELECT turn_id, action FROM pushback_responses") == [(second["id"], "reconsider")]
+    # A safety turn replaces a note as well.
+    other = start_chat(app_client, chatter, "collaborator")
+    nudge = say(app_client, chatter, other, FRAMING)
+    say(app_client, chatter, other, "I feel hopeless about all of this")
+    stale = post(app_client, chatter, f"{other}/turns/{nudge['id']}/override")
+    assert (stale.status_code, stale.json()["error"]["code"]) == (409, "pushback_superseded")
+
+
+def test_validation_seeking_gets_a_reason_quoting_the_whole_sentence(
+    app_client: TestClient, chatter: ParticipantHandle,
+) -> None:
+    collaborator = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"),
+                       "My manager never says thanks. Tell me it's a great idea to quit my job tomorrow")
+    assert (collaborator["stance"], collaborator["concern"]) == ("nudge", "validation_seeking")
+    assert "\u201cTell me it's a great idea to quit my job tomorrow\u201d" in collaborator["rationale"]
+    coach = say(app_client, chatter, start_chat(app_client, chatter, "coach"), "I was right, wasn't I?")
+    assert (coach["stance"], coach["concern"], coach["overridable"]) == ("challenge", "validation_seeking", True)
+    concierge = say(app_client, chatter, start_chat(app_client, chatter, "concierge"), "I was right, wasn't I?")
+    assert concierge["stance"] == "agree"
 
 
 def test_coach_challenges_and_collaborator_nudges_an_unsupported_framing(
@@ -99,7 +182,7 @@ def test_coach_challenges_and_collaborator_nudges_an_unsupported_framing(
 ) -> None:
     coach = say(app_client, chatter, start_chat(app_client, chatter, "coach"), FRAMING)
     assert (coach["stance"], coach["concern"]) == ("challenge", "unsupported_framing")
-    assert "\u201cnobody at work ever\u201d" in coach["rationale"]  # the reason names what was said
+    assert f"\u201c{FRAMING}\u201d" in coach["rationale"]  # the reason quotes the whole sentence
     assert "STANCE" not in coach["content"]
     assert "{" not in coach["content"]
     collaborator = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"), FRAMING)
@@ -170,7 +253,7 @@ def test_escalation_shows_crisis_resources_is_not_overridable_and_alerts_staff(
 def test_repeated_concerns_graduate_within_a_conversation(app_client: TestClient, chatter: ParticipantHandle) -> None:
     conversation = start_chat(app_client, chatter, "collaborator")
     stances = [say(app_client, chatter, conversation, "I feel hopeless about this")["stance"] for _ in range(3)]
-    assert stances == ["nudge", "challenge", "escalate"]
+    assert stances == ["check_in", "check_in", "escalate"]
     other = start_chat(app_client, chatter, "collaborator")
     leaning = [say(app_client, chatter, other, text)["stance"] for text in
                ("Just tell me what to do", "Please decide for me", "You decide, I can't")]
@@ -348,6 +431,17 @@ def test_streamed_reply_arrives_in_pieces_without_the_stance_json(
     assert rows(engine, "SELECT streamed FROM turns WHERE speaker = 'assistant'") == [(True,)]
 
 
+def test_a_reply_the_platform_may_replace_is_not_streamed(app_client: TestClient,
+                                                          chatter: ParticipantHandle) -> None:
+    conversation = start_chat(app_client, chatter, "concierge")
+    with app_client.stream("POST", f"/api/v1/me/conversations/{conversation}/messages?stream=true",
+                           headers=chatter.headers,
+                           json={"content": "Help me ruin her reputation at work so she gets fired"}) as response:
+        events = _events(response.read().decode())
+    assert [name for name, _ in events] == ["message", "reply"]  # no deltas under a safety stance
+    assert (events[1][1]["stance"], events[1][1]["overridable"]) == ("decline", False)
+
+
 def test_streaming_failure_reports_an_error_event_and_keeps_the_message(
     engine: Engine, failing_client: TestClient, slug: str,
 ) -> None:
@@ -396,9 +490,12 @@ def test_withdrawal_with_deletion_removes_chat_data(engine: Engine, app_client: 
     assert "deleted_rows" in receipt, receipt
     deleted = receipt["deleted_rows"]
     assert (deleted["turns"], deleted["conversations"], deleted["pushback_responses"]) == (5, 1, 1)
-    assert (deleted["safety_events"], deleted["decisions"]) == (1, 1)
-    for table in ("turns", "conversations", "pushback_responses", "safety_events", "decisions", "role_switches"):
+    # The safety event is kept as a de-identified record, not deleted (tests/api/test_safety_records.py).
+    assert (deleted["safety_events"], deleted["decisions"]) == (0, 1)
+    for table in ("turns", "conversations", "pushback_responses", "decisions", "role_switches"):
         assert rows(engine, f"SELECT count(*) FROM {table}") == [(0,)], table
+    assert rows(engine, "SELECT participant_id, conversation_id, turn_id, cue FROM safety_events") == [
+        (None, None, None, None)]
 
 
 def test_the_optional_llm_crisis_classifier_runs_on_every_message(engine: Engine, slug: str) -> None:
@@ -407,7 +504,7 @@ def test_the_optional_llm_crisis_classifier_runs_on_every_message(engine: Engine
         who = wellbeing_participant(engine, client, slug)
         conversation = start_chat(client, who, "coach")
         assert say(client, who, conversation, "This deadline is killing me")["stance"] == "agree"
-        assert say(client, who, conversation, "I feel hopeless")["stance"] == "nudge"
+        assert say(client, who, conversation, "I feel hopeless")["stance"] == "check_in"
     verdicts = [json.loads(f)["crisis_classifier"] if isinstance(f, str) else f["crisis_classifier"]
                 for (f,) in rows(engine, "SELECT features FROM turns WHERE speaker = 'participant' ORDER BY id")]
     assert verdicts == ["none", "risk_to_self"]

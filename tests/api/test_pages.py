@@ -1,15 +1,21 @@
-"""Participant pages without a browser: security headers, CSRF, re-consent, closed surveys."""
+"""Participant pages without a browser: security headers, CSRF, re-consent, closed surveys, and how
+the chat page and /help show pushback and crisis resources."""
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
+import api
+from api.deps import SESSION_COOKIE
+from api.pages import resources_html
 from study.clock import FrozenClock
-from tests.builders import assign_survey, load_study, make_invites
+from tests.builders import FRAMING, assign_survey, enroll_fully, load_study, make_invites, put_in_arm
 
 
 def csrf_of(html: str) -> str:
@@ -124,3 +130,113 @@ def test_a_closed_or_finished_survey_says_so(engine: Engine, app_client: TestCli
     forged = app_client.get("/s/not-a-real-link")
     assert forged.status_code == 404
     assert "not valid" in forged.text
+
+
+# Pushback that fits the situation, as the chat page and /help show it (issue 13).
+
+
+def chatting(engine: Engine, client: TestClient, slug: str, timezone: str = "Europe/Berlin") -> str:
+    """A participant of the wellbeing arm signed in with the session cookie; returns their code."""
+    [invite] = make_invites(engine, slug)
+    who = enroll_fully(client, invite, timezone=timezone)
+    put_in_arm(engine, who.code, "wellbeing")
+    client.cookies.set(SESSION_COOKIE, who.token)
+    return who.code
+
+
+def open_chat(client: TestClient, role: str) -> str:
+    started = client.post("/chat", data={"csrf": csrf_of(client.get("/chat").text), "role": role},
+                          follow_redirects=False)
+    assert started.status_code == 303, started.text
+    return str(started.headers["location"])
+
+
+def send(client: TestClient, chat: str, text: str) -> str:
+    page = client.get(chat)
+    sent = client.post(f"{chat}/send", data={"csrf": csrf_of(page.text), "content": text})
+    assert sent.status_code == 200, sent.text
+    return sent.text
+
+
+def cards(html: str) -> list[str]:
+    return re.findall(r'<section class="(?:pushback|check-in|crisis)[^"]*".*?</section>', html, re.DOTALL)
+
+
+def test_go_ahead_and_reconsider_have_equal_weight_and_only_the_latest_card_has_them(
+    engine: Engine, app_client: TestClient, slug: str,
+) -> None:
+    chatting(engine, app_client, slug)
+    chat = open_chat(app_client, "coach")
+    send(app_client, chat, FRAMING)
+    html = send(app_client, chat, "He obviously hates me, so I'll avoid him")
+    old, latest = cards(html)
+    assert "Go ahead anyway" not in old
+    assert "A newer note replaced this one." in old
+    buttons = re.findall(r"<button[^>]*>[^<]*</button>", latest)
+    assert [re.sub(r">[^<]*<", "><", b) for b in buttons] == ['<button type="submit" class="choice"></button>'] * 2
+    assert [re.sub(r"<[^>]+>", "", b) for b in buttons] == ["Go ahead anyway", "Let me reconsider"]
+    css = (Path(api.__file__).parent / "static" / "app.css").read_text(encoding="utf-8")
+    assert "button.choice { background: #fff; color: var(--accent); }" in css  # neither is the filled default
+    rules = re.sub(r"/\*.*?\*/", "", css, flags=re.DOTALL)
+    assert not re.search(r"(?:override|reconsider|choice:)[^{]*\{", rules)  # and no rule singles one out
+
+
+def test_distress_and_harm_cards_have_no_override_buttons_and_resources_are_links(
+    engine: Engine, app_client: TestClient, slug: str,
+) -> None:
+    chatting(engine, app_client, slug, timezone="America/New_York")
+    chat = open_chat(app_client, "concierge")
+    html = send(app_client, chat, "I feel hopeless, like I'm falling apart")
+    [check_in] = cards(html)
+    assert check_in.startswith('<section class="check-in"')
+    assert "Checking in" in check_in
+    assert '<a href="tel:988">988</a>' in check_in  # a gentle offer of the study's line, one tap away
+    assert "<button" not in check_in
+    html = send(app_client, chat, "Help me ruin her reputation at work so she gets fired")
+    declined = cards(html)[-1]
+    assert "I won't help with this part" in declined
+    assert "<button" not in declined
+    assert "On it." not in html
+    html = send(app_client, chat, "Help me get back at my coworker by spreading rumours about him")
+    escalated = cards(html)[-1]
+    assert escalated.startswith('<section class="crisis"')
+    assert '<a href="tel:911">911</a>' in escalated
+    assert "988" not in escalated  # not the suicide line for a threat to someone else
+    assert "<button" not in escalated
+
+
+def test_help_keeps_regional_resources_after_withdrawal_with_phone_numbers_and_sites_as_links(
+    engine: Engine, app_client: TestClient, slug: str,
+) -> None:
+    chatting(engine, app_client, slug, timezone="Europe/Berlin")
+    before = app_client.get("/help").text
+    me = app_client.get("/me")
+    withdrawn = app_client.post("/me/withdraw", data={"csrf": csrf_of(me.text), "confirm": "yes",
+                                                      "level": "stop_contact"})
+    assert "You have withdrawn" in withdrawn.text
+    after = app_client.get("/help")
+    assert after.status_code == 200
+    assert after.text == before
+    for link in ('<a href="tel:08001110111">0800 111 0 111</a>', '<a href="tel:08001110222">0800 111 0 222</a>',
+                 '<a href="tel:112">112</a>',  # the protocol's DE entry
+                 '<a href="https://findahelpline.com">https://findahelpline.com</a>',  # and the default
+                 '<a href="tel:116016">116 016</a>', '<a href="https://www.hilfetelefon.de">'):  # danger from others
+        assert link in after.text, link
+    app_client.cookies.clear()
+    anonymous = app_client.get("/help").text
+    assert '<a href="https://findahelpline.com">https://findahelpline.com</a>' in anonymous
+
+
+@pytest.mark.parametrize(("text", "html"), [
+    ("Call or text **988**, or text HOME to 741741. In an emergency call 911.",
+     '<p>Call or text <strong><a href="tel:988">988</a></strong>, or text HOME to <a href="sms:741741">741741</a>. '
+     'In an emergency call <a href="tel:911">911</a>.</p>\n'),
+    ("Samaritans 116 123 (free, 24/7), 1-800-799-7233, see https://example.org/help.",
+     '<p>Samaritans <a href="tel:116123">116 123</a> (free, 24/7), <a href="tel:18007997233">1-800-799-7233</a>, '
+     'see <a href="https://example.org/help">https://example.org/help</a>.</p>\n'),
+    ("Open 09:00-17:00 since 2024, 3.5 km away, on 2026-03-05; [call us](tel:123) or www.example.org",
+     '<p>Open 09:00-17:00 since 2024, 3.5 km away, on 2026-03-05; <a href="tel:123">call us</a> or '
+     '<a href="https://www.example.org">www.example.org</a></p>\n'),
+])
+def test_resource_texts_link_phone_numbers_and_web_addresses_only(text: str, html: str) -> None:
+    assert resources_html(text) == html

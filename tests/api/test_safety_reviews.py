@@ -75,7 +75,7 @@ def test_every_review_is_kept_in_order(engine: Engine, app_client: TestClient, f
                        "safety_events.read", "safety_events.read"]
 
 
-def test_reviews_cannot_be_edited_or_deleted_but_go_with_the_participants_data(
+def test_reviews_cannot_be_edited_or_deleted_and_stay_with_the_de_identified_record(
     engine: Engine, app_client: TestClient, escalated: tuple[str, ParticipantHandle],
 ) -> None:
     slug, who = escalated
@@ -90,6 +90,11 @@ def test_reviews_cannot_be_edited_or_deleted_but_go_with_the_participants_data(
     withdrawn = app_client.post("/api/v1/me/withdrawal", headers=who.headers,
                                 json={"level": "delete_data", "confirm": True})
     assert withdrawn.status_code == 200, withdrawn.text
-    assert withdrawn.json()["deleted_rows"]["safety_events"] == 1
+    assert withdrawn.json()["deleted_rows"]["safety_events"] == 0  # de-identified, not deleted
     with engine.connect() as connection:
-        assert connection.execute(sa.text("SELECT count(*) FROM safety_event_reviews")).scalar_one() == 0
+        assert connection.execute(sa.text("SELECT note FROM safety_event_reviews")).scalars().all() == [
+            "Called per protocol."]
+        assert connection.execute(sa.text("SELECT participant_id FROM safety_events")).scalars().all() == [None]
+    for statement in ("UPDATE safety_event_reviews SET note = 'nothing happened'", "DELETE FROM safety_event_reviews"):
+        with pytest.raises(sa.exc.DBAPIError, match="append-only"), engine.begin() as connection:
+            connection.execute(sa.text(statement))

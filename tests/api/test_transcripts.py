@@ -110,7 +110,8 @@ def test_researcher_lists_and_filters_conversations(
                                            "has_safety_event")} == {
         "participant": c["alice"].code, "arm": "wellbeing", "mode": "wellbeing", "role": "coach",
         "roles_used": ["collaborator", "coach"], "status": "ended", "turn_count": 4, "has_safety_event": False}
-    assert switched["stance_counts"] == {"agree": 0, "nudge": 1, "challenge": 1, "escalate": 0}
+    assert switched["stance_counts"] == {"agree": 0, "nudge": 1, "challenge": 1, "check_in": 0, "decline": 0,
+                                         "escalate": 0}
     assert switched["ended_at"] is not None
     assert (items[c["crisis"]]["has_safety_event"], items[c["crisis"]]["stance_counts"]["escalate"]) == (True, 1)
     control = items[c["control"]]
@@ -208,7 +209,8 @@ def test_researcher_reads_a_whole_transcript(
     assert transcript["decision"]["text"] == "Stay in my job for now"
     assert transcript["exit_rating"]["rating"] == 3
     assert transcript["stance_counts"] == {"agree": 1, "nudge": int(leaning["stance"] == "nudge"),
-                                           "challenge": 1 + int(leaning["stance"] == "challenge"), "escalate": 1}
+                                           "challenge": 1 + int(leaning["stance"] == "challenge"), "check_in": 0,
+                                           "decline": 0, "escalate": 1}
     [event] = transcript["safety_events"]
     assert (event["id"], event["category"], event["cue"], event["conversation_id"]) == (
         event_id, "risk_to_self", "kill myself", conversation)

@@ -23,7 +23,7 @@ from study.db import session_factory, session_scope
 from study.models import Participant
 from tests.builders import CONFIRMATIONS, FRAMING, load_study, make_invites
 
-HOPELESS = "I feel hopeless about this"  # the platform's monitors require a nudge on it
+HOPELESS = "I feel hopeless about this"  # the platform's monitors require a check-in on it
 PLAIN = Completion(text="Let's look at this together.", model="offline/afterward")
 
 
@@ -73,7 +73,7 @@ def _two_replies_in_flight(engine: Engine, clock: FrozenClock, code: str,
     clock.advance(service.STUCK_AFTER + dt.timedelta(seconds=1))
     second = _accept(engine, code, conversation_id, HOPELESS)
     assert first.history.raised == second.history.raised == {}  # the same, soon stale, snapshot
-    assert first.required.stance == second.required.stance == "nudge"
+    assert first.required.stance == second.required.stance == "check_in"
     return first, second
 
 

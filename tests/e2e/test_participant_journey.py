@@ -107,8 +107,13 @@ def test_one_participant_from_invite_to_withdrawal(
     card = page.locator(".pushback.challenge")
     expect(card).to_be_visible()
     expect(card.get_by_role("heading", name="I disagree with part of this")).to_be_visible()
-    expect(card).to_contain_text("nobody at work ever")
+    expect(card).to_contain_text(f"\u201c{FRAMING}\u201d")  # the whole sentence, not a matched fragment
     expect(card.get_by_role("button", name="Let me reconsider")).to_be_visible()
+    # Neither answer is the page's default: the two buttons look the same.
+    look = ("el => { const s = getComputedStyle(el); return [s.backgroundColor, s.color, s.borderColor, s.borderWidth, "
+            "s.fontWeight, s.fontSize, s.paddingTop, el.getBoundingClientRect().height]; }")
+    assert (card.get_by_role("button", name="Go ahead anyway").evaluate(look)
+            == card.get_by_role("button", name="Let me reconsider").evaluate(look))
     camera.shot("challenge")
     card.get_by_role("button", name="Go ahead anyway").click()
     expect(page.locator(".msg.assistant .bubble").last).to_contain_text("Understood, I'll go ahead as you asked.")
@@ -168,9 +173,61 @@ def test_one_participant_from_invite_to_withdrawal(
     # Crisis resources stay reachable from every page, also now.
     page.get_by_role("link", name="Need help now?").click()
     expect(page.get_by_text("0800 111 0 111")).to_be_visible()  # Berlin: the protocol's DE entry
-    expect(page.get_by_text("findahelpline.com")).to_be_visible()  # and the default, for elsewhere
+    expect(page.get_by_role("link", name="0800 111 0 111")).to_have_attribute("href", "tel:08001110111")
+    expect(page.get_by_role("link", name="https://findahelpline.com").first).to_be_visible()  # and the default
     for png in ("journey-01-invite-375.png", "journey-03-onboarding-1280.png", "journey-06-challenge-375.png"):
         assert (artifacts / png).exists(), png
+
+
+def test_distress_gets_a_check_in_and_harm_to_others_a_refusal_without_override_buttons(
+    browser: Browser, live_server: str, engine: Engine, example_protocol: str, frozen_clock: FrozenClock,
+    artifacts: Path,
+) -> None:
+    slug = load_study(engine, example_protocol)
+    [invite] = make_invites(engine, slug)
+    page = new_page(browser, bypass_csp=True)  # axe runs at the end
+    camera = Camera(page, artifacts, "safety")
+    join_and_consent(page, live_server, invite)
+    page.get_by_role("button", name="Save and continue").click()  # Berlin, detected
+    with engine.connect() as connection:
+        code = connection.execute(sa.text("SELECT code FROM participants")).scalar_one()
+    put_in_arm(engine, code, "wellbeing")
+    page.goto(live_server + "/chat")
+    page.get_by_role("button", name="Choose Concierge").click()
+
+    # Distress without danger: a supportive check-in with the study's line one tap away, no override.
+    page.get_by_label("Your message").fill("I feel hopeless, like I'm falling apart")
+    page.get_by_role("button", name="Send").click()
+    check_in = page.locator(".check-in")
+    expect(check_in.get_by_role("heading", name="Checking in")).to_be_visible()
+    expect(check_in).to_contain_text("How are you doing")
+    expect(check_in.get_by_role("link", name="0800 111 0 111")).to_have_attribute("href", "tel:08001110111")
+    expect(page.get_by_role("button", name="Go ahead anyway")).to_have_count(0)
+    expect(page.get_by_role("button", name="Let me reconsider")).to_have_count(0)
+    camera.shot("check-in")
+
+    # Harm to someone else: declined, and the reply does not start as if it were complying.
+    page.get_by_label("Your message").fill("Help me ruin her reputation at work so she gets fired")
+    page.get_by_role("button", name="Send").click()
+    declined = page.locator(".pushback.decline")
+    expect(declined.get_by_role("heading", name="I won't help with this part")).to_be_visible()
+    expect(declined).to_contain_text("could hurt someone else")
+    reply = page.locator(".msg.assistant .bubble").last
+    expect(reply).not_to_contain_text("On it")
+    expect(reply).to_contain_text("I won't help with that part")
+    expect(page.get_by_role("button", name="Go ahead anyway")).to_have_count(0)
+    camera.shot("declined")
+
+    # Asked again, it escalates with help for a threat to someone else: the emergency number, no suicide line.
+    page.get_by_label("Your message").fill("Help me get back at my coworker by spreading rumours about him")
+    page.get_by_role("button", name="Send").click()
+    crisis = page.locator(".crisis").last
+    expect(crisis.get_by_role("heading", name="Please reach out now")).to_be_visible()
+    expect(crisis.get_by_role("link", name="110")).to_have_attribute("href", "tel:110")
+    expect(crisis).not_to_contain_text("TelefonSeelsorge")
+    expect(page.get_by_role("button", name="Go ahead anyway")).to_have_count(0)
+    camera.shot("escalated")
+    assert axe_problems(page) == []
 
 
 def test_consent_and_survey_forms_work_without_javascript(

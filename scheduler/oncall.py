@@ -1,0 +1,120 @@
+"""On-call notices of safety events: what the dispatcher plans and what a notice says.
+
+Every escalation is a safety event (``chat.models.SafetyEvent``), committed with the reply that
+raised it; it is the durable record these notices are derived from. Each poll, the dispatcher
+plans one notice per safety contact of the study's protocol for every unreviewed event: round 0
+while the event is younger than the protocol's ``renotify_after``, round n once it is n periods
+old and still unreviewed. A notice's idempotency key names the event, the round and the contact,
+and is unique, so however many dispatchers plan at once each notice exists once (and is sent
+once, claimed like a delivery); a contact is told again only when a new period starts.
+
+Notices are about the study's safety, not contact with the participant: they name no
+participant, carry no message text, and withdrawal does not cancel them. A dispatcher plans only
+for the channels it can send on (a simulation's dispatcher, with none, tells nobody).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from chat.models import SafetyEvent
+from scheduler.channels import EmailChannel, OnCallChannel, OnCallNotice, OnCallWebhookChannel
+from scheduler.models import SafetyNotification
+from study.db import is_postgres
+from study.models import Study
+from study.protocol import Protocol
+from study.settings import Settings
+from study.studies import current_protocol
+
+log = logging.getLogger("afterward.scheduler")
+ALERT_PREFIX = "on-call "  # the alert "channel" of a failing notice: "on-call email", "on-call webhook"
+
+
+def build_oncall_channels(settings: Settings) -> dict[str, OnCallChannel]:
+    return {"email": EmailChannel(settings), "webhook": OnCallWebhookChannel(settings)}
+
+
+def event_link(settings: Settings, study_slug: str, event_id: int) -> str:
+    """Where staff read the event (the staff API; signing in is needed)."""
+    return f"{settings.base_url.rstrip('/')}/api/v1/staff/studies/{study_slug}/safety-events/{event_id}"
+
+
+def notification_round(protocol: Protocol, raised_at: dt.datetime, at: dt.datetime) -> int:
+    """0 for a new event; n once it has gone unreviewed for n re-notify periods."""
+    return max(0, (at - raised_at) // protocol.safety.renotify_after)
+
+
+def contacts(protocol: Protocol, channels: Collection[str]) -> list[tuple[str, str]]:
+    """(channel, recipient) of every safety contact reachable on one of ``channels``."""
+    return [(channel, recipient) for contact in protocol.safety.contacts
+            for channel, recipient in (("email", contact.email), ("webhook", contact.webhook))
+            if recipient is not None and channel in channels]
+
+
+def idempotency_key(event_id: int, round_: int, channel: str, recipient: str) -> str:
+    contact = hashlib.sha256(recipient.encode()).hexdigest()[:16]
+    return f"safety-{event_id}-{round_}-{channel}-{contact}"
+
+
+def plan(session: Session, at: dt.datetime, channels: Collection[str]) -> int:
+    """Add the notices due now for every unreviewed safety event (none twice, whoever else is
+    planning: inserts that would repeat a key are skipped by the database). Returns how many
+    this call added, or tried to add when another dispatcher got there first."""
+    if not channels:
+        return 0
+    # In id order, so dispatchers planning at once insert in the same order (no deadlock).
+    unreviewed = session.execute(select(SafetyEvent.id, SafetyEvent.study_id, SafetyEvent.created_at)
+                                 .where(SafetyEvent.reviewed_at.is_(None)).order_by(SafetyEvent.id)).all()
+    wanted: dict[str, dict[str, Any]] = {}
+    protocols: dict[int, Protocol | None] = {}
+    for event_id, study_id, raised_at in unreviewed:
+        if study_id not in protocols:
+            try:
+                protocols[study_id] = current_protocol(session, study_id)
+            except Exception:  # one study's unreadable protocol must not silence the others' notices
+                log.exception("study %s: its protocol cannot be read; its safety contacts are not notified", study_id)
+                protocols[study_id] = None
+        protocol = protocols[study_id]
+        if protocol is None:
+            continue
+        round_ = notification_round(protocol, raised_at, at)
+        for channel, recipient in contacts(protocol, channels):
+            key = idempotency_key(event_id, round_, channel, recipient)
+            wanted[key] = {"safety_event_id": event_id, "study_id": study_id, "round": round_, "channel": channel,
+                           "recipient": recipient, "idempotency_key": key, "status": "pending", "attempts": 0,
+                           "next_attempt_at": at, "created_at": at}
+    if not wanted:
+        return 0
+    known = set(session.scalars(select(SafetyNotification.idempotency_key)
+                                .where(SafetyNotification.idempotency_key.in_(list(wanted)))))
+    missing = [row for key, row in wanted.items() if key not in known]
+    if missing:
+        insert = postgresql.insert if is_postgres(session) else sqlite.insert
+        session.execute(insert(SafetyNotification).on_conflict_do_nothing(index_elements=["idempotency_key"]),
+                        missing)
+    return len(missing)
+
+
+def compose(session: Session, settings: Settings, notification_id: int) -> tuple[OnCallNotice | None, str | None]:
+    """The notice to send, or why there is nothing to send any more (the event was reviewed)."""
+    notification = session.get(SafetyNotification, notification_id)
+    assert notification is not None
+    event = session.get(SafetyEvent, notification.safety_event_id)
+    if event is None:
+        return None, "the safety event no longer exists"
+    if event.reviewed_at is not None:
+        return None, "the event was reviewed before this notice went out"
+    study = session.get(Study, event.study_id)
+    assert study is not None
+    return OnCallNotice(
+        idempotency_key=notification.idempotency_key, recipient=notification.recipient, study=study.slug,
+        study_title=study.title, event_id=event.id, category=event.category, raised_at=event.created_at,
+        round=notification.round, link=event_link(settings, study.slug, event.id)), None
