@@ -128,47 +128,39 @@ class EmailChannel:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
-    def compose(self, message: Invitation) -> EmailMessage:
-        if not message.to_email:
-            raise DeliveryError("bouncing", "the participant has no contact email", permanent=True)
-        # The edge validates addresses too; this is the last line before a header is written: one
-        # address, no list (strangers in copy) and no CR/LF (injected headers). A stored address was
-        # normalized at the edge, so a line break here (which the validator would strip) means it
-        # was bypassed: refused, not repaired.
+    def _headers(self, recipient: str, subject_line: str, idempotency_key: str, whose: str) -> EmailMessage:
+        """A message with its headers. The edge validates addresses too; this is the last line
+        before a header is written: one address, no list (strangers in copy) and no CR/LF
+        (injected headers). A stored address was normalized at the edge, so a line break here
+        (which the validator would strip) means it was bypassed: refused, not repaired."""
         try:
-            if "\r" in message.to_email or "\n" in message.to_email:
+            if "\r" in recipient or "\n" in recipient:
                 raise ValueError("a line break in an address could add mail headers")
-            to = email_address(message.to_email)
+            to = email_address(recipient)
         except ValueError as exc:
-            raise DeliveryError("bouncing", f"the contact email is refused: {exc}", permanent=True) from None
+            raise DeliveryError("bouncing", f"{whose} is refused: {exc}", permanent=True) from None
         sender = self.settings.mail_from
         email = EmailMessage()
         email["From"] = sender
         email["To"] = to
-        email["Subject"] = subject(message)
+        email["Subject"] = subject_line
         email["Date"] = formatdate(localtime=False)
-        email["Message-ID"] = message_id(message.idempotency_key, sender.rsplit("@", 1)[-1].strip(">"))
+        email["Message-ID"] = message_id(idempotency_key, sender.rsplit("@", 1)[-1].strip(">"))
         email["Auto-Submitted"] = "auto-generated"
+        return email
+
+    def compose(self, message: Invitation) -> EmailMessage:
+        if not message.to_email:
+            raise DeliveryError("bouncing", "the participant has no contact email", permanent=True)
+        email = self._headers(message.to_email, subject(message), message.idempotency_key, "the contact email")
         email.set_content(text_body(message))
         email.add_alternative(html_body(message), subtype="html")
         return email
 
     def compose_notice(self, notice: OnCallNotice) -> EmailMessage:
         """The on-call email: plain text, no participant and nothing they wrote."""
-        try:
-            if "\r" in notice.recipient or "\n" in notice.recipient:
-                raise ValueError("a line break in an address could add mail headers")
-            to = email_address(notice.recipient)
-        except ValueError as exc:
-            raise DeliveryError("bouncing", f"the safety contact's email is refused: {exc}", permanent=True) from None
-        sender = self.settings.mail_from
-        email = EmailMessage()
-        email["From"] = sender
-        email["To"] = to
-        email["Subject"] = notice_subject(notice)
-        email["Date"] = formatdate(localtime=False)
-        email["Message-ID"] = message_id(notice.idempotency_key, sender.rsplit("@", 1)[-1].strip(">"))
-        email["Auto-Submitted"] = "auto-generated"
+        email = self._headers(notice.recipient, notice_subject(notice), notice.idempotency_key,
+                              "the safety contact's email")
         email["Importance"] = "high"
         email.set_content(notice_text(notice))
         return email
