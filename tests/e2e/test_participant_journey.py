@@ -270,6 +270,9 @@ def test_consent_and_survey_forms_work_without_javascript(
 
 
 def axe_problems(page: Page) -> list[str]:
+    """Serious and critical axe violations of the page (callers first wait for the page they mean:
+    right after a click that navigates, the old document may still be the current one)."""
+    page.wait_for_load_state("load")
     page.add_script_tag(path=str(AXE))
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [f"{v['id']} ({v['impact']}): {v['help']} at {[n['target'] for n in v['nodes']][:3]}"
@@ -289,12 +292,14 @@ def test_consent_chat_and_survey_pages_have_no_serious_accessibility_problems(
     page.goto(live_server + "/")
     page.get_by_label("Invite code").fill(invite)
     page.get_by_role("button", name="Continue").click()
+    expect(page.get_by_role("button", name="I agree and sign")).to_be_visible()
     problems = {"consent": axe_problems(page)}
     for box in page.get_by_role("checkbox").all():
         box.check()
     page.get_by_label("Type your name or initials to sign").fill("B")
     page.get_by_role("button", name="I agree and sign").click()
     page.get_by_role("button", name="Save and continue").click()
+    expect(page.get_by_role("button", name="Next")).to_be_visible()
     problems["survey"] = axe_problems(page)
     with engine.connect() as connection:
         code = connection.execute(sa.text("SELECT code FROM participants")).scalar_one()
