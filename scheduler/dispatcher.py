@@ -99,6 +99,20 @@ class TickReport:
             setattr(self, counter.name, getattr(self, counter.name) + value)
 
 
+def _attempt(name: str, send: Callable[[], None] | None) -> DeliveryError | None:
+    """Send once; the failure, if any, as a DeliveryError (``send`` None: the channel is not
+    configured). A bug in a channel counts like any failure: retried, then given up."""
+    try:
+        if send is None:
+            raise DeliveryError("rejected", f"{name} is not configured", permanent=True)
+        send()
+    except DeliveryError as exc:
+        return exc
+    except Exception as exc:
+        return DeliveryError("error", f"{name} failed: {_describe(exc)}")
+    return None
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
@@ -568,15 +582,10 @@ class Dispatcher:
         failure = item.failure
         if failure is None:
             channel = self.channels.get(delivery.channel)
-            try:
-                if channel is None:
-                    raise DeliveryError("rejected", f"the {delivery.channel} channel is not configured", permanent=True)
-                assert item.message is not None
-                channel.send(item.message)
-            except DeliveryError as exc:
-                failure = exc
-            except Exception as exc:  # a bug in a channel counts like any failure: retried, then given up
-                failure = DeliveryError("error", f"the {delivery.channel} channel failed: {_describe(exc)}")
+            message = item.message
+            assert message is not None
+            failure = _attempt(f"the {delivery.channel} channel",
+                               None if channel is None else lambda: channel.send(message))
         if failure is not None:
             self._failed(delivery, failure, report)
             return
@@ -701,17 +710,11 @@ class Dispatcher:
             report.cancelled += 1
             return
         if failure is None:
-            channel = self.oncall_channels.get(claimed.channel)
-            try:
-                if channel is None:
-                    raise DeliveryError("rejected", f"the on-call {claimed.channel} channel is not configured",
-                                        permanent=True)
-                assert notice is not None
-                channel.notify(notice)
-            except DeliveryError as exc:
-                failure = exc
-            except Exception as exc:  # a bug in a channel counts like any failure: retried, then given up
-                failure = DeliveryError("error", f"the on-call {claimed.channel} channel failed: {_describe(exc)}")
+            oncall_channel = self.oncall_channels.get(claimed.channel)
+            assert notice is not None
+            sent_notice = notice
+            failure = _attempt(f"the on-call {claimed.channel} channel",
+                               None if oncall_channel is None else lambda: oncall_channel.notify(sent_notice))
         if failure is not None:
             self._notice_failed(claimed, failure, report)
             return
