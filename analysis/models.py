@@ -41,6 +41,7 @@ from statsmodels.tools.sm_exceptions import ConvergenceWarning
 from analysis.features import FEATURES, conversation_features
 from analysis.panel import PERMA, PERMA_SCORES, REGRET, panel, survival
 from analysis.reading import Source
+from analysis.robust import ClusterRobustFit, cluster_ols
 from study.clock import now
 
 # Statuses of a follow-up whose outcome can no longer arrive: completed, or missing for good.
@@ -74,6 +75,8 @@ LABELS = {
 COMPLETE_CASE = ("Complete-case analysis: rows with a missing outcome or covariate are left out. The estimates "
                  "are unbiased if the data are missing at random given the covariates in the model (for the "
                  "mixed model: given them and the participant's observed waves).")
+CLUSTER_ROBUST = ("Standard errors are cluster-robust by participant (CR2, with Bell-McCaffrey degrees of freedom "
+                  "for the t intervals and p-values).")
 
 
 # The data
@@ -230,11 +233,10 @@ def _coefficients(result: Any, focal_role: str = "", *, skip: Sequence[str] = ()
     return table[~table["term"].isin(skip)].reset_index(drop=True)
 
 
-def _cluster_ols(y: pd.Series, design: pd.DataFrame, clusters: pd.Series) -> Any:
-    """OLS with standard errors robust to correlation within participants."""
-    groups = pd.factorize(clusters)[0]
-    return sm.OLS(y.astype(float), design.astype(float), hasconst=True).fit(
-        cov_type="cluster", cov_kwds={"groups": groups})
+def _cluster_ols(y: pd.Series, design: pd.DataFrame, clusters: pd.Series) -> ClusterRobustFit:
+    """OLS with standard errors robust to correlation within participants (CR2, Bell-McCaffrey
+    degrees of freedom: ``analysis.robust``)."""
+    return cluster_ols(y, design, clusters)
 
 
 # PERMA trajectories
@@ -693,7 +695,7 @@ def regret_model(data: StudyData, *, features: Sequence[str] = REGRET_FEATURES, 
     if wave_terms and frame["wave"].nunique() > 1:
         design = design.join(_wave_dummies(frame))
     result = _cluster_ols(frame["regret"], design, frame["participant_code"])
-    notes = [COMPLETE_CASE, "Standard errors are cluster-robust by participant (statsmodels cov_type='cluster').",
+    notes = [COMPLETE_CASE, CLUSTER_ROBUST,
              "agree_share = agree turns / assistant turns of the conversation; the pushback rate is its complement "
              "(with no escalations), so the two are never in the model together."]
     return RegretModel(_coefficients(result, focal_role), _sample(rows, used, rows["regret"].notna()), notes,
@@ -1180,7 +1182,7 @@ def subgroup_effects(data: StudyData, *, by: Sequence[str] = ("baseline_tercile"
     and any participant-level column of the panel (e.g. ``timezone_region``); a column the panel
     lacks is skipped with a note. A level with fewer than ``min_participants`` participants on either
     side of a contrast is reported without an estimate."""
-    notes = [COMPLETE_CASE, "Standard errors are cluster-robust by participant."]
+    notes = [COMPLETE_CASE, CLUSTER_ROBUST]
     rows, waves, _ = _perma_rows(data.panel)
     reference = _reference_arm(rows, reference_arm)
     rows["y"] = _float(rows["perma_overall_wellbeing"])
@@ -1362,7 +1364,7 @@ def feature_screen(data: StudyData, *, regret_features: Sequence[str] | None = N
             design = pd.DataFrame({"Intercept": 1.0, feature: x[used]})
             result = _cluster_ols(y[used], design, frame.loc[used, "participant_code"])
             sd = float(x[used].std(ddof=1))
-            low, high = result.conf_int().loc[feature]
+            low, high = result.conf_int().loc[feature].to_numpy(dtype=float)
             part.append({"outcome": outcome, "feature": feature, "label": _label(feature, focal_role),
                          "estimate": float(result.params[feature]), "se": float(result.bse[feature]),
                          "ci_low": float(low), "ci_high": float(high), "feature_sd": sd,

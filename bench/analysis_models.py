@@ -137,6 +137,20 @@ def _cox(fits: dict[str, Any]) -> tuple[float, float, float, float]:
     return math.log(ratio), math.log(low), math.log(high), p
 
 
+def _cr1(term: str) -> Estimate:
+    """The regret model's ``term`` with statsmodels' CR1 cluster-robust errors and normal
+    intervals (what the model used before CR2): the baseline for the false-positive rate."""
+    def estimate(fits: dict[str, Any]) -> tuple[float, float, float, float]:
+        model = fits["regret"]
+        groups = pd.factorize(model.frame["participant_code"])[0]
+        direct = sm.OLS(model.fit.ols.model.endog, model.fit.ols.model.exog).fit(
+            cov_type="cluster", cov_kwds={"groups": groups})
+        j = list(model.fit.params.index).index(term)
+        low, high = direct.conf_int()[j]
+        return float(direct.params[j]), float(low), float(high), float(direct.pvalues[j])
+    return estimate
+
+
 # (label, its truth: a name in Effects.true_effects(), "zero", or None for no single true value; the estimate)
 EFFECTS: list[tuple[str, str | None, Estimate]] = [
     ("arm x wave on PERMA (points per wave)", "wellbeing_arm_perma_per_wave",
@@ -146,6 +160,8 @@ EFFECTS: list[tuple[str, str | None, Estimate]] = [
     ("coach role on regret (points)", "regret_coach", lambda f: _row(f["regret"].coefficients, "role_coach")),
     ("agree share on regret (points per unit)", "regret_per_agree_share",
      lambda f: _row(f["regret"].coefficients, "agree_share")),
+    ("baseline: coach role on regret, statsmodels CR1", "regret_coach", _cr1("role_coach")),
+    ("baseline: agree share on regret, statsmodels CR1", "regret_per_agree_share", _cr1("agree_share")),
     ("baseline on completing a follow-up (log-odds/point)", "answer_log_odds_per_baseline_point",
      lambda f: _row(f["dropout"].response, "baseline_wellbeing")),
     ("baseline on the dropout hazard (Cox log HR/point)", None, _cox),

@@ -38,6 +38,7 @@ from analysis.models import (
 )
 from analysis.panel import PERMA, REGRET
 from analysis.simulate import Effects, simulate
+from tests.analysis.robust_truth import direct_cr2
 from analysis.tables import SimulationRun
 from study import clock
 from study.db import session_scope
@@ -348,14 +349,13 @@ def test_the_regret_model_equals_a_direct_cluster_robust_ols_fit() -> None:
         ["participant_code", "days_since_enrollment", "wave", "decision_id"], kind="stable")
     design = pd.concat([pd.DataFrame({"Intercept": 1.0}, index=table.index), table[REGRET_COLUMNS],
                         (table["wave"] == "regret-day-14").astype(float).rename("day14")], axis=1)
-    direct = sm.OLS(table["regret"], design).fit(
-        cov_type="cluster", cov_kwds={"groups": pd.factorize(table["participant_code"])[0]})
+    direct = direct_cr2(table["regret"], design, table["participant_code"])
     coefficients = fit.coefficients
     assert list(coefficients["term"]) == ["Intercept", *REGRET_COLUMNS, "wave regret-day-14"]
-    same(coefficients["estimate"], direct.params)
-    same(coefficients["se"], direct.bse)
-    same(coefficients[["ci_low", "ci_high"]], direct.conf_int())
-    same(coefficients["p"], direct.pvalues)
+    same(coefficients["estimate"], direct["estimate"])
+    same(coefficients["se"], direct["se"])
+    same(coefficients[["ci_low", "ci_high"]], direct[["ci_low", "ci_high"]])
+    same(coefficients["p"], direct["p"])
     assert fit.sample.observations == len(table)
     assert fit.sample.eligible_observations == len(drawn.decisions)
     assert fit.sample.participants == table["participant_code"].nunique()
@@ -412,15 +412,14 @@ def test_the_feature_screen_reports_direct_p_values_and_their_benjamini_hochberg
     raw: dict[str, float] = {}
     for feature in features:
         design = pd.DataFrame({"Intercept": 1.0, feature: table[feature]})
-        direct = sm.OLS(table["regret"], design).fit(
-            cov_type="cluster", cov_kwds={"groups": pd.factorize(table["participant_code"])[0]})
-        raw[feature] = direct.pvalues[feature]
+        direct = direct_cr2(table["regret"], design, table["participant_code"]).loc[feature]
+        raw[feature] = direct["p"]
         row = screen.table[(screen.table["outcome"] == "regret") & (screen.table["feature"] == feature)].iloc[0]
-        assert row["estimate"] == pytest.approx(direct.params[feature], rel=1e-10)
-        assert row["se"] == pytest.approx(direct.bse[feature], rel=1e-10)
-        assert row["estimate_per_sd"] == pytest.approx(direct.params[feature] * table[feature].std(), rel=1e-10)
+        assert row["estimate"] == pytest.approx(direct["estimate"], rel=1e-10)
+        assert row["se"] == pytest.approx(direct["se"], rel=1e-9)
+        assert row["estimate_per_sd"] == pytest.approx(direct["estimate"] * table[feature].std(), rel=1e-10)
     regret_rows = screen.table[screen.table["outcome"] == "regret"].set_index("feature")
-    np.testing.assert_allclose(regret_rows.loc[features, "p"], [raw[f] for f in features], rtol=1e-10)
+    np.testing.assert_allclose(regret_rows.loc[features, "p"], [raw[f] for f in features], rtol=1e-8)
     adjusted = multipletests([raw[f] for f in features], alpha=0.05, method="fdr_bh")
     np.testing.assert_allclose(regret_rows.loc[features, "p_bh"], adjusted[1], rtol=1e-10)
     assert list(regret_rows.loc[features, "significant_bh"]) == list(adjusted[0])
@@ -430,11 +429,10 @@ def test_the_feature_screen_reports_direct_p_values_and_their_benjamini_hochberg
     change = change.assign(perma_change=change["y"] - change["baseline"])
     used = change["conv_mean_exit_rating"].notna()
     design = pd.DataFrame({"Intercept": 1.0, "x": change.loc[used, "conv_mean_exit_rating"]})
-    direct = sm.OLS(change.loc[used, "perma_change"], design).fit(
-        cov_type="cluster", cov_kwds={"groups": pd.factorize(change.loc[used, "participant_code"])[0]})
+    direct = direct_cr2(change.loc[used, "perma_change"], design, change.loc[used, "participant_code"])
     row = screen.table[(screen.table["outcome"] == "perma_change")
                        & (screen.table["feature"] == "conv_mean_exit_rating")].iloc[0]
-    assert row["p"] == pytest.approx(direct.pvalues["x"], rel=1e-10)
+    assert row["p"] == pytest.approx(direct.loc["x", "p"], rel=1e-8)
     assert row["observations"] == used.sum()
 
 
@@ -455,10 +453,9 @@ def test_subgroups_show_harm_to_one_group() -> None:
     table = drawn.perma[(drawn.perma["response_status"] == "completed") & (drawn.perma["timezone_region"] == "America")]
     design = pd.DataFrame({"Intercept": 1.0, "baseline": table["baseline"],
                            "week4": (table["wave_number"] == 2).astype(float), "wellbeing": table["wellbeing"]})
-    direct = sm.OLS(table["y"], design).fit(cov_type="cluster",
-                                            cov_kwds={"groups": pd.factorize(table["participant_code"])[0]})
-    assert region("America")["estimate"] == pytest.approx(direct.params["wellbeing"], rel=1e-10)
-    assert region("America")["se"] == pytest.approx(direct.bse["wellbeing"], rel=1e-10)
+    direct = direct_cr2(table["y"], design, table["participant_code"]).loc["wellbeing"]
+    assert region("America")["estimate"] == pytest.approx(direct["estimate"], rel=1e-10)
+    assert region("America")["se"] == pytest.approx(direct["se"], rel=1e-9)
 
     terciles = fit.effects[(fit.effects["outcome"] == "regret") & (fit.effects["subgroup"] == "baseline_tercile")]
     assert list(terciles["level"]) == ["high", "low", "middle"]

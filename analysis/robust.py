@@ -1,0 +1,121 @@
+"""OLS with cluster-robust standard errors that hold up with few or unbalanced clusters.
+
+statsmodels' ``cov_type="cluster"`` (CR1) runs small when an effect rests on a minority of the
+participants, as a role does that only some choose: in 400 null studies of 300 participants the
+coach-on-regret test rejected 6.0% of the time at alpha = 0.05. ``cluster_ols`` uses instead the
+bias-reduced linearisation (CR2, Bell and McCaffrey 2002): each cluster's residuals are scaled by
+``(I - H_gg)^(-1/2)`` before the sandwich, and each coefficient is tested against a t distribution
+with the Bell-McCaffrey (Satterthwaite) degrees of freedom, as Imbens and Kolesar (2016)
+recommend; the same null studies reject 5.0%. With one observation per cluster CR2 is HC2, which
+the tests check against statsmodels; the degrees of freedom are checked against the textbook
+n x n computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import statsmodels.api as sm
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class ClusterRobustFit:
+    """Coefficients, CR2 standard errors, Bell-McCaffrey degrees of freedom and t-based intervals
+    and p-values, in statsmodels' shapes (``params``, ``bse``, ``tvalues``, ``pvalues``,
+    ``conf_int()``, ``cov_params()``). ``ols`` is the plain statsmodels fit for anything else."""
+
+    params: pd.Series
+    bse: pd.Series
+    df: pd.Series
+    covariance: pd.DataFrame
+    ols: object
+    clusters: int
+
+    @property
+    def tvalues(self) -> pd.Series:
+        return self.params / self.bse
+
+    @property
+    def pvalues(self) -> pd.Series:
+        return pd.Series(2 * stats.t.sf(np.abs(self.tvalues), self.df), index=self.params.index)
+
+    def conf_int(self, alpha: float = 0.05) -> pd.DataFrame:
+        half = stats.t.ppf(1 - alpha / 2, self.df) * self.bse
+        return pd.DataFrame({0: self.params - half, 1: self.params + half})
+
+    def cov_params(self) -> pd.DataFrame:
+        return self.covariance
+
+
+def _adjustments(xg: np.ndarray, root: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(I - H_gg)^(-1/2)`` of each cluster in low-rank form ``I + P diag(f) P'``.
+
+    ``H_gg = X_g B X_g' = U U'`` with ``U = X_g root`` (``root root' = B``) has rank at most k, so
+    its eigenvectors come from the k x k Gram matrix ``U'U`` and only those directions change; a
+    direction the model fits exactly (eigenvalue of ``I - H_gg`` zero) gets a generalised inverse."""
+    u = xg @ root
+    values, vectors = np.linalg.eigh(u.transpose(0, 2, 1) @ u)  # squared singular values of U
+    singular = np.sqrt(np.maximum(values, 0.0))
+    present = singular > 1e-12
+    p = (u @ vectors) / np.where(present, singular, 1.0)[:, None, :] * present[:, None, :]
+    remaining = 1.0 - values
+    f = np.where(remaining > 1e-10, 1.0 / np.sqrt(np.maximum(remaining, 1e-10)), 0.0) - 1.0
+    return p, np.where(present, f, 0.0)
+
+
+def _apply(p: np.ndarray, f: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``(I + P diag(f) P') v`` for each cluster; ``v`` is (clusters, size, columns)."""
+    return v + p @ (f[:, :, None] * (p.transpose(0, 2, 1) @ v))
+
+
+def cr2(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(CR2 covariance of the OLS coefficients, Bell-McCaffrey degrees of freedom of each) for
+    design ``x`` (n x k), OLS ``residuals`` and integer cluster ids ``groups``."""
+    k = x.shape[1]
+    bread = np.linalg.pinv(x.T @ x)
+    spectrum, basis = np.linalg.eigh(bread)
+    root = basis * np.sqrt(np.maximum(spectrum, 0.0))
+    order = np.argsort(groups, kind="stable")
+    _, starts, sizes = np.unique(groups[order], return_index=True, return_counts=True)
+    meat = np.zeros((k, k))
+    d_parts, s_parts = [], []
+    for size in np.unique(sizes):
+        which = starts[sizes == size]
+        rows = order[which[:, None] + np.arange(size)]  # clusters of this size x their rows
+        xg = x[rows]  # (clusters, size, k)
+        xt = xg.transpose(0, 2, 1)
+        p, f = _adjustments(xg, root)
+        scores = (xt @ _apply(p, f, residuals[rows][:, :, None]))[:, :, 0]
+        meat += scores.T @ scores
+        # Degrees of freedom: for coefficient j, w_g = A_g X_g B e_j (column j of ``w``).
+        w = _apply(p, f, xg @ bread)
+        d_parts.append((w * w).sum(axis=1))  # w_g'w_g per coefficient
+        s_parts.append(xt @ w)  # X_g'w_g per coefficient
+    covariance = bread @ meat @ bread
+    d = np.concatenate(d_parts)  # (clusters, k)
+    s = np.concatenate(s_parts)  # (clusters, k, k): [g, :, j]
+    # With M = diag(d) - S B S' (clusters x clusters), df = trace(M)^2 / ||M||_F^2, computed
+    # without forming M: ||S B S'||_F^2 = trace((B S'S)^2).
+    sbs = ((bread @ s) * s).sum(axis=1)
+    df = np.empty(k)
+    for j in range(k):
+        gram = bread @ (s[:, :, j].T @ s[:, :, j])
+        trace = d[:, j].sum() - sbs[:, j].sum()
+        frobenius = (d[:, j] ** 2).sum() - 2 * (d[:, j] * sbs[:, j]).sum() + np.trace(gram @ gram)
+        df[j] = trace**2 / frobenius if frobenius > 0 else np.nan
+    return covariance, df
+
+
+def cluster_ols(y: pd.Series, design: pd.DataFrame, clusters: pd.Series) -> ClusterRobustFit:
+    """OLS of ``y`` on ``design`` with CR2 standard errors by ``clusters`` and Bell-McCaffrey
+    degrees of freedom."""
+    ols = sm.OLS(y.astype(float), design.astype(float), hasconst=True).fit()
+    groups = pd.factorize(clusters)[0]
+    covariance, df = cr2(np.asarray(ols.model.exog), np.asarray(ols.resid, dtype=float), groups)
+    names = design.columns
+    return ClusterRobustFit(params=ols.params, bse=pd.Series(np.sqrt(np.diag(covariance)), index=names),
+                            df=pd.Series(df, index=names), covariance=pd.DataFrame(covariance, index=names, columns=names),
+                            ols=ols, clusters=int(groups.max()) + 1 if len(groups) else 0)
