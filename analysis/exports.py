@@ -42,6 +42,7 @@ from analysis.codebook import (
 from analysis.features import FEATURES
 from analysis.panel import PANEL_COLUMNS, iter_conversations_and_panel
 from analysis.reading import stream_frames
+from analysis.software import packages_line
 from chat.models import Decision, SafetyEvent, Turn
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
@@ -411,8 +412,10 @@ class _Builder:
             _c("conversation_id", "integer", "Conversation it was raised in."),
             _c("turn_id", "integer", "Participant turn that raised it."),
             _c("category", "string", "Category of risk.", enum={c: c for c in CONCERNS if c != "none"}),
-            _c("source", "string", "What detected it.", enum={"lexicon": "lexicon", "classifier": "classifier",
-                                                             "model": "model"}),
+            _c("source", "string", "What detected it.", enum={
+                "lexicon": "the crisis lexicon", "semantic": "the semantic classifier (chat.semantic)",
+                "lexicon+semantic": "both the lexicon and the semantic classifier",
+                "classifier": "the optional LLM classifier", "model": "the chat model's own stance"}),
             _c("created_at", "datetime", "When it was raised (UTC)."),
             _c("review_status", "string", "Whether staff reviewed it.",
                enum={"reviewed": "reviewed", "unreviewed": "not yet reviewed"}),
@@ -694,6 +697,7 @@ def _write_readme(path: Path, title: str, protocols: Any, exported_at: dt.dateti
     lines = [f"# Export: {title}", "",
              f"- exported at: {exported_at.isoformat()}",
              f"- software: afterward {_software_version()}",
+             f"- packages: {packages_line()}",
              f"- format: {export_format}",
              "- options: " + ", ".join(f"{k}={v}" for k, v in options.items()),
              "- protocol versions: " + "; ".join(f"v{v} loaded {at.isoformat()} (sha256 {sha[:12]})"

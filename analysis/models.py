@@ -479,7 +479,7 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
             notes.append(f"{outcome}: random slopes on wave need at least three waves with data (with two they "
                          "are not identified): the model has participant random intercepts only.")
         if impute == "none":
-            used = in_fit & frame["y"].notna() & frame["baseline"].notna()
+            used = in_fit & frame["y"].notna() & frame["baseline"].notna() & frame["wave_number"].isin(list(fitted))
             model_frame = frame[used]
             if model_frame["participant_code"].nunique() < 2:
                 raise ValueError(f"too few participants with {outcome} at a follow-up and at baseline to fit")
@@ -539,13 +539,21 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
 
 
 def _observed_waves(observed: pd.DataFrame, waves: dict[int, str]) -> tuple[dict[int, str], list[str]]:
-    """The waves with at least one observed outcome (early in a study, later waves have none yet)."""
-    present = set(observed["wave_number"])
+    """The waves with an observed outcome in every group (early in a study, later waves have none
+    yet, or only the earliest enrollees of one arm: a wave seen in one group only would make that
+    group's difference at the wave inestimable and the model singular)."""
+    groups = set(observed["group"])
+    seen = observed.groupby("wave_number")["group"].agg(lambda g: set(g) == groups)
+    present = {int(k) for k, complete in seen.items() if complete}
     fitted = {k: w for k, w in waves.items() if k in present}
     notes = []
-    if len(fitted) < len(waves):
-        notes.append("no observed values yet at " + ", ".join(w for k, w in waves.items() if k not in present)
-                     + ": left out of the model.")
+    missing = [w for k, w in waves.items() if k not in set(observed["wave_number"])]
+    partial = [f"{w} ({int((observed['wave_number'] == k).sum())} values)" for k, w in waves.items()
+               if k not in present and w not in missing]
+    if missing:
+        notes.append("no observed values yet at " + ", ".join(missing) + ": left out of the model.")
+    if partial:
+        notes.append("observed in only some groups so far at " + ", ".join(partial) + ": left out of the model.")
     if len(fitted) == 1:
         notes.append(f"one follow-up wave only ({next(iter(fitted.values()))}): no wave terms or random slopes; "
                      "the group terms are the differences at that wave.")
@@ -1189,6 +1197,9 @@ def subgroup_effects(data: StudyData, *, by: Sequence[str] = ("baseline_tercile"
     rows["baseline"] = _float(rows["baseline_perma_overall_wellbeing"])
     perma = rows[rows["response_status"].astype(str).isin(OBSERVABLE) & rows["y"].notna()
                  & rows["baseline"].notna()]
+    fitted, wave_notes = _observed_waves(perma.assign(group=perma["arm"].astype(str)), waves)
+    perma = perma[perma["wave_number"].isin(list(fitted))]
+    notes += [f"perma_overall_wellbeing: {note}" for note in wave_notes if "only some groups" in note]
     _, regret, _, columns = _regret_frame(data, regret_features, focal_role)
     role_term = f"role_{focal_role}"
     if role_term not in columns:

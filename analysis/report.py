@@ -65,6 +65,7 @@ from analysis.models import (
     regret_model,
     subgroup_effects,
 )
+from analysis.software import packages_line
 from study import audit
 from study.clock import now
 from study.db import READ_ONLY, session_scope
@@ -122,8 +123,8 @@ def participant_numbers(panel: pd.DataFrame, deleted: Mapping[str, int] | None =
 @dataclass(frozen=True)
 class ReportHeader:
     """What the top of the report says: the study, when its data were read, the participants by
-    arm (``participant_numbers``), the protocol versions (version, loaded_at, sha256) and the
-    software version."""
+    arm (``participant_numbers``), the protocol versions (version, loaded_at, sha256), the
+    software version and the analysis packages' releases (checked against the lock)."""
 
     study: str
     title: str
@@ -131,6 +132,7 @@ class ReportHeader:
     numbers: pd.DataFrame
     protocol_versions: pd.DataFrame
     software: str = field(default_factory=software_version)
+    packages: str = field(default_factory=packages_line)
 
 
 def _deleted_by_arm(connection: Connection, study_id: int) -> dict[str, int]:
@@ -526,7 +528,7 @@ def _screen(fit: FeatureScreen | None) -> str:
             _Col("observations", "observations", "count"), _Col("participants", "participants", "count")]
     skipped = _table(fit.skipped, [_Col("outcome", "outcome", "text"), _Col("feature", "feature", "text"),
                                    _Col("reason", "reason", "text")], "feature-screen-skipped", "Features left out")
-    return ("<p>Each feature's association with each outcome, one at a time, cluster-robust by participant; "
+    return ("<p>Each feature's association with each outcome, one at a time, cluster-robust by participant (CR2); "
             "raw and Benjamini-Hochberg adjusted p-values.</p>" + "".join(parts)
             + f"<details><summary>The feature screen's table ({len(table)} rows)</summary>"
             + _table(table, cols, "feature-screen", "Feature screen") + "</details>" + skipped + _notes(fit.notes))
@@ -644,6 +646,7 @@ def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.d
            f'<dl class="facts"><dt>Data read at</dt><dd id="read-at">{html.escape(_format(header.read_at, "text"))}'
            f'</dd><dt>Report written at</dt><dd>{html.escape(_format(generated, "text"))}</dd>'
            f'<dt>Software</dt><dd id="software">afterward {html.escape(header.software)}</dd>'
+           f'<dt>Packages</dt><dd id="packages">{html.escape(header.packages)}</dd>'
            f"<dt>Options</dt><dd>{html.escape(', '.join(f'{k} = {v}' for k, v in options.items()))}</dd></dl>"
            + _table(versions.assign(loaded_at=versions["loaded_at"].map(lambda v: _format(v, "text"))),
                     protocol_cols, "protocol-versions", "Protocol versions")

@@ -117,5 +117,6 @@ def cluster_ols(y: pd.Series, design: pd.DataFrame, clusters: pd.Series) -> Clus
     covariance, df = cr2(np.asarray(ols.model.exog), np.asarray(ols.resid, dtype=float), groups)
     names = design.columns
     return ClusterRobustFit(params=ols.params, bse=pd.Series(np.sqrt(np.diag(covariance)), index=names),
-                            df=pd.Series(df, index=names), covariance=pd.DataFrame(covariance, index=names, columns=names),
+                            df=pd.Series(df, index=names),
+                            covariance=pd.DataFrame(covariance, index=names, columns=names),
                             ols=ols, clusters=int(groups.max()) + 1 if len(groups) else 0)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pandas as pd
+from pydantic_core import to_jsonable_python
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
@@ -42,6 +43,7 @@ from analysis.exports import (
 )
 from analysis.features import conversation_features
 from analysis.panel import PERMA, panel
+from analysis.software import packages_line
 from chat.models import Decision, PushbackResponse, RoleSwitch, Turn
 from study import audit
 from study.db import READ_ONLY
@@ -205,10 +207,13 @@ def preference_pairs(conversations: pd.DataFrame, regret: pd.DataFrame, *,
 
 
 def _iso(value: Any) -> str | None:
+    """A time in UTC, written as the API writes it (``2026-03-02T09:00:00Z``)."""
     if value is None or value is pd.NaT or (isinstance(value, float) and math.isnan(value)):
         return None
-    return pd.Timestamp(value).tz_convert("UTC").isoformat() if isinstance(value, pd.Timestamp) \
-        else value.astimezone(dt.UTC).isoformat()
+    moment = pd.Timestamp(value).tz_convert("UTC").to_pydatetime() if isinstance(value, pd.Timestamp) \
+        else value.astimezone(dt.UTC)
+    written: str = to_jsonable_python(moment)
+    return written
 
 
 def _number(value: Any) -> float | None:
@@ -430,6 +435,7 @@ def _write_readme(path: Path, study: StudyRef, protocols: Any, result: Trajector
         f"# Outcome-labelled trajectories: {study.title} ({study.slug})", "",
         f"- exported at: {result.exported_at.isoformat()}",
         f"- software: afterward {_software_version()}",
+        f"- packages: {packages_line()}",
         "- protocol versions: " + "; ".join(f"v{v} loaded {at.isoformat()}" for v, at in protocols),
         f"- options: sentiment tolerance {options['sentiment_tolerance']}, at most {options['max_partners']} "
         "partners per conversation", "",

@@ -30,8 +30,8 @@ from chat import service as chat_service
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, SafetyEventReview, Turn
 from chat.roles import STANCES
 from chat.schemas import SafetyEventRead
-from study.errors import Gone, NotFound
-from study.models import Participant
+from study.errors import Gone, Invalid, NotFound
+from study.models import Participant, ProtocolVersion
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
 Ts = TypeVarTuple("Ts")
@@ -116,15 +116,32 @@ def _switches_by_conversation(session: Session, conversation_ids: list[int]) -> 
     return by_conversation
 
 
+def check_filters(session: Session, study_id: int, filters: ConversationFilters) -> None:
+    """Refuse an arm no protocol version of the study has, or a participant code not in the study: a typo
+    must not look like "no conversations"."""
+    if filters.arm is not None:
+        protocols = session.scalars(select(ProtocolVersion.protocol).where(ProtocolVersion.study_id == study_id))
+        arms = {arm.get("name") for protocol in protocols for arm in protocol.get("arms", [])}
+        if filters.arm not in arms:
+            raise Invalid(f"unknown arm '{filters.arm}'; this study's arms: {', '.join(sorted(map(str, arms)))}",
+                          code="unknown_arm")
+    if filters.participant is not None and session.scalar(select(Participant.id).where(
+            Participant.study_id == study_id, Participant.code == filters.participant)) is None:
+        raise Invalid(f"no participant '{filters.participant}' in this study", code="unknown_participant")
+
+
 def list_conversations(session: Session, study_id: int, filters: ConversationFilters, *, limit: int,
                        offset: int = 0) -> ConversationPageRead:
-    """One page of a study's conversations, newest first, with the total matching the filters.
+    """One page of a study's conversations, newest first, with the total matching the filters (refused by
+    ``check_filters`` when nothing matches because a filter names what the study does not have).
 
     Four queries: the total, the page (with whether each has a safety event), the stance counts
     and the role switches of the page's conversations.
     """
     matching = _filtered(_in_study(select(Conversation.id), study_id), filters)
     total = session.scalar(select(func.count()).select_from(matching.subquery())) or 0
+    if total == 0:
+        check_filters(session, study_id, filters)
     page = session.execute(
         _filtered(_in_study(select(Conversation, Participant.code, _HAS_SAFETY_EVENT), study_id), filters)
         .order_by(Conversation.started_at.desc(), Conversation.id.desc()).limit(limit).offset(offset)).all()

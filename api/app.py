@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import FastAPI
+from fastapi.responses import FileResponse
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from api import errors, pages
+from api import docs, errors, pages
 from api.edge import Edge
-from api.routers import chat, exports, followups, participants, staff, surveys, transcripts
+from api.routers import chat, exports, followups, participants, recruitment, sign_in, staff, surveys, transcripts
 from chat.gateway import Gateway
 from study import wiring
 from study.db import get_engine, session_scope
 from study.settings import get_settings
 
 API_PREFIX = "/api/v1"
+FAVICON = Path(__file__).resolve().parent / "static" / "favicon.ico"  # pages link /static/favicon.ico
+
 
 def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> FastAPI:
     wiring.wire()  # what withdrawal and completion must do, registered before the first request
@@ -22,13 +27,15 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
         title="Afterward",
         version="0.1.0",
         summary="Longitudinal well-being studies of LLM chat",
-        docs_url="/docs",
+        docs_url=None,  # api.docs serves /docs and /redoc from local files (no CDN)
+        redoc_url=None,
         openapi_url="/openapi.json",
     )
     app.state.engine = engine or get_engine()
     app.state.gateway = gateway  # built from settings on first use when None
     errors.install(app)
     app.include_router(participants.router, prefix=API_PREFIX)
+    app.include_router(sign_in.router, prefix=API_PREFIX)
     app.include_router(staff.router, prefix=API_PREFIX)
     app.include_router(surveys.router, prefix=API_PREFIX)
     app.include_router(surveys.staff_router, prefix=API_PREFIX)
@@ -38,9 +45,15 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
     app.include_router(followups.staff_router, prefix=API_PREFIX)
     app.include_router(transcripts.staff_router, prefix=API_PREFIX)
     app.include_router(exports.staff_router, prefix=API_PREFIX)
+    app.include_router(recruitment.staff_router, prefix=API_PREFIX)
 
     pages.install(app)
+    docs.install(app)
     app.add_middleware(Edge, max_body_bytes=get_settings().max_body_bytes)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        return FileResponse(FAVICON, media_type="image/vnd.microsoft.icon")
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

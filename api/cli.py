@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from scheduler import planner
 from scheduler.models import FollowUp
-from study import audit, participants, staff, studies, wiring
+from study import audit, participants, recruitment, signin, staff, studies, wiring
 from study.db import migrate, session_scope
 from study.errors import DomainError
 from study.models import Participant, StaffAccount, StaffRole
@@ -49,8 +49,34 @@ def _fail(message: str) -> None:
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Run the migrations up to the newest revision."""
-    migrate(get_settings().database_url)
-    typer.echo("database is up to date")
+    url = get_settings().database_url
+    before = _schema_revision(url)
+    migrate(url)
+    after = _schema_revision(url)
+    with session_scope() as session:  # addresses on file from before sign-in links: their lookup hashes
+        hashed = signin.backfill_lookup_hashes(session)
+    if hashed:
+        typer.echo(f"{hashed} contact address(es) on file can now be found for sign-in links")
+    if before is None:
+        typer.echo(f"created the schema in an empty database (revision {after})")
+    elif before != after:
+        typer.echo(f"migrated the database from revision {before} to {after}")
+    else:
+        typer.echo(f"database is up to date (revision {after})")
+
+
+def _schema_revision(url: str) -> str | None:
+    """The Alembic revision of the database at ``url`` (None: no schema yet)."""
+    from alembic.runtime.migration import MigrationContext
+
+    from study.db import make_engine
+
+    engine = make_engine(url, timeouts=False)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
 
 
 @study_app.command("load")
@@ -78,14 +104,61 @@ def study_load(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
 
 
 @study_app.command("list")
-def study_list() -> None:
-    """Studies and their current protocol version."""
+def study_list(
+    all_studies: Annotated[bool, typer.Option("--all", help="Archived studies too")] = False,
+) -> None:
+    """Studies, their status and current protocol version (archived ones only with --all)."""
     from study.models import Study
 
     with session_scope() as session:
-        for study in session.scalars(select(Study).order_by(Study.slug)):
+        for study in session.scalars(select(Study).where(recruitment.visible(all_studies)).order_by(Study.slug)):
             version = studies.current_version(session, study.id)
-            typer.echo(f"{study.slug}\tv{version.version}\t{study.title}")
+            typer.echo(f"{study.slug}\tv{version.version}\t{study.status}\t{study.title}")
+
+
+def _change_status(study: str, action: recruitment.StudyAction, stop_followups: bool = False) -> None:
+    from scheduler import service as scheduler_service
+
+    try:
+        with session_scope() as session:
+            change = scheduler_service.change_study_status(session, studies.get_study(session, study), action,
+                                                           CLI_ACTOR, stop_followups=stop_followups)
+            status, slug = change.study.status, change.study.slug
+    except DomainError as exc:
+        _fail(exc.message)
+        return
+    cancelled = f"; {change.followups_cancelled} follow-up(s) still to come cancelled" \
+        if change.transition.stop_followups else ""
+    typer.echo(f"study '{slug}' is now {status}{cancelled}")
+
+
+@study_app.command("pause")
+def study_pause(study: str) -> None:
+    """Stop new enrollments for now; enrolled participants and their follow-ups go on."""
+    _change_status(study, recruitment.StudyAction.PAUSE)
+
+
+@study_app.command("resume")
+def study_resume(study: str) -> None:
+    """Take new enrollments again (a paused study)."""
+    _change_status(study, recruitment.StudyAction.RESUME)
+
+
+@study_app.command("close")
+def study_close(
+    study: str,
+    stop_followups: Annotated[bool, typer.Option(
+        "--stop-followups", help="Also cancel every follow-up still to come (as withdrawal does); also works on a "
+                                 "study already closed")] = False,
+) -> None:
+    """End recruitment for good; enrolled participants' follow-ups continue unless --stop-followups."""
+    _change_status(study, recruitment.StudyAction.CLOSE, stop_followups=stop_followups)
+
+
+@study_app.command("archive")
+def study_archive(study: str) -> None:
+    """Hide a closed study (e.g. a test study) from listings and make it read-only."""
+    _change_status(study, recruitment.StudyAction.ARCHIVE)
 
 
 @invites_app.command("create")
@@ -103,16 +176,78 @@ def invites_create(
         typer.echo(code)
 
 
+@invites_app.command("list")
+def invites_list(
+    study: str,
+    status: Annotated[recruitment.InviteStatus | None, typer.Option(help="Only invites in this state")] = None,
+) -> None:
+    """Invites with their creation time and who used them when (participant codes only; audited)."""
+    try:
+        with session_scope() as session:
+            listings = recruitment.list_invites(session, studies.get_study(session, study), CLI_ACTOR, status)
+            lines = [_invite_lines(listing) for listing in listings]
+    except DomainError as exc:
+        _fail(exc.message)
+        return
+    typer.echo(f"{len(lines)} invite(s){f' {status}' if status else ''} in '{study}' (codes are stored hashed, "
+               "so they cannot be shown again)")
+    for invite_lines in lines:
+        for line in invite_lines:
+            typer.echo(line)
+
+
+def _invite_lines(listing: recruitment.InviteListing) -> list[str]:
+    invite = listing.invite
+    when = [f"created {invite.created_at:%Y-%m-%d %H:%M} UTC"]
+    if invite.expires_at is not None:
+        when.append(f"{'expired' if listing.expired else 'expires'} {invite.expires_at:%Y-%m-%d %H:%M} UTC")
+    if invite.revoked_at is not None:
+        when.append(f"revoked {invite.revoked_at:%Y-%m-%d %H:%M} UTC")
+    label = f"  [{invite.label}]" if invite.label else ""
+    return [f"{invite.id:>6}  {listing.status:<7} used {invite.use_count}/{invite.max_uses}  {', '.join(when)}{label}",
+            *(f"        by {use.participant_code} at {use.at:%Y-%m-%d %H:%M} UTC" for use in listing.uses)]
+
+
+@invites_app.command("revoke")
+def invites_revoke(
+    study: str,
+    code: Annotated[str | None, typer.Argument(help="The invite code (or give --id)")] = None,
+    invite_id: Annotated[int | None, typer.Option("--id", min=1, help="The invite's id from `invites list`")] = None,
+) -> None:
+    """Revoke an invite: nobody can enroll with it afterwards; who already did goes on (audited)."""
+    try:
+        with session_scope() as session:
+            listing = recruitment.revoke_invite(session, studies.get_study(session, study), CLI_ACTOR, code=code,
+                                                invite_id=invite_id)
+            lines = _invite_lines(listing)
+    except DomainError as exc:
+        _fail(exc.message)
+        return
+    for line in lines:
+        typer.echo(line)
+
+
 @staff_app.command("create")
 def staff_create(
     email: str,
     name: Annotated[str, typer.Option(help="Display name")],
     study: Annotated[str, typer.Option(help="Study slug the role applies to")],
     role: Annotated[StaffRole, typer.Option()] = StaffRole.RESEARCHER,
-    password: Annotated[str | None, typer.Option(help="Prompted for when omitted")] = None,
+    password: Annotated[str | None, typer.Option(help="Prompted for when omitted (it shows in the shell's "
+                                                 "history: prefer the prompt or --password-stdin)")] = None,
+    password_stdin: Annotated[bool, typer.Option("--password-stdin", help="Read the password from the first line "
+                                                 "of standard input (scripts, no terminal)")] = False,
 ) -> None:
     """Create a staff account with a role in one study."""
-    password = password or getpass.getpass("password (12+ characters): ")
+    if password is not None and password_stdin:
+        _fail("give --password or --password-stdin, not both")
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n") if sys.stdin is not None else ""
+    elif password is None:
+        if sys.stdin is None or not sys.stdin.isatty():
+            _fail("no terminal to ask for the password: pipe it in with --password-stdin")
+        password = getpass.getpass("password (12+ characters): ")
+    assert password is not None
     try:
         with session_scope() as session:
             account = staff.create_staff(session, email=email, name=name, password=password, actor=CLI_ACTOR)
@@ -439,6 +574,7 @@ def scheduler_process(name: str | None = None, poll_seconds: float | None = None
     settings = get_settings()
     if poll_seconds is not None:
         settings = settings.model_copy(update={"scheduler_poll_seconds": poll_seconds})
+    typer.echo(f"links in follow-up messages point at {settings.base_url}")
     run(get_engine(), settings, name)
 
 
@@ -513,14 +649,77 @@ def followups_schedule(participant_code: str) -> None:
                            f"{when} {d.last_error or ''}".rstrip())
 
 
+def _local_and_utc(at: dt.datetime, zone: str) -> str:
+    from zoneinfo import ZoneInfo
+
+    local = at.astimezone(ZoneInfo(zone))
+    return f"{local:%a %Y-%m-%d %H:%M} {local.tzname()} (UTC{local:%z})  = {at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC"
+
+
+@followups_app.command("preview")
+def followups_preview(
+    study: str,
+    enrolled_at: Annotated[str, typer.Option(help="Enrollment time, local to --timezone unless it has an offset, "
+                                             "e.g. 2026-03-28T09:00")],
+    timezone: Annotated[str, typer.Option(help="The participant's IANA time zone, e.g. Europe/London")],
+    decision_at: Annotated[str | None, typer.Option(help="A decision time, to preview the decision "
+                                                    "follow-ups too")] = None,
+) -> None:
+    """Every invitation and reminder the protocol in force would send one participant, in local time
+    and UTC with quiet hours applied (the planner's own timing; nothing is stored)."""
+    from pydantic import ValidationError
+
+    from scheduler import service as scheduler_service
+    from scheduler.schemas import SchedulePreviewQuery
+
+    try:
+        query = SchedulePreviewQuery.model_validate(
+            {"enrolled_at": enrolled_at, "timezone": timezone, "decision_at": decision_at})
+    except ValidationError as exc:
+        _fail("; ".join(f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-') or 'options'}: "
+                        f"{str(e['msg']).removeprefix('Value error, ')}" for e in exc.errors()))
+        return
+    try:
+        with session_scope(read_only=True) as session:
+            preview = scheduler_service.schedule_preview(session, studies.get_study(session, study), query)
+    except DomainError as exc:
+        _fail(exc.message)
+        return
+    zone = preview.timezone
+    typer.echo(f"{preview.study}, protocol version {preview.protocol_version}, a participant in {zone} "
+               f"(quiet hours {preview.quiet_hours['start']}-{preview.quiet_hours['end']} local)")
+    typer.echo(f"enrolled   {_local_and_utc(preview.enrolled_at_utc, zone)}")
+    if preview.decision_at_utc is not None:
+        typer.echo(f"decision   {_local_and_utc(preview.decision_at_utc, zone)}")
+    for followup in preview.followups:
+        typer.echo(f"\n{followup.followup} ({followup.instrument}, after {followup.anchor})")
+        for message in followup.messages:
+            label = "invitation" if message.kind == "invitation" else f"reminder {message.sequence}"
+            typer.echo(f"  {label:<11}{_local_and_utc(message.at_utc, zone)}")
+        typer.echo(f"  {'closes':<11}{_local_and_utc(followup.closes_at_utc, zone)}")
+        if followup.moved_by_quiet_hours:
+            typer.echo(f"  (asked for {followup.intended_local.replace('T', ' ')} local, inside quiet hours: moved)")
+    if not preview.followups:
+        typer.echo("\nthe protocol has no follow-ups to preview")
+    if preview.decision_followups_not_shown:
+        typer.echo(f"\ndecision follow-ups ({', '.join(preview.decision_followups_not_shown)}) are planned from "
+                   "each decision a participant reports: give --decision-at to preview them")
+
+
 @app.command("mailbox")
-def mailbox(port: int = 1025, folder: Path = PROJECT_ROOT / "var" / "mail") -> None:
-    """A local mail server for development: keeps every message as a .eml file (needs aiosmtpd)."""
+def mailbox(
+    port: Annotated[int | None, typer.Option(help="Default: AFTERWARD_SMTP_PORT, where the platform sends mail")
+                    ] = None,
+    folder: Path = PROJECT_ROOT / "var" / "mail",
+    check: Annotated[bool, typer.Option("--check", help="Only check that the port is free (exit 1 if not)")] = False,
+) -> None:
+    """A local mail server for development on 127.0.0.1: keeps every message as a .eml file (needs aiosmtpd)."""
+    import errno
     import time
 
     from aiosmtpd.controller import Controller
 
-    folder.mkdir(parents=True, exist_ok=True)
+    port = get_settings().smtp_port if port is None else port
 
     class Keep:
         async def handle_DATA(self, server: object, session: object, envelope: Any) -> str:  # noqa: N802
@@ -530,7 +729,18 @@ def mailbox(port: int = 1025, folder: Path = PROJECT_ROOT / "var" / "mail") -> N
             return "250 kept"
 
     controller = Controller(Keep(), hostname="127.0.0.1", port=port)
-    controller.start()
+    try:
+        controller.start()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            _fail(f"the development mailbox cannot listen on 127.0.0.1:{port}: the port is taken (another mailbox "
+                  "or mail server?); stop it, or set AFTERWARD_SMTP_PORT to a free port")
+        _fail(f"the development mailbox cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}")
+    if check:
+        controller.stop()
+        typer.echo(f"127.0.0.1:{port} is free for the development mailbox")
+        return
+    folder.mkdir(parents=True, exist_ok=True)
     typer.echo(f"development mailbox on 127.0.0.1:{port}, messages in {folder}")
     try:
         while True:
@@ -540,16 +750,32 @@ def mailbox(port: int = 1025, folder: Path = PROJECT_ROOT / "var" / "mail") -> N
 
 
 @app.command("api")
-def api(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, access_log: bool = True) -> None:
-    """Serve the HTTP API (and the participant pages) with uvicorn."""
+def api(
+    host: Annotated[str | None, typer.Option(help="Default: AFTERWARD_API_HOST (127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Default: AFTERWARD_API_PORT (8000)")] = None,
+    workers: int = 1,
+    access_log: bool = True,
+) -> None:
+    """Serve the HTTP API (and the participant pages) with uvicorn; links for participants point at this
+    address unless AFTERWARD_BASE_URL says otherwise."""
+    import os
+
     import uvicorn
 
     from api.client_address import trusted_networks
 
+    settings = get_settings()
+    host = settings.api_host if host is None else host
+    port = settings.api_port if port is None else port
+    # The app (in every worker process) takes the address it is served on as the default base URL.
+    os.environ["AFTERWARD_API_HOST"], os.environ["AFTERWARD_API_PORT"] = host, str(port)
+    get_settings.cache_clear()
     try:
-        trusted_networks(tuple(get_settings().trusted_proxies))
+        settings = get_settings()
+        trusted_networks(tuple(settings.trusted_proxies))
     except ValueError as exc:
         _fail(str(exc))
+    typer.echo(f"links for participants point at {settings.base_url}")
     # X-Forwarded-For is read in one place only, api.client_address (from AFTERWARD_TRUSTED_PROXIES);
     # uvicorn's own handling would otherwise believe it from any local client.
     # SIGTERM stops the server within seconds even under load: open requests get a short grace

@@ -100,8 +100,8 @@ def token_from(request: Request, bearer: HTTPAuthorizationCredentials | None, co
     if bearer is not None and bearer.credentials.strip():
         return bearer.credentials.strip()
     if not cookie:
-        raise HTTPException(401, "sign in first: open your invite link again or use your token",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(401, "sign in first: with your token, or again with POST /api/v1/sign-in/email-link "
+                            "or /sign-in/code", headers={"WWW-Authenticate": "Bearer"})
     if request.method not in SAFE_METHODS:
         presented = request.headers.get(CSRF_HEADER)
         if not presented or not csrf_token_valid(cookie, presented):
@@ -111,8 +111,8 @@ def token_from(request: Request, bearer: HTTPAuthorizationCredentials | None, co
 
 def _signed_in(participant: Participant | None) -> Participant:
     if participant is None:
-        raise HTTPException(401, "your session has expired; open your invite link or sign in again",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(401, "your session has expired; sign in again (POST /api/v1/sign-in/email-link "
+                            "or /sign-in/code)", headers={"WWW-Authenticate": "Bearer"})
     return participant
 
 

@@ -17,7 +17,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "font-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'")
-API_EXPLORER = ("/docs", "/redoc")  # FastAPI's API explorer loads its own scripts
+API_EXPLORER = ("/docs", "/redoc")  # FastAPI's API explorer pages carry inline script and style
+# The explorer's own policy: its inline script and style, and nothing from another site (ReDoc would otherwise
+# fetch its logo from a CDN; api.docs serves every file it needs).
+EXPLORER_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+                "img-src 'self' data:; worker-src 'self' blob:; connect-src 'self'; frame-ancestors 'none'; "
+                "form-action 'self'; base-uri 'none'; object-src 'none'")
 
 
 def security_headers(path: str) -> dict[str, str]:
@@ -27,10 +32,9 @@ def security_headers(path: str) -> dict[str, str]:
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
         "X-Frame-Options": "DENY",
-        "Cache-Control": "public, max-age=3600" if path.startswith("/static/") else "no-store",
+        "Cache-Control": "public, max-age=3600" if path.startswith(("/static/", "/docs/assets/")) else "no-store",
     }
-    if not path.startswith(API_EXPLORER):
-        headers["Content-Security-Policy"] = CSP
+    headers["Content-Security-Policy"] = EXPLORER_CSP if path.startswith(API_EXPLORER) else CSP
     return headers
 
 

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.client_address import client_address
 from api.deps import SESSION_COOKIE, Form, RowId, SessionDep, run_unit, set_session_cookie
 from api.errors import error_body, status_of
 from api.routers import chat as chat_api
@@ -35,14 +36,21 @@ from chat import service as chat_service
 from chat.roles import ROLE_SPECS, SAFETY_CONCERNS
 from chat.schemas import ConversationCreate, ExitCheck, MessageCreate, RoleChange
 from scheduler import service as scheduler_service
-from study import audit
+from study import audit, signin
 from study import participants as participant_service
 from study.clock import now
-from study.errors import DomainError, NotFound
-from study.models import Participant, ParticipantStatus, Study, WithdrawalLevel
-from study.schemas import ConsentSign, ProfileUpdate, WithdrawalCreate
+from study.errors import DomainError, NotFound, TooManyAttempts
+from study.models import Participant, ParticipantStatus, WithdrawalLevel
+from study.schemas import (
+    ConsentAboutRead,
+    ConsentSign,
+    ProfileUpdate,
+    SignInLinkCreate,
+    SignInWithCode,
+    WithdrawalCreate,
+)
 from study.security import csrf_token_for, csrf_token_valid
-from study.studies import current_protocol
+from study.studies import current_protocol, protocol_for_consent
 from study.validation import form_int
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
@@ -187,6 +195,17 @@ templates.env.filters["markdown"] = markdown
 templates.env.filters["resources"] = resources_html
 
 
+def _public_text(session: Session, participant: Participant) -> dict[str, Any]:
+    """The study as participants know it: the protocol's public title and description, never the
+    internal title (which may name the hypothesis)."""
+    info = current_protocol(session, participant.study_id).study
+    return {"study_title": info.participant_title, "study_description": info.public_description}
+
+
+def _consent_about(session: Session, state: participant_service.ConsentStatus) -> ConsentAboutRead:
+    return ConsentAboutRead.of(protocol_for_consent(session, state.current.id))
+
+
 # Invite and consent
 
 
@@ -204,7 +223,7 @@ def home(request: Request, session: SessionDep) -> Response:
         return see_other(step)
     pending = survey_service.pending(session, participant) if not participant.is_withdrawn else []
     return page(request, "home.html", participant=participant, pending=pending,
-                study=session.get(Study, participant.study_id))
+                **_public_text(session, participant))
 
 
 @router.post("/join")
@@ -224,12 +243,102 @@ def join(request: Request, form: Form, session: SessionDep) -> Response:
     return response
 
 
+# Coming back: a sign-in link emailed to the address on file, the link of a follow-up email, or the
+# return code (study.signin). The forms carry the double-submit token of the invite form, so another
+# site cannot sign a visitor in as someone else.
+
+
+def _with_pre(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
+    """A page with the sign-in forms, and the double-submit cookie they need."""
+    pre = request.cookies.get(PRE_COOKIE) or secrets.token_urlsafe(24)
+    response = page(request, name, status_code=status_code, pre=pre, **context)
+    response.set_cookie(PRE_COOKIE, pre, httponly=True, samesite="strict", path="/")
+    return response
+
+
+def _pre_ok(request: Request, form: FormData) -> bool:
+    pre = request.cookies.get(PRE_COOKIE)
+    return bool(pre) and form.get("pre") == pre
+
+
+def _signed_in_again(result: signin.SignedIn) -> Response:
+    response = see_other("/me" if result.purpose == signin.FOLLOWUP_LINK else "/")
+    set_session_cookie(response, result.token)
+    response.delete_cookie(PRE_COOKIE, path="/")
+    return response
+
+
+def _link_not_usable(request: Request, exc: DomainError) -> Response:
+    """A used, expired or broken link: say so, and offer a new one (not to a withdrawn participant)."""
+    return _with_pre(request, "sign_in.html", status_code=status_of(exc), state="refused", title="Sign in again",
+                     message=exc.message, ask_again=exc.code != "withdrawn")
+
+
+@router.post("/sign-in/email")
+def ask_for_sign_in_link(request: Request, form: Form, session: SessionDep) -> Response:
+    if not _pre_ok(request, form):
+        return see_other("/?expired=1")
+    typed = str(form.get("email", "")).strip()[:320]
+    try:
+        address = SignInLinkCreate(email=typed).email
+        signin.request_link(session, address, client=client_address(request))
+    except (ValidationError, TooManyAttempts) as exc:
+        return _with_pre(request, "join.html", status_code=429 if isinstance(exc, TooManyAttempts) else 422,
+                         email=typed, email_error=problem(exc))
+    return page(request, "sign_in.html", state="sent", title="Check your email",
+                message=signin.requested_message(address))
+
+
+@router.post("/sign-in/code")
+def sign_in_with_code(request: Request, form: Form, session: SessionDep) -> Response:
+    if not _pre_ok(request, form):
+        return see_other("/?expired=1")
+    typed = str(form.get("return_code", "")).strip()[:64]
+    try:
+        result = signin.sign_in_with_code(session, SignInWithCode(return_code=typed).return_code,
+                                          client=client_address(request))
+    except (ValidationError, TooManyAttempts) as exc:
+        return _with_pre(request, "join.html", status_code=429 if isinstance(exc, TooManyAttempts) else 422,
+                         return_code=typed, code_error=problem(exc))
+    if isinstance(result, DomainError):  # the failed attempt is committed: it counts toward the limit
+        return _with_pre(request, "join.html", status_code=status_of(result), return_code=typed,
+                         code_error=result.message)
+    return _signed_in_again(result)
+
+
+@router.get("/sign-in/link/{token}", response_class=HTMLResponse)
+def sign_in_link(token: str, request: Request, session: SessionDep) -> Response:
+    """Ask before using the link: mail scanners that open links must not use it up."""
+    claims = signin.link_claims(token)
+    current = _signed_in(session, request)
+    if claims and current is not None and current.id == claims.participant_id and not current.is_withdrawn:
+        return see_other("/me" if claims.purpose == signin.FOLLOWUP_LINK else "/")  # signed in here already
+    try:
+        signin.check_link(session, token)
+    except DomainError as exc:
+        return _link_not_usable(request, exc)
+    return _with_pre(request, "sign_in.html", state="confirm", title="Sign in", token=token)
+
+
+@router.post("/sign-in/link/{token}")
+def use_sign_in_link(token: str, request: Request, form: Form, session: SessionDep) -> Response:
+    if not _pre_ok(request, form):
+        return see_other(f"/sign-in/link/{token}")
+    try:
+        result = signin.sign_in_with_link(session, token, client=client_address(request))
+    except TooManyAttempts as exc:
+        return _link_not_usable(request, exc)
+    if isinstance(result, DomainError):  # the failed attempt is committed: it counts toward the limit
+        return _link_not_usable(request, result)
+    return _signed_in_again(result)
+
+
 @router.get("/consent", response_class=HTMLResponse)
 def consent(request: Request, session: SessionDep) -> Response:
     participant = _participant(session, request)
     state = participant_service.consent_status(session, participant)
     return page(request, "consent.html", state=state, participant=participant,
-                revised=state.signed is not None and state.needs_consent)
+                revised=state.signed is not None and state.needs_consent, about=_consent_about(session, state))
 
 
 @router.post("/consent")
@@ -247,6 +356,7 @@ def sign(request: Request, form: Form, session: SessionDep) -> Response:
         session.rollback()
         return page(request, "consent.html", status_code=422, state=state, participant=participant,
                     revised=state.signed is not None and state.needs_consent, error=problem(exc),
+                    about=_consent_about(session, state),
                     checked=set(form.getlist("confirmations")), typed=str(form.get("typed_signature", ""))[:200])
     return see_other("/" if participant.status == ParticipantStatus.ENROLLED else "/onboarding")
 
@@ -277,7 +387,11 @@ def onboard(request: Request, form: Form, session: SessionDep) -> Response:
         return page(request, "onboarding.html", status_code=422, zones=ZONES, participant=participant,
                     selected=str(form.get("timezone", ""))[:64], email=(email or "")[:320], error=problem(exc),
                     email_required=protocol.enrollment.contact_email == "required")
-    return see_other(f"/surveys/{baseline[0].id}" if baseline else "/")
+    after = f"/surveys/{baseline[0].id}" if baseline else "/"
+    return_code = signin.ensure_return_code(session, participant)
+    if return_code is not None:  # no email address to send sign-in links to: shown this once
+        return page(request, "return_code.html", code=return_code, next=after)
+    return see_other(after)
 
 
 # Surveys: one screen per block; answers are saved with every step.
@@ -448,7 +562,12 @@ def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> 
     resources = {turn.concern: chat_api.crisis_resources(session, participant, turn.concern).text
                  for turn in turns if turn.stance in ("check_in", "escalate")}
     responses = chat_api.pushback_responses(session, conversation.id)
-    return page(request, "chat.html", conversation=conversation, turns=turns, responses=responses,
+    switches: dict[int, list[str]] = {}  # after how many turns -> "Coach to Collaborator"
+    for switch in chat_service.role_switches(session, conversation):
+        switches.setdefault(switch.after_seq, []).append(
+            f"{ROLE_SPECS[switch.from_role].disclosure.title} to "  # type: ignore[index]
+            f"{ROLE_SPECS[switch.to_role].disclosure.title}")  # type: ignore[index]
+    return page(request, "chat.html", conversation=conversation, turns=turns, responses=responses, switches=switches,
                 answerable=chat_service.latest_pushback_id(session, conversation.id), offered=offered,
                 mode=arm.mode, resources=resources, role=ROLE_SPECS[conversation.role],  # type: ignore[index]
                 safety_concerns=SAFETY_CONCERNS, failed=request.query_params.get("failed"))
@@ -556,11 +675,24 @@ def chat_end(conversation_id: RowId, request: Request, form: Form, session: Sess
 @router.get("/me", response_class=HTMLResponse)
 def my_study(request: Request, session: SessionDep) -> Response:
     participant = _participant(session, request)
-    study = session.get(Study, participant.study_id)
     protocol = current_protocol(session, participant.study_id)
-    followups = [f for f in scheduler_service.schedule(session, participant) if f.status in ("planned", "sent")]
-    return page(request, "my_study.html", participant=participant, study=study, followups=followups,
+    return page(request, "my_study.html", participant=participant, **_public_text(session, participant),
+                followups=scheduler_service.coming_up(session, participant),
                 deletion_allowed=protocol.withdrawal.allow_data_deletion, now=now())
+
+
+@router.post("/me/return-code")
+def new_return_code(request: Request, form: Form, session: SessionDep) -> Response:
+    _check_csrf(request, form)
+    participant = _participant(session, request)
+    replaced = participant.return_code_hmac is not None
+    try:
+        code = signin.issue_return_code(session, participant)
+    except DomainError as exc:
+        session.rollback()
+        return page(request, "message.html", status_code=status_of(exc), title="Return code", body=exc.message,
+                    back="/me")
+    return page(request, "return_code.html", code=code, next="/me", replaced=replaced)
 
 
 @router.post("/me/withdraw")
@@ -570,7 +702,7 @@ def withdraw(request: Request, form: Form, session: SessionDep) -> Response:
     if form.get("confirm") != "yes":
         protocol = current_protocol(session, participant.study_id)
         return page(request, "my_study.html", status_code=422, participant=participant,
-                    study=session.get(Study, participant.study_id), followups=[],
+                    **_public_text(session, participant), followups=[],
                     deletion_allowed=protocol.withdrawal.allow_data_deletion, now=now(),
                     error="Tick the box to confirm that you want to withdraw.")
     try:

@@ -210,7 +210,8 @@ class Gateway:
             verdict = json.loads(match.group(0)) if match else None
         except ValueError:
             verdict = None
-        if not isinstance(verdict, dict) or verdict.get("category") not in ("risk_to_self", "harm_to_others", "none"):
+        if not isinstance(verdict, dict) or verdict.get("category") not in (
+                "risk_to_self", "harm_to_others", "risk_from_others", "none"):
             log.warning("crisis classifier gave no usable verdict: %.200s", completion.text)
             return None
         return str(verdict["category"]), bool(verdict.get("acute"))

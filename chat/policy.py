@@ -31,6 +31,7 @@ class Assessment:
     """What the monitors found in one participant message."""
 
     crisis: CrisisFinding | None = None
+    crisis_score: float | None = None  # the semantic classifier's (chat.semantic; flags at its threshold)
     reassurance_cue: str | None = None
     reassurance_repeats: int = 0  # earlier similar requests, this and other conversations
     dependence_cue: str | None = None
@@ -44,6 +45,7 @@ class Assessment:
             "crisis_acute": bool(self.crisis and self.crisis.acute),
             "crisis_cue": self.crisis.cue if self.crisis else None,
             "crisis_source": self.crisis.source if self.crisis else None,
+            "crisis_score": None if self.crisis_score is None else round(self.crisis_score, 4),
             "reassurance_seeking": self.reassurance_cue is not None,
             "reassurance_cue": self.reassurance_cue,
             "reassurance_repeats": self.reassurance_repeats,

@@ -18,7 +18,7 @@ from sqlalchemy import JSON, String, case, cast, func, literal, null, or_, selec
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from chat import monitors
+from chat import monitors, semantic
 from chat.answer_format import guidance, parse_answer
 from chat.gateway import Completion
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, SafetyEventReview, Turn
@@ -143,6 +143,12 @@ def turns(session: Session, conversation: Conversation) -> list[Turn]:
     return list(session.scalars(select(Turn).where(Turn.conversation_id == conversation.id).order_by(Turn.seq)))
 
 
+def role_switches(session: Session, conversation: Conversation) -> list[RoleSwitch]:
+    """The conversation's role changes in order (``after_seq``: the number of turns before each)."""
+    return list(session.scalars(select(RoleSwitch).where(RoleSwitch.conversation_id == conversation.id)
+                                .order_by(RoleSwitch.id)))
+
+
 def list_conversations(session: Session, participant: Participant) -> list[Conversation]:
     return list(session.scalars(select(Conversation).where(Conversation.participant_id == participant.id)
                                 .order_by(Conversation.started_at.desc(), Conversation.id.desc())))
@@ -173,7 +179,8 @@ def _history(conversation: Conversation | ConversationState) -> History:
 
 
 def _assess(session: Session, participant: Participant, content: str, before_turn_id: int | None) -> Assessment:
-    crisis = monitors.detect_crisis(content)
+    verdict = semantic.classify(content)
+    crisis = semantic.fuse(monitors.detect_crisis(content), verdict)
     cue = monitors.reassurance_cue(content)
     repeats = 0
     if cue is not None:
@@ -184,7 +191,8 @@ def _assess(session: Session, participant: Participant, content: str, before_tur
                                        *([Turn.id != before_turn_id] if before_turn_id else []))
             .order_by(Turn.id.desc()).limit(50)).all()
         repeats = sum(monitors.similar(words, monitors.content_words(text)) for text in earlier)
-    return Assessment(crisis=crisis, reassurance_cue=cue, reassurance_repeats=repeats,
+    return Assessment(crisis=crisis, crisis_score=verdict.score,
+                      reassurance_cue=cue, reassurance_repeats=repeats,
                       dependence_cue=monitors.dependence_cue(content), validation_cue=monitors.validation_cue(content),
                       sentiment=monitors.sentiment(content), message=content)
 
@@ -314,6 +322,9 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
             Turn.client_message_id == client_message_id))
         if existing is not None:
             return _resume(session, participant, existing), existing
+    # The encoder runs before the reply is claimed, so no write lock is held while it does (the
+    # verdict is kept by ``semantic.classify`` for ``_assess`` below).
+    semantic.classify(text)
     at, state, seq = _claim_reply(session, participant, conversation_id, new_message=True)
     assessment = _assess(session, participant, text, None)
     turn = Turn(conversation_id=conversation_id, participant_id=participant.id, seq=seq,
@@ -420,6 +431,7 @@ def prepare_override(session: Session, participant: Participant, conversation_id
 
 def reconsider(session: Session, participant: Participant, conversation_id: int, turn_id: int) -> PushbackResponse:
     conversation = get_conversation(session, participant, conversation_id, for_update=True)
+    _require_active(conversation)  # an ended conversation's cards are closed, as for "Go ahead anyway"
     pushback = _pushback_turn(session, participant, conversation, turn_id)
     response = PushbackResponse(turn_id=pushback.id, conversation_id=conversation.id, participant_id=participant.id,
                                 action="reconsider", stance=pushback.stance or "", concern=pushback.concern or "none",

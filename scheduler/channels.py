@@ -1,5 +1,6 @@
-"""Delivery channels: email (SMTP), webhook (signed JSON POST) and in-app; and the on-call
-channels that tell the protocol's safety contacts about an escalation (email, webhook).
+"""Delivery channels: email (SMTP), webhook (signed JSON POST) and in-app; the on-call
+channels that tell the protocol's safety contacts about an escalation (email, webhook); and the
+email of a sign-in link a participant asked for.
 
 A channel either returns (delivered) or raises ``DeliveryError`` naming the problem, so the
 dispatcher can retry, give up on one address, or alert staff about the channel itself. (The
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from email.message import EmailMessage
 from email.utils import formatdate
 from typing import Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
 
@@ -47,7 +49,19 @@ class Invitation:
     study_title: str
     survey_title: str
     link: str
-    closes_at_text: str
+    closes_at_text: str  # in the participant's time zone
+    sign_in_link: str | None = None  # signs the participant in to "My study", once (study.signin)
+
+
+@dataclass(frozen=True)
+class SignInLinkMessage:
+    """A sign-in link a participant asked for, to the address on file. It names no study: the
+    address may be someone else's who typed it, and a study's title may say what it tests."""
+
+    idempotency_key: str
+    to_email: str
+    link: str
+    expires_at_text: str  # in the participant's time zone
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,23 @@ class OnCallChannel(Protocol):
     def notify(self, notice: OnCallNotice) -> None: ...
 
 
+class SignInChannel(Protocol):
+    name: str
+
+    def send_sign_in(self, message: SignInLinkMessage) -> None: ...
+
+
+def local_time_text(moment: dt.datetime, timezone: str | None) -> str:
+    """A moment as the participant reads it, e.g. "Thursday 5 March 2026, 18:00 CET (Europe/Berlin)"."""
+    try:
+        zone = ZoneInfo(timezone or "UTC")
+    except (ZoneInfoNotFoundError, ValueError):
+        zone, timezone = ZoneInfo("UTC"), "UTC"
+    local = moment.astimezone(zone)
+    where = "" if (timezone or "UTC") == "UTC" else f" ({timezone})"
+    return f"{local:%A} {local.day} {local:%B %Y, %H:%M} {local.tzname()}{where}"
+
+
 def subject(message: Invitation) -> str:
     prefix = "Reminder: " if message.kind == "reminder" else ""
     return f"{prefix}{message.survey_title} ({message.study_title})"
@@ -88,8 +119,15 @@ def text_body(message: Invitation) -> str:
                else "It's time for a short follow-up survey in the study you joined.")
     return (f"Hello,\n\n{opening}\n\n{message.survey_title}\n{message.link}\n\n"
             f"The link works until {message.closes_at_text} and only for you.\n"
-            "You can stop taking part at any time from the \"My study\" page.\n\n"
+            f"{_my_study_text(message)}\n\n"
             f"{message.study_title}\n")
+
+
+def _my_study_text(message: Invitation) -> str:
+    if message.sign_in_link is None:
+        return "You can stop taking part at any time from the \"My study\" page."
+    return ("Your surveys, the chat, and stopping at any time are on your \"My study\" page. This link signs "
+            f"you in to it (once, until the survey closes):\n{message.sign_in_link}")
 
 
 def html_body(message: Invitation) -> str:
@@ -98,8 +136,19 @@ def html_body(message: Invitation) -> str:
             f"<p>Hello,</p><p>{e(text_body(message).split(chr(10))[2])}</p>"
             f"<p><a href=\"{e(message.link)}\">{e(message.survey_title)}</a></p>"
             f"<p>The link works until {e(message.closes_at_text)} and only for you.<br>"
-            "You can stop taking part at any time from the &ldquo;My study&rdquo; page.</p>"
+            + ("You can stop taking part at any time from the &ldquo;My study&rdquo; page.</p>"
+               if message.sign_in_link is None else
+               "Your surveys, the chat, and stopping at any time are on your &ldquo;My study&rdquo; page: "
+               f"<a href=\"{e(message.sign_in_link)}\">sign in to My study</a> (this link works once, until "
+               "the survey closes).</p>") +
             f"<p>{e(message.study_title)}</p></body></html>")
+
+
+def sign_in_text(message: SignInLinkMessage) -> str:
+    return ("Hello,\n\nSomeone asked to sign in again to the study you are taking part in, with this "
+            f"email address. To sign in, open this link:\n\n{message.link}\n\n"
+            f"It works once, until {message.expires_at_text}, and only for you: please don't forward it.\n"
+            "If you did not ask for it, you can ignore this email; nothing changes.\n")
 
 
 def notice_subject(notice: OnCallNotice) -> str:
@@ -165,8 +214,16 @@ class EmailChannel:
         email.set_content(notice_text(notice))
         return email
 
+    def compose_sign_in(self, message: SignInLinkMessage) -> EmailMessage:
+        email = self._headers(message.to_email, "Your sign-in link", message.idempotency_key, "the contact email")
+        email.set_content(sign_in_text(message))
+        return email
+
     def send(self, message: Invitation) -> None:
         self._transmit(self.compose(message))
+
+    def send_sign_in(self, message: SignInLinkMessage) -> None:
+        self._transmit(self.compose_sign_in(message))
 
     def notify(self, notice: OnCallNotice) -> None:
         self._transmit(self.compose_notice(notice))

@@ -17,6 +17,7 @@ alert after ``delivery_max_attempts``.
 Each tick starts with the on-call notices of safety events (``scheduler.oncall``): planned from
 the unreviewed events, then claimed and sent like deliveries, so an escalation reaches the
 protocol's safety contacts within one poll; a failing notice raises a staff alert at once.
+The sign-in links participants ask for (``study.signin``) go next, claimed and sent the same way.
 """
 
 from __future__ import annotations
@@ -45,15 +46,18 @@ from scheduler.channels import (
     Invitation,
     OnCallChannel,
     OnCallNotice,
+    SignInChannel,
+    SignInLinkMessage,
     WebhookChannel,
+    local_time_text,
 )
 from scheduler.models import ChannelAlert, Delivery, FollowUp, SafetyNotification
 from scheduler.planner import replan_study
 from scheduler.service import cancel_deliveries
-from study import audit
+from study import audit, signin
 from study.clock import now
 from study.db import bulk_insert, is_postgres, session_scope
-from study.models import Participant, ParticipantStatus, ProtocolVersion, Study
+from study.models import Participant, ParticipantStatus, ProtocolVersion, SignInEmail
 from study.security import decrypt_contact
 from study.settings import Settings
 from study.studies import current_protocol, current_version
@@ -71,6 +75,7 @@ CHANNEL_PROBLEMS = ("auth_refused", "unreachable", "rejected")
 # replan_failed and open_failed).
 SCHEDULER_ALERTS = "scheduler"
 AUDIT_ALERTS = "audit"  # the alert "channel" of a failed audit anchor
+SIGN_IN_ALERTS = "sign-in email"  # the alert "channel" of failing sign-in link emails
 STOP_GRACE_SECONDS = 3.0  # how long SIGTERM waits for the delivery in flight before exiting anyway
 
 
@@ -91,6 +96,7 @@ class TickReport:
     retrying: int = 0
     completed: int = 0
     notified: int = 0  # on-call notices of safety events sent
+    sign_in_sent: int = 0  # sign-in links participants asked for, emailed
     errors: list[str] = field(default_factory=list)
 
     def add(self, other: TickReport) -> None:
@@ -169,19 +175,24 @@ class _ClaimedNotice(NamedTuple):
 
 
 class Dispatcher:
-    """``channels`` send to participants, ``oncall_channels`` to the protocol's safety contacts.
-    Both are built from the settings by default; given ``channels`` (a simulation, a test),
-    on-call notices go only through the ``oncall_channels`` given too, none if none are."""
+    """``channels`` send to participants, ``oncall_channels`` to the protocol's safety contacts,
+    ``sign_in_channel`` the sign-in links participants ask for. All are built from the settings by
+    default; given ``channels`` (a simulation, a test), on-call notices and sign-in links go only
+    through the ones given too (none if none are: sign-in links then wait for another dispatcher)."""
 
     def __init__(self, engine: Engine, settings: Settings, name: str | None = None,
                  channels: dict[str, Channel] | None = None,
-                 oncall_channels: dict[str, OnCallChannel] | None = None) -> None:
+                 oncall_channels: dict[str, OnCallChannel] | None = None,
+                 sign_in_channel: SignInChannel | None = None) -> None:
         self.engine = engine
         self.settings = settings
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         if oncall_channels is None:
             oncall_channels = oncall.build_oncall_channels(settings) if channels is None else {}
         self.oncall_channels = oncall_channels
+        if sign_in_channel is None and channels is None:
+            sign_in_channel = EmailChannel(settings)
+        self.sign_in_channel = sign_in_channel
         self.channels = channels if channels is not None else build_channels(settings)
         self.stopping = threading.Event()  # set by SIGTERM: finish the delivery in flight, then return
         self._seen_versions: dict[int, int] = {}
@@ -200,6 +211,8 @@ class Dispatcher:
         # Safety first: on-call notices go out before a batch of survey invitations can delay them.
         self._phase(report, "on-call planning", self.plan_notifications)
         self._phase(report, "on-call sending", lambda: self.notify_due(report))
+        # Then the sign-in links: someone is waiting for each, on the page that said it is on its way.
+        self._phase(report, "sign-in links", lambda: self.send_sign_in_links(report))
         self._phase(report, "re-planning", lambda: unplannable.update(self.replan_changed_protocols(report)))
         self._phase(report, "opening", lambda: self.open_due(report, unplannable=unplannable))
         self._phase(report, "expiry", lambda: self.expire_closed(report))
@@ -555,8 +568,8 @@ class Dispatcher:
             return None, "the survey is no longer open (completed, expired or cancelled)"
         if assignment.closes_at is not None and assignment.closes_at <= now():
             return None, "the survey window closed"
-        study = session.get(Study, participant.study_id)
-        assert study is not None
+        # Participants see the public title only: the internal one may name the hypothesis.
+        study_title = current_protocol(session, participant.study_id).study.participant_title
         instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
         email = None
         if delivery.channel == "email" and participant.contact_email_encrypted:
@@ -564,12 +577,16 @@ class Dispatcher:
                 email = decrypt_contact(participant.contact_email_encrypted)
             except ValueError as exc:  # a key was rotated out: no retry can read it
                 raise DeliveryError("unreadable_contact", str(exc), permanent=True) from None
-        closes = (assignment.closes_at.strftime("%Y-%m-%d %H:%M UTC") if assignment.closes_at else "it is done")
+        closes = (local_time_text(assignment.closes_at, participant.timezone) if assignment.closes_at
+                  else "it is done")
+        # Signs the participant in to My study once, for as long as the survey is open.
+        sign_in = signin.link_url(self.settings.base_url, signin.link_token(
+            signin.FOLLOWUP_LINK, participant.id, delivery.idempotency_key, followup.closes_at))
         return Invitation(
             idempotency_key=delivery.idempotency_key, kind=delivery.kind, participant_code=participant.code,
-            to_email=email, study_title=study.title, survey_title=instrument.title,
+            to_email=email, study_title=study_title, survey_title=instrument.title,
             link=f"{self.settings.base_url.rstrip('/')}/s/{survey_service.link_token(assignment)}",
-            closes_at_text=closes), None
+            closes_at_text=closes, sign_in_link=sign_in), None
 
     def _deliver(self, item: _Outgoing, report: TickReport) -> None:
         delivery = item.delivery
@@ -765,6 +782,142 @@ class Dispatcher:
         except Exception:  # their leases expire and another dispatcher takes them
             log.exception("could not hand back %s claimed on-call notices", len(ids))
 
+    # Sign-in links participants asked for (study.signin queues them)
+
+    def send_sign_in_links(self, report: TickReport) -> None:
+        """Claim the sign-in emails due (committed, with a lease), then send them one at a time;
+        each failure stays with its email. On SIGTERM the rest of the batch is handed back."""
+        if self.sign_in_channel is None:
+            return
+        while not self.stopping.is_set():
+            claimed = self._claim_sign_in_emails(report)
+            if not claimed:
+                return
+            for index, email_id in enumerate(claimed):
+                if self.stopping.is_set():
+                    self._release_sign_in_emails(claimed[index:])
+                    return
+                try:
+                    self._send_sign_in_email(email_id, report)
+                except Exception as exc:  # recording the outcome failed: the lease brings it back
+                    log.exception("sign-in email %s: recording the outcome failed", email_id)
+                    report.errors.append(f"sign-in email {email_id}: {_describe(exc)}")
+
+    def _claim_sign_in_emails(self, report: TickReport) -> list[int]:
+        s = self.settings
+        with session_scope(self.engine) as session:
+            at = now()
+            due = or_(and_(SignInEmail.status == "pending", SignInEmail.next_attempt_at <= at),
+                      and_(SignInEmail.status == "sending", SignInEmail.lease_until < at))
+            rows = session.execute(self._claim(session, select(
+                SignInEmail.id, SignInEmail.status, SignInEmail.attempts).where(due)
+                .order_by(SignInEmail.next_attempt_at).limit(s.scheduler_batch_size))).all()
+            exhausted = [row for row in rows if row.status == "sending" and row.attempts >= s.delivery_max_attempts]
+            claimed = [row.id for row in rows if row not in exhausted]
+            if claimed:
+                session.execute(update(SignInEmail).where(SignInEmail.id.in_(claimed)).values(
+                    status="sending", claimed_by=self.name, attempts=SignInEmail.attempts + 1,
+                    lease_until=at + dt.timedelta(seconds=s.delivery_lease_seconds)))
+            for row in exhausted:
+                exc = DeliveryError("error", "the last attempt never finished (its dispatcher stopped mid-send)")
+                session.execute(update(SignInEmail).where(SignInEmail.id == row.id).values(
+                    status="failed", lease_until=None, last_error=f"{exc.problem}: {exc}"))
+                _record_alert(session, SIGN_IN_ALERTS, exc, s.channel_alert_after_failures, gave_up=True,
+                              about=f"sign-in email {row.id} given up after {row.attempts} attempt(s)")
+                report.failed += 1
+                report.errors.append(f"sign-in email {row.id}: {exc}")
+            return claimed
+
+    def _sign_in_message(self, session: Session, email_id: int) -> tuple[SignInLinkMessage | None, str | None]:
+        """The email to send, or why there is nothing to send any more."""
+        row = session.get(SignInEmail, email_id)
+        assert row is not None
+        participant = session.get(Participant, row.participant_id)
+        if participant is None or participant.is_withdrawn or participant.contact_email_encrypted is None:
+            return None, "the participant withdrew or has no contact email any more"
+        if row.expires_at <= now():
+            return None, "the link expired before it could be sent"
+        try:
+            address = decrypt_contact(participant.contact_email_encrypted)
+        except ValueError as exc:  # a key was rotated out: no retry can read it
+            raise DeliveryError("unreadable_contact", str(exc), permanent=True) from None
+        token = signin.link_token(signin.EMAIL_LINK, participant.id, row.idempotency_key, row.expires_at)
+        return SignInLinkMessage(
+            idempotency_key=row.idempotency_key, to_email=address, link=signin.link_url(self.settings.base_url, token),
+            expires_at_text=local_time_text(row.expires_at, participant.timezone)), None
+
+    def _send_sign_in_email(self, email_id: int, report: TickReport) -> None:
+        ours = and_(SignInEmail.id == email_id, SignInEmail.claimed_by == self.name, SignInEmail.status == "sending")
+        message: SignInLinkMessage | None = None
+        skip_reason: str | None = None
+        failure: DeliveryError | None = None
+        try:
+            with session_scope(self.engine, read_only=True) as session:
+                message, skip_reason = self._sign_in_message(session, email_id)
+        except DeliveryError as exc:
+            failure = exc
+        except Exception as exc:
+            failure = DeliveryError("error", f"the sign-in email could not be composed: {_describe(exc)}")
+        if skip_reason is not None:
+            with session_scope(self.engine) as session:
+                session.execute(update(SignInEmail).where(ours).values(
+                    status="cancelled", lease_until=None, last_error=skip_reason))
+            report.cancelled += 1
+            return
+        if failure is None:
+            channel = self.sign_in_channel
+            assert message is not None
+            assert channel is not None
+            sent_message = message
+            failure = _attempt("the sign-in email", lambda: channel.send_sign_in(sent_message))
+        if failure is not None:
+            self._sign_in_email_failed(email_id, failure, report)
+            return
+        with session_scope(self.engine) as session:
+            at = now()
+            session.execute(update(SignInEmail).where(ours).values(
+                status="sent", sent_at=at, lease_until=None, last_error=None))
+            session.execute(update(ChannelAlert).where(
+                ChannelAlert.channel == SIGN_IN_ALERTS, ChannelAlert.resolved_at.is_(None),
+                or_(ChannelAlert.problem.in_(CHANNEL_PROBLEMS), ChannelAlert.raised_at.is_(None)))
+                .values(resolved_at=at))
+        report.sign_in_sent += 1
+
+    def _sign_in_email_failed(self, email_id: int, exc: DeliveryError, report: TickReport) -> None:
+        """Back off and retry while the link is still good; give up after the attempt limit."""
+        s = self.settings
+        with session_scope(self.engine) as session:
+            row = session.get(SignInEmail, email_id)
+            if row is None or row.claimed_by != self.name or row.status != "sending":
+                return  # no longer ours (its lease passed to another dispatcher)
+            at = now()
+            delay = backoff(s, row.attempts)
+            give_up = exc.permanent or row.attempts >= s.delivery_max_attempts or at + delay >= row.expires_at
+            row.last_error = f"{exc.problem}: {exc}"
+            if give_up:
+                row.status = "failed"
+                report.failed += 1
+            else:
+                row.status, row.next_attempt_at = "pending", at + delay
+                report.retrying += 1
+            row.lease_until = None
+            attempts = row.attempts
+            _record_alert(session, SIGN_IN_ALERTS, exc, s.channel_alert_after_failures, gave_up=give_up,
+                          about=f"sign-in email {email_id} given up after {attempts} attempt(s)")
+        report.errors.append(f"sign-in email {email_id}: {exc}")
+        log.warning("sign-in email %s failed (%s, attempt %s%s): %s", email_id, exc.problem, attempts,
+                    ", given up" if give_up else "", exc)
+
+    def _release_sign_in_emails(self, ids: list[int]) -> None:
+        """Hand claimed sign-in emails back unsent (stopping): pending again, the attempt not counted."""
+        try:
+            with session_scope(self.engine) as session:
+                session.execute(update(SignInEmail).where(
+                    SignInEmail.id.in_(ids), SignInEmail.claimed_by == self.name, SignInEmail.status == "sending")
+                    .values(status="pending", lease_until=None, attempts=SignInEmail.attempts - 1))
+        except Exception:  # their leases expire and another dispatcher takes them
+            log.exception("could not hand back %s claimed sign-in emails", len(ids))
+
     # One-off actions for the CLI
 
     def anchor_audit(self) -> audit.Anchored | None:
@@ -895,7 +1048,8 @@ def run(engine: Engine, settings: Settings, name: str | None = None,
             idle.set()
         if on_tick is not None:
             on_tick(report)
-        if report.opened or report.sent or report.notified or report.failed or report.expired or report.errors:
+        if (report.opened or report.sent or report.notified or report.sign_in_sent or report.failed or report.expired
+                or report.errors):
             log.info("tick %s", report)
 
     scheduler = BlockingScheduler(timezone=dt.UTC)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
 
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from scheduler.models import Anchor, FollowUp
 from study.clock import now
 from study.db import bulk_insert
-from study.models import Participant, ParticipantStatus
+from study.models import Participant, ParticipantStatus, Study
 from study.protocol import FollowUp as FollowUpSpec
 from study.protocol import Protocol, QuietHours
 from study.studies import current_protocol, current_version
@@ -101,30 +101,76 @@ def record_anchor(session: Session, participant: Participant, kind: str, key: st
     return anchor
 
 
+def _timings(protocol: Protocol, anchors: Iterable[Anchor | _AnchorRow], timezone: str,
+             existing: Collection[tuple[str, str]] = ()) -> Iterator[tuple[FollowUpSpec, Anchor | _AnchorRow, Timing]]:
+    """Each follow-up the anchors call for, with its timing: what ``plan`` writes and ``preview`` shows."""
+    for anchor in anchors:
+        for spec in protocol.followups:
+            if spec.anchor == anchor.kind and (spec.id, anchor.key) not in existing:
+                yield spec, anchor, timing(spec, anchor.anchored_at, timezone, protocol.quiet_hours)
+
+
 def _rows(participant: Participant, anchors: Iterable[Anchor | _AnchorRow], protocol: Protocol, version: int,
           existing: set[tuple[str, str]], at: dt.datetime) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     if participant.timezone is None:
         return rows
-    for anchor in anchors:
-        for spec in protocol.followups:
-            if spec.anchor != anchor.kind or (spec.id, anchor.key) in existing:
-                continue
-            when = timing(spec, anchor.anchored_at, participant.timezone, protocol.quiet_hours)
-            if when.closes_at <= at:
-                continue  # its whole window is already over (a follow-up added late)
-            rows.append(dict(
-                participant_id=participant.id, study_id=participant.study_id, followup_key=spec.id,
-                anchor_key=anchor.key, instrument_id=spec.instrument, protocol_version=version,
-                context=dict(anchor.context), timezone=participant.timezone, intended_local=when.intended_local,
-                due_at=when.due_at, closes_at=when.closes_at, reminder_offsets=when.reminder_offsets,
-                status="planned", reminders_sent=0, created_at=at, updated_at=at))
+    for spec, anchor, when in _timings(protocol, anchors, participant.timezone, existing):
+        if when.closes_at <= at:
+            continue  # its whole window is already over (a follow-up added late)
+        rows.append(dict(
+            participant_id=participant.id, study_id=participant.study_id, followup_key=spec.id,
+            anchor_key=anchor.key, instrument_id=spec.instrument, protocol_version=version,
+            context=dict(anchor.context), timezone=participant.timezone, intended_local=when.intended_local,
+            due_at=when.due_at, closes_at=when.closes_at, reminder_offsets=when.reminder_offsets,
+            status="planned", reminders_sent=0, created_at=at, updated_at=at))
     return rows
+
+
+@dataclass(frozen=True)
+class PreviewMessage:
+    kind: str  # invitation | reminder
+    sequence: int  # 0 the invitation, then 1, 2, ... the reminders
+    due_at: dt.datetime  # UTC
+
+
+@dataclass(frozen=True)
+class FollowUpPreview:
+    followup: str
+    instrument: str
+    anchor: str  # enrollment | decision
+    anchored_at: dt.datetime
+    intended_local: str  # the wall time the protocol asked for, before quiet hours
+    closes_at: dt.datetime
+    messages: list[PreviewMessage]
+
+
+def preview(protocol: Protocol, timezone: str, enrolled_at: dt.datetime,
+            decision_at: dt.datetime | None = None) -> list[FollowUpPreview]:
+    """Every invitation and reminder a participant in ``timezone`` enrolled at ``enrolled_at`` (and
+    deciding at ``decision_at``) would be sent, by the same timing ``plan`` writes, in time order.
+    Nothing is stored. A reminder is sent while the survey is still open."""
+    anchors = [_AnchorRow("enrollment", "enrollment", enrolled_at, {})]
+    if decision_at is not None:
+        anchors.append(_AnchorRow("decision", "decision:preview", decision_at, {}))
+    previews = []
+    for spec, anchor, when in _timings(protocol, anchors, timezone):
+        messages = [PreviewMessage("invitation", 0, when.due_at)] + [
+            PreviewMessage("reminder", n, when.due_at + dt.timedelta(seconds=after))
+            for n, after in enumerate(when.reminder_offsets, start=1)]
+        previews.append(FollowUpPreview(spec.id, spec.instrument, anchor.kind, anchor.anchored_at,
+                                        when.intended_local, when.closes_at, messages))
+    return sorted(previews, key=lambda p: (p.messages[0].due_at, p.followup))
+
+
+def followups_stopped(session: Session, study_id: int) -> bool:
+    """The researcher stopped the study's follow-ups (close --stop-followups): plan no more."""
+    return session.scalar(select(Study.followups_stopped_at).where(Study.id == study_id)) is not None
 
 
 def plan(session: Session, participant: Participant) -> int:
     """Write every follow-up the participant's anchors call for and that is not planned yet."""
-    if participant.status != ParticipantStatus.ENROLLED:
+    if participant.status != ParticipantStatus.ENROLLED or followups_stopped(session, participant.study_id):
         return 0
     version = current_version(session, participant.study_id)
     protocol = current_protocol(session, participant.study_id)
@@ -161,6 +207,8 @@ def plan_many(session: Session, participants: list[Participant]) -> int:
     enrolled = [p for p in participants if p.enrolled_at is not None]
     bulk_insert(session, Anchor, [dict(participant_id=p.id, kind="enrollment", key="enrollment",
                                        anchored_at=p.enrolled_at, context={}) for p in enrolled])
+    if followups_stopped(session, study_id):
+        return 0
     rows: list[dict[str, object]] = []
     for participant in enrolled:
         assert participant.enrolled_at is not None

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from scheduler.models import ChannelAlert, FollowUp
-from study.validation import RequestBody
+from scheduler.planner import FollowUpPreview, to_utc
+from study.protocol import validate_timezone
+from study.validation import EARLIEST, LATEST, RequestBody, aware_datetime
 
 
 class MyFollowUpRead(BaseModel):
@@ -66,3 +69,83 @@ class ChannelAlertRead(BaseModel):
     def of(cls, a: ChannelAlert) -> ChannelAlertRead:
         return cls(id=a.id, channel=a.channel, problem=a.problem, message=a.message, failures=a.failures,
                    first_at=a.first_at, last_at=a.last_at, raised_at=a.raised_at, resolved_at=a.resolved_at)
+
+
+class SchedulePreviewQuery(RequestBody):
+    """What to preview: a participant enrolling at ``enrolled_at`` in ``timezone`` and, optionally,
+    making a decision at ``decision_at``. A time without an offset is a wall-clock time in ``timezone``."""
+
+    enrolled_at: dt.datetime = Field(description="e.g. 2026-03-28T09:00 (local) or 2026-03-28T09:00Z")
+    timezone: str = Field(max_length=64, description="IANA time zone, e.g. Europe/London")
+    decision_at: dt.datetime | None = Field(default=None, description="anchor of the decision follow-ups")
+
+    @field_validator("timezone")
+    @classmethod
+    def _iana(cls, value: str) -> str:
+        validate_timezone(value)
+        return value
+
+    @field_validator("enrolled_at", "decision_at")
+    @classmethod
+    def _sensible(cls, value: dt.datetime | None) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is not None:
+            return aware_datetime(value)
+        if not EARLIEST.replace(tzinfo=None) <= value <= LATEST.replace(tzinfo=None):
+            raise ValueError(f"must be between {EARLIEST:%Y} and {LATEST:%Y}")
+        return value  # a wall-clock time: made UTC in the zone below
+
+    @model_validator(mode="after")
+    def _in_utc(self) -> SchedulePreviewQuery:
+        zone = ZoneInfo(self.timezone)
+        if self.enrolled_at.tzinfo is None:
+            self.enrolled_at = to_utc(self.enrolled_at, zone)
+        if self.decision_at is not None and self.decision_at.tzinfo is None:
+            self.decision_at = to_utc(self.decision_at, zone)
+        return self
+
+
+class PreviewMessageRead(BaseModel):
+    kind: str  # invitation | reminder
+    sequence: int
+    at_utc: dt.datetime
+    at_local: dt.datetime
+
+
+class FollowUpPreviewRead(BaseModel):
+    followup: str
+    instrument: str
+    anchor: str
+    anchored_at_utc: dt.datetime
+    intended_local: str = Field(description="the local time the protocol asks for, before quiet hours")
+    moved_by_quiet_hours: bool
+    closes_at_utc: dt.datetime
+    closes_at_local: dt.datetime
+    messages: list[PreviewMessageRead]
+
+    @classmethod
+    def of(cls, preview: FollowUpPreview, zone: ZoneInfo) -> FollowUpPreviewRead:
+        first = preview.messages[0].due_at.astimezone(zone)
+        return cls(followup=preview.followup, instrument=preview.instrument, anchor=preview.anchor,
+                   anchored_at_utc=preview.anchored_at, intended_local=preview.intended_local,
+                   moved_by_quiet_hours=first.strftime("%Y-%m-%dT%H:%M") != preview.intended_local,
+                   closes_at_utc=preview.closes_at, closes_at_local=preview.closes_at.astimezone(zone),
+                   messages=[PreviewMessageRead(kind=m.kind, sequence=m.sequence, at_utc=m.due_at,
+                                                at_local=m.due_at.astimezone(zone)) for m in preview.messages])
+
+
+class SchedulePreviewRead(BaseModel):
+    """The follow-ups a protocol would send one participant; nothing is stored."""
+
+    study: str
+    protocol_version: int
+    timezone: str
+    quiet_hours: dict[str, str]  # start, end (local)
+    enrolled_at_utc: dt.datetime
+    enrolled_at_local: dt.datetime
+    decision_at_utc: dt.datetime | None
+    decision_at_local: dt.datetime | None
+    followups: list[FollowUpPreviewRead]
+    decision_followups_not_shown: list[str] = Field(
+        description="decision-anchored follow-ups, previewed only when decision_at is given")

@@ -4,16 +4,22 @@ survey is completed or a participant withdraws."""
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
 from scheduler import planner
 from scheduler.models import Anchor, Delivery, FollowUp
-from study import participants
+from scheduler.schemas import FollowUpPreviewRead, SchedulePreviewQuery, SchedulePreviewRead
+from study import audit, participants, recruitment
 from study.clock import now
-from study.models import Participant, WithdrawalLevel
-from study.studies import current_protocol
+from study.errors import Conflict
+from study.models import Participant, Study, StudyStatus, WithdrawalLevel
+from study.studies import current_protocol, current_version
 from study.wiring import Lifecycle
+from surveys import registry
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
 
@@ -46,9 +52,52 @@ def schedule(session: Session, participant: Participant) -> list[FollowUp]:
                                 .order_by(FollowUp.due_at, FollowUp.id)))
 
 
+@dataclass(frozen=True)
+class ComingUp:
+    """What a participant is told is coming (My study): one instrument for one anchor, e.g. the Decision
+    Regret Scale about one decision, with each time it is open now or due (the participant's local date)."""
+
+    title: str
+    decision: str | None
+    times: list[str]
+
+
+def coming_up(session: Session, participant: Participant) -> list[ComingUp]:
+    """The planned and open follow-ups, by instrument and anchor (a decision is named once), soonest first."""
+    groups: dict[tuple[str, str], list[FollowUp]] = {}
+    for followup in schedule(session, participant):
+        if followup.status in ("planned", "sent"):
+            groups.setdefault((followup.instrument_id, followup.anchor_key), []).append(followup)
+    titles = {instrument: registry.get(session, instrument).title for instrument, _ in groups}
+
+    def when(followup: FollowUp) -> str:
+        local = followup.due_at.astimezone(ZoneInfo(followup.timezone))
+        return "open now" if followup.status == "sent" else f"around {local.day} {local:%B}"
+
+    return [ComingUp(titles[instrument], followups[0].context.get("decision"), [when(f) for f in followups])
+            for (instrument, _), followups in groups.items()]
+
+
 def deliveries(session: Session, followup: FollowUp) -> list[Delivery]:
     return list(session.scalars(select(Delivery).where(Delivery.followup_id == followup.id)
                                 .order_by(Delivery.sequence, Delivery.channel)))
+
+
+def schedule_preview(session: Session, study: Study, query: SchedulePreviewQuery) -> SchedulePreviewRead:
+    """What the protocol in force would send one participant enrolled (and deciding) at the given
+    times, by the planner's own timing; nothing is stored."""
+    version = current_version(session, study.id)
+    protocol = current_protocol(session, study.id)
+    zone = ZoneInfo(query.timezone)
+    previews = planner.preview(protocol, query.timezone, query.enrolled_at, query.decision_at)
+    decided = query.decision_at
+    return SchedulePreviewRead(
+        study=study.slug, protocol_version=version.version, timezone=query.timezone,
+        quiet_hours={"start": protocol.quiet_hours.start, "end": protocol.quiet_hours.end},
+        enrolled_at_utc=query.enrolled_at, enrolled_at_local=query.enrolled_at.astimezone(zone),
+        decision_at_utc=decided, decision_at_local=decided.astimezone(zone) if decided else None,
+        followups=[FollowUpPreviewRead.of(p, zone) for p in previews],
+        decision_followups_not_shown=[] if decided else [f.id for f in protocol.followups if f.anchor == "decision"])
 
 
 def _on_completion(session: Session, assignment: SurveyAssignment) -> None:
@@ -57,14 +106,62 @@ def _on_completion(session: Session, assignment: SurveyAssignment) -> None:
         cancel_deliveries(session, followup.id, "the survey was completed")
 
 
-def _on_withdrawal(session: Session, participant: Participant, level: WithdrawalLevel) -> None:
+PENDING = ("planned", "sent")  # follow-ups still to come: not yet sent, or sent and open
+
+
+def _cancel_pending(session: Session, followups: ColumnElement[bool], deliveries: ColumnElement[bool],
+                    reason: str) -> int:
+    """Cancel the follow-ups still to come among ``followups`` and the pending deliveries among
+    ``deliveries``; returns the follow-ups cancelled."""
     at = now()
-    session.execute(update(FollowUp).where(FollowUp.participant_id == participant.id,
-                                           FollowUp.status.in_(("planned", "sent")))
-                    .values(status="cancelled", ended_at=at, updated_at=at, end_reason="participant withdrew"))
-    session.execute(update(Delivery).where(Delivery.participant_id == participant.id,
-                                           Delivery.status.in_(("pending", "sending")))
-                    .values(status="cancelled", last_error="participant withdrew"))
+    cancelled: int = session.execute(
+        update(FollowUp).where(followups, FollowUp.status.in_(PENDING))
+        .values(status="cancelled", ended_at=at, updated_at=at, end_reason=reason)).rowcount  # type: ignore[attr-defined]
+    session.execute(update(Delivery).where(deliveries, Delivery.status.in_(("pending", "sending")))
+                    .values(status="cancelled", last_error=reason))
+    return cancelled
+
+
+def _on_withdrawal(session: Session, participant: Participant, level: WithdrawalLevel) -> None:
+    _cancel_pending(session, FollowUp.participant_id == participant.id,
+                    Delivery.participant_id == participant.id, "participant withdrew")
+
+
+def stop_study_followups(session: Session, study: Study, reason: str) -> int:
+    """Cancel every follow-up of the study still to come, as withdrawal does for one participant,
+    and the open surveys they sent; returns the follow-ups cancelled."""
+    opened = select(FollowUp.assignment_id).where(FollowUp.study_id == study.id, FollowUp.status == "sent",
+                                                  FollowUp.assignment_id.is_not(None))
+    session.execute(update(SurveyAssignment).where(SurveyAssignment.id.in_(opened), SurveyAssignment.status == "open")
+                    .values(status="cancelled"))
+    of_study = select(FollowUp.id).where(FollowUp.study_id == study.id)
+    return _cancel_pending(session, FollowUp.study_id == study.id, Delivery.followup_id.in_(of_study), reason)
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    study: Study
+    transition: recruitment.Transition
+    followups_cancelled: int
+
+
+def change_study_status(session: Session, study: Study, action: recruitment.StudyAction, actor: audit.Actor,
+                        *, stop_followups: bool = False) -> StatusChange:
+    """Pause, resume, close or archive a study: the one way, for the API and the CLI (audited).
+    Participants already enrolled go on; closing with ``stop_followups`` cancels every follow-up
+    still to come. A study is archived only once none is left."""
+    transition = recruitment.check_transition(study, action, stop_followups=stop_followups)
+    if transition.to_status == StudyStatus.ARCHIVED:
+        pending = session.scalar(select(func.count()).select_from(FollowUp).where(
+            FollowUp.study_id == study.id, FollowUp.status.in_(PENDING))) or 0
+        if pending:
+            raise Conflict(f"study '{study.slug}' still has {pending} follow-up(s) to come; archive it once they "
+                           f"have ended, or stop them first (afterward study close {study.slug} --stop-followups)",
+                           code="followups_pending")
+    cancelled = stop_study_followups(session, study, "the study's follow-ups were stopped") \
+        if transition.stop_followups else 0
+    recruitment.apply(session, study, transition, actor, followups_cancelled=cancelled)
+    return StatusChange(study, transition, cancelled)
 
 
 def wire_lifecycle(lifecycle: Lifecycle) -> None:

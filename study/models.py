@@ -10,6 +10,7 @@ from sqlalchemy import (
     JSON,
     CheckConstraint,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     String,
@@ -40,14 +41,28 @@ class StaffRole(enum.StrEnum):
     VIEWER = "viewer"
 
 
+class StudyStatus(enum.StrEnum):
+    OPEN = "open"  # takes new enrollments
+    PAUSED = "paused"  # refuses new enrollments for now; may reopen
+    CLOSED = "closed"  # recruitment over for good; enrolled participants go on
+    ARCHIVED = "archived"  # closed, hidden from default listings, read-only
+
+
 class Study(Base):
     __tablename__ = "studies"
+    __table_args__ = (
+        CheckConstraint("status IN ('open', 'paused', 'closed', 'archived')", name="status_known"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     slug: Mapped[str] = mapped_column(String(64), unique=True)
     title: Mapped[str] = mapped_column(String(300))
     allocation_seed: Mapped[str] = mapped_column(String(64))
     allocation_count: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(16), default=StudyStatus.OPEN, server_default=StudyStatus.OPEN)
+    status_changed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # Set when the researcher stopped all follow-ups (close --stop-followups): none are planned after.
+    followups_stopped_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 
@@ -108,6 +123,10 @@ class Participant(Base):
     timezone: Mapped[str | None] = mapped_column(String(64))
     # Fernet token; never exported, never logged. Kept in the same row but opaque without the key.
     contact_email_encrypted: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # Keyed hashes (study.security) that find the participant who asks to sign in again, by the
+    # address on file or the return code given at enrollment, without decrypting anyone's contact.
+    contact_email_hmac: Mapped[str | None] = mapped_column(String(64), index=True)
+    return_code_hmac: Mapped[str | None] = mapped_column(String(64), index=True, unique=True)
     arm: Mapped[str | None] = mapped_column(String(64))
     assigned_protocol_version: Mapped[int | None] = mapped_column(Integer)
     allocation_index: Mapped[int | None] = mapped_column(Integer)
@@ -203,6 +222,54 @@ class LoginAttempt(Base):
     client: Mapped[str] = mapped_column(String(64), index=True)
     succeeded: Mapped[bool] = mapped_column()
     at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now, index=True)
+
+
+class SignInAttempt(Base):
+    """A participant's attempt to sign in again (a return code, a link) or to have a link emailed;
+    the limits count recent ones per client address and, for emailed links, per address asked for
+    (``subject``: its keyed hash, whether or not anyone enrolled with it)."""
+
+    __tablename__ = "sign_in_attempts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # return_code | link | link_request
+    subject: Mapped[str | None] = mapped_column(String(64), index=True)
+    client: Mapped[str] = mapped_column(String(64), index=True)
+    succeeded: Mapped[bool] = mapped_column()
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now, index=True)
+
+
+class SignInEmail(Base):
+    """A sign-in link a participant asked for, to be emailed to the address on file. Queued by the
+    request and sent by the dispatcher like a delivery (claimed with a lease, retried, alerting);
+    the idempotency key is the email's Message-ID and the link's single-use nonce."""
+
+    __tablename__ = "sign_in_emails"
+    __table_args__ = (Index("ix_sign_in_emails_due", "status", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
+    idempotency_key: Mapped[str] = mapped_column(String(64), unique=True)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|sending|sent|failed|cancelled
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)  # the link's
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class UsedSignInLink(Base):
+    """A sign-in link that was used: inserting its nonce is what makes a link single-use."""
+
+    __tablename__ = "used_sign_in_links"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    nonce: Mapped[str] = mapped_column(String(128), unique=True)
+    participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
+    used_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 
 class AuditEntry(Base):

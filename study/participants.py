@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Exists, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from study import audit, wiring
+from study import audit, recruitment, wiring
 from study.clock import now
 from study.db import Base
 from study.errors import Conflict, ConsentRequired, Forbidden, Gone, Invalid, NotFound
@@ -26,7 +26,14 @@ from study.models import (
     WithdrawalLevel,
 )
 from study.protocol import Arm, validate_timezone
-from study.security import encrypt_contact, human_code, new_token, normalize_code, token_digest
+from study.security import (
+    email_lookup_hash,
+    encrypt_contact,
+    human_code,
+    new_token,
+    normalize_code,
+    token_digest,
+)
 from study.settings import get_settings
 from study.studies import current_consent, current_protocol, current_version
 from study.validation import email_address
@@ -43,6 +50,7 @@ def create_invites(
     ``max_uses`` > 1 makes a capped study link that several people can use."""
     if not 1 <= count <= 10_000 or max_uses < 1:
         raise Invalid("count must be 1..10000 and max_uses at least 1")
+    recruitment.require_recruiting(study, "creating invites")
     if expires_at is not None and expires_at <= now():
         raise Invalid(f"expires_at ({expires_at.isoformat()}) is in the past; give a time after now, "
                       "with a time zone", code="invalid_expiry")
@@ -63,7 +71,13 @@ def _redeem(session: Session, code: str) -> InviteCode:
         select(InviteCode).where(InviteCode.code_sha256 == token_digest(normalize_code(code))))
     if invite is None:
         raise NotFound("this invite code is not known; check it against your invitation")
-    if invite.revoked_at is not None or (invite.expires_at and invite.expires_at <= now()):
+    if invite.revoked_at is not None:
+        raise Gone("this invite has been withdrawn by the study team; ask them for a new one",
+                   code="invite_revoked")
+    study = session.get(Study, invite.study_id)
+    assert study is not None  # a foreign key guarantees it
+    recruitment.require_enrolling(study)
+    if invite.expires_at and invite.expires_at <= now():
         raise Gone("this invite has expired; ask the study team for a new one")
     # Atomic conditional update: two people racing for the last use cannot both get it.
     claimed = session.execute(
@@ -276,6 +290,7 @@ def update_profile(
     ) if differs]
     participant.timezone = timezone
     participant.contact_email_encrypted = encrypt_contact(contact_email) if contact_email else None
+    participant.contact_email_hmac = email_lookup_hash(contact_email) if contact_email else None
     actor = audit.Actor("participant", participant.code)
     if participant.arm is None:
         study = session.get(Study, participant.study_id)
@@ -346,6 +361,7 @@ def withdraw(
     participant.withdrawal_level = level
     participant.withdrawn_at = participant.withdrawn_at or now()
     participant.contact_email_encrypted = None  # nobody may contact them again
+    participant.contact_email_hmac = None  # nor send them a sign-in link
     # The hooks run before the deletion: one may first turn rows into records that are no longer
     # the participant's (chat keeps safety events as de-identified safety records).
     for hook in withdrawal_hooks:

@@ -11,12 +11,20 @@ import functools
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from study.validation import email_address
 
@@ -24,16 +32,84 @@ ROLES = ("concierge", "collaborator", "coach")
 Role = Literal["concierge", "collaborator", "coach"]
 Slug = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
 _CLOCK_TIME = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+DURATION_FORMS = ("an ISO 8601 duration like P7D or PT2H, or a number with a unit like "
+                  "'7 days', '3d', '2 hours' or '90 minutes'")
+_NUMBER = r"\d+(?:\.\d+)?"
+_ISO_DURATION = re.compile(
+    rf"^P(?:(?P<weeks>{_NUMBER})W)?(?:(?P<days>{_NUMBER})D)?"
+    rf"(?:T(?=\d)(?:(?P<hours>{_NUMBER})H)?(?:(?P<minutes>{_NUMBER})M)?(?:(?P<seconds>{_NUMBER})S)?)?$")
+_UNITS = {"w": "weeks", "wk": "weeks", "wks": "weeks", "week": "weeks", "weeks": "weeks",
+          "d": "days", "day": "days", "days": "days",
+          "h": "hours", "hr": "hours", "hrs": "hours", "hour": "hours", "hours": "hours",
+          "min": "minutes", "mins": "minutes", "minute": "minutes", "minutes": "minutes",
+          "s": "seconds", "sec": "seconds", "secs": "seconds", "second": "seconds", "seconds": "seconds"}
+_TERM = re.compile(rf"({_NUMBER})\s*([a-z]+)")
+_TERMS = re.compile(rf"^(?:{_NUMBER}\s*[a-z]+)(?:\s*,?\s*(?:and\s+)?{_NUMBER}\s*[a-z]+)*$")
+
+
+def parse_duration(value: object) -> dt.timedelta:
+    """A protocol duration: an ISO 8601 duration (``P7D``, ``PT2H``, ``P1DT12H``) or numbers with
+    units (``7 days``, ``3d``, ``2 hours``, ``90 minutes``, ``1 day 12 hours``). A bare number is
+    refused: ``offset: 7`` used to load silently as seven seconds. A ``timedelta`` (a protocol built
+    in code) passes unchanged."""
+    if isinstance(value, dt.timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"give a duration: {DURATION_FORMS}")
+    text = str(value).strip()
+    if isinstance(value, int | float) or re.fullmatch(_NUMBER, text):
+        raise ValueError(f"'{text}' has no unit; write {DURATION_FORMS}")
+    if text[:1] in ("P", "p"):
+        upper = text.upper()
+        iso = _ISO_DURATION.match(upper)
+        if iso is not None and upper != "P":
+            return dt.timedelta(**{unit: float(amount) for unit, amount in iso.groupdict().items() if amount})
+        if re.match(r"^P[\d.]+[YM]", upper):
+            raise ValueError(f"'{text}': years and months have no fixed length; give days or weeks, like P30D")
+        raise ValueError(f"'{text}' is not a duration; write {DURATION_FORMS}")
+    lowered = text.lower()
+    if _TERMS.match(lowered):
+        parts: dict[str, float] = {}
+        for amount, unit in _TERM.findall(lowered):
+            if unit == "m":
+                raise ValueError(f"'{text}': m could be minutes or months; write '{amount} min' or PT{amount}M")
+            if unit in ("mo", "month", "months", "y", "yr", "year", "years"):
+                raise ValueError(f"'{text}': years and months have no fixed length; give days or weeks, like P30D")
+            if unit not in _UNITS:
+                break
+            name = _UNITS[unit]
+            if name in parts:
+                raise ValueError(f"'{text}' names {name} twice")
+            parts[name] = float(amount)
+        else:
+            return dt.timedelta(**parts)
+    raise ValueError(f"'{text}' is not a duration; write {DURATION_FORMS} (units: weeks, days, hours, "
+                     "minutes, seconds)")
+
+
+Duration = Annotated[dt.timedelta, BeforeValidator(parse_duration)]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+PUBLIC_TITLE_FALLBACK = "Research study"
+
+
 class StudyInfo(_Strict):
+    """``title`` and ``description`` are for staff and may name the hypothesis; participants see
+    only ``public_title`` and ``public_description`` (a neutral fallback when no public title is set)."""
+
     id: str = Slug
     title: str = Field(min_length=1, max_length=300)
     description: str = ""
+    public_title: str | None = Field(default=None, min_length=1, max_length=200)
+    public_description: str = Field(default="", max_length=5000, description="Markdown shown to participants")
+
+    @property
+    def participant_title(self) -> str:
+        return self.public_title or PUBLIC_TITLE_FALLBACK
 
 
 class Arm(_Strict):
@@ -69,9 +145,15 @@ class Confirmation(_Strict):
 
 
 class Consent(_Strict):
+    """The consent text and who stands behind it: the principal investigator, the ethics board
+    (IRB) contact and the approved protocol number are shown with the text and in the signed copy."""
+
     version: str = Field(min_length=1, max_length=40)
     text: str = Field(min_length=20, description="Markdown shown to the participant")
     confirmations: list[Confirmation] = Field(min_length=1)
+    principal_investigator: str | None = Field(default=None, min_length=1, max_length=300)
+    irb_contact: str | None = Field(default=None, min_length=1, max_length=500)
+    protocol_number: str | None = Field(default=None, min_length=1, max_length=100)
 
     @model_validator(mode="after")
     def _unique_confirmations(self) -> Consent:
@@ -85,9 +167,9 @@ class FollowUp(_Strict):
     id: str = Slug
     instrument: str
     anchor: Literal["enrollment", "decision"]
-    offset: dt.timedelta
-    window: dt.timedelta = dt.timedelta(days=3)
-    reminders: list[dt.timedelta] = Field(default_factory=list)
+    offset: Duration
+    window: Duration = dt.timedelta(days=3)
+    reminders: list[Duration] = Field(default_factory=list)
     send_at_local: str = "10:00"
 
     @field_validator("send_at_local")
@@ -178,10 +260,10 @@ def _is_loopback(host: str) -> bool:
 
 class Safety(_Strict):
     """The on-call side of escalations: every one notifies ``contacts`` within a minute, and an
-    event nobody has reviewed is notified again every ``renotify_after`` (an ISO 8601 duration)."""
+    event nobody has reviewed is notified again every ``renotify_after`` (a duration)."""
 
     contacts: list[SafetyContact] = Field(default_factory=list)
-    renotify_after: dt.timedelta = dt.timedelta(hours=4)
+    renotify_after: Duration = dt.timedelta(hours=4)
 
     @field_validator("renotify_after")
     @classmethod

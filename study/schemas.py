@@ -5,11 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from study.models import WithdrawalLevel
-from study.protocol import validate_timezone
-from study.validation import AwareDatetime, EmailAddress, RequestBody
+from study.models import StudyStatus, WithdrawalLevel
+from study.protocol import Protocol, validate_timezone
+from study.recruitment import InviteListing, InviteStatus
+from study.validation import MAX_ROW_ID, AwareDatetime, EmailAddress, RequestBody
 
 
 class _In(RequestBody):
@@ -26,11 +27,29 @@ class ConsentConfirmationRead(BaseModel):
     required: bool = True  # optional ones may be left unticked (e.g. sharing conversation text)
 
 
+class ConsentAboutRead(BaseModel):
+    """The study as participants know it, and who stands behind it, shown with a consent text.
+    The title is the protocol's public title, never the internal one."""
+
+    study_title: str
+    study_description: str = Field(description="Markdown")
+    principal_investigator: str | None
+    irb_contact: str | None
+    protocol_number: str | None
+
+    @classmethod
+    def of(cls, protocol: Protocol) -> ConsentAboutRead:
+        return cls(study_title=protocol.study.participant_title, study_description=protocol.study.public_description,
+                   principal_investigator=protocol.consent.principal_investigator,
+                   irb_contact=protocol.consent.irb_contact, protocol_number=protocol.consent.protocol_number)
+
+
 class ConsentRead(BaseModel):
     version: str
     text_markdown: str
     text_sha256: str
     confirmations: list[ConsentConfirmationRead]
+    about: ConsentAboutRead
 
 
 class EnrollmentRead(BaseModel):
@@ -57,6 +76,7 @@ class ConsentSign(_In):
 class SignedConsentRead(BaseModel):
     participant_code: str
     version: str
+    about: ConsentAboutRead
     text_markdown: str
     signed_text_sha256: str
     typed_signature: str
@@ -87,6 +107,36 @@ class ParticipantRead(BaseModel):
     withdrawal_level: str | None
     needs_consent: bool
     csrf_token: str | None = None
+    return_code: str | None = Field(default=None, description=(
+        "given once, when enrollment completes without an email address: the code to sign in again with "
+        "(POST /sign-in/code); only its keyed hash is kept"))
+
+
+class SignInLinkCreate(_In):
+    email: EmailAddress = Field(max_length=320, description="the contact address given at enrollment")
+
+
+class SignInLinkRequested(BaseModel):
+    message: str = Field(description="the same whether or not the address is enrolled")
+
+
+class SignInWithLink(_In):
+    token: str = Field(min_length=8, max_length=512, description="the part of the emailed link after /sign-in/link/")
+
+
+class SignInWithCode(_In):
+    return_code: str = Field(min_length=4, max_length=64, description="the return code given at enrollment")
+
+
+class SignInRead(BaseModel):
+    participant_code: str
+    token: str = Field(description="Bearer token; browsers get the same in an httponly cookie")
+    csrf_token: str
+    method: str = Field(description="how: email_link, followup_link or return_code")
+
+
+class ReturnCodeRead(BaseModel):
+    return_code: str = Field(description="shown this once; the previous code stops working")
 
 
 class WithdrawalCreate(_In):
@@ -117,6 +167,7 @@ class StudyAccessRead(BaseModel):
     study: str
     title: str
     role: str
+    status: StudyStatus = StudyStatus.OPEN
 
 
 class StudySummaryRead(BaseModel):
@@ -157,3 +208,57 @@ class InviteCreate(_In):
 class InvitesRead(BaseModel):
     codes: list[str]
     max_uses: int
+
+
+class InviteUseRead(BaseModel):
+    participant_code: str
+    at: dt.datetime = Field(description="when the invite was redeemed")
+
+
+class InviteRead(BaseModel):
+    """An invite and who used it when: participant codes only, never contact details. The code
+    itself is not stored (only its hash), so it cannot be shown again."""
+
+    id: int
+    label: str | None
+    status: InviteStatus
+    created_at: dt.datetime
+    max_uses: int
+    use_count: int
+    expires_at: dt.datetime | None
+    expired: bool
+    revoked_at: dt.datetime | None
+    uses: list[InviteUseRead]
+
+    @classmethod
+    def of(cls, listing: InviteListing) -> InviteRead:
+        invite = listing.invite
+        return cls(id=invite.id, label=invite.label, status=listing.status, created_at=invite.created_at,
+                   max_uses=invite.max_uses, use_count=invite.use_count, expires_at=invite.expires_at,
+                   expired=listing.expired, revoked_at=invite.revoked_at,
+                   uses=[InviteUseRead(participant_code=u.participant_code, at=u.at) for u in listing.uses])
+
+
+class InviteRevoke(_In):
+    code: str | None = Field(default=None, min_length=4, max_length=64, description="the invite code")
+    invite_id: int | None = Field(default=None, ge=1, le=MAX_ROW_ID, description="or its id, from the listing")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> InviteRevoke:
+        if (self.code is None) == (self.invite_id is None):
+            raise ValueError("give the invite's code or its invite_id (one of the two)")
+        return self
+
+
+class StudyClose(_In):
+    stop_followups: bool = Field(default=False, description=(
+        "also cancel every follow-up still to come for participants already enrolled (as withdrawal "
+        "does); by default their follow-ups continue"))
+
+
+class StudyStatusRead(BaseModel):
+    study: str
+    status: StudyStatus
+    status_changed_at: dt.datetime | None
+    followups_stopped_at: dt.datetime | None
+    followups_cancelled: int = Field(default=0, description="follow-ups this change cancelled")

@@ -1,5 +1,6 @@
 """Secrets handling: opaque tokens (stored as SHA-256), staff passwords (argon2), contact details
-(Fernet, with key rotation), and CSRF tokens bound to a participant's session."""
+(Fernet, with key rotation), keyed hashes to find a participant by address or return code, and
+CSRF tokens bound to a participant's session."""
 
 from __future__ import annotations
 
@@ -60,6 +61,24 @@ def decrypt_contact(token: bytes) -> str:
         return _fernet().decrypt(token).decode()
     except InvalidToken:
         raise ValueError("contact details cannot be decrypted with the configured keys") from None
+
+
+def _lookup_key() -> bytes:
+    secret = get_settings().secret_key.get_secret_value().encode()
+    return hashlib.sha256(b"afterward-lookup:" + secret).digest()
+
+
+def email_lookup_hash(address: str) -> str:
+    """A keyed hash of a (validated) contact address, so a participant is found by address
+    without decrypting everyone's. Case-insensitive: people do not type their address the same
+    way twice."""
+    return hmac.new(_lookup_key(), b"contact-email:" + address.strip().lower().encode(), hashlib.sha256).hexdigest()
+
+
+def return_code_hash(code: str) -> str:
+    """A keyed hash of a return code, ignoring case, spaces and hyphens (as typed by people)."""
+    typed = "".join(code.split()).replace("-", "").upper()
+    return hmac.new(_lookup_key(), b"return-code:" + typed.encode(), hashlib.sha256).hexdigest()
 
 
 def csrf_token_for(session_token: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import socket
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,8 +30,14 @@ class Settings(BaseSettings):
         description="Comma-separated Fernet keys, newest first (older ones still decrypt). "
         "Derived from the secret key in development when unset.",
     )
-    base_url: str = "http://127.0.0.1:8000"
+    base_url: str = Field(
+        default="", description="where participants reach the app (links in emails and printed invites); by "
+        "default http://API_HOST:API_PORT, the address `afterward api` serves on")
+    api_host: str = Field(default="127.0.0.1", description="host `afterward api` serves on (make run sets it)")
+    api_port: int = Field(default=8000, ge=1, le=65535, description="port `afterward api` serves on (make run sets it)")
     session_ttl_days: int = 90
+    sign_in_link_minutes: int = Field(default=30, ge=5, le=1440,
+                                      description="how long an emailed sign-in link works (once)")
     staff_token_ttl_days: int = 30
     login_max_failures: int = Field(default=5, ge=1, description="failed sign-ins from one client for one email "
                                     "before each further attempt must wait (the wait doubles per failure)")
@@ -98,6 +105,12 @@ class Settings(BaseSettings):
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
 
     @model_validator(mode="after")
+    def _default_base_url(self) -> Settings:
+        if not self.base_url:
+            self.base_url = served_url(self.api_host, self.api_port)
+        return self
+
+    @model_validator(mode="after")
     def _refuse_unsafe_defaults(self) -> Settings:
         if self.environment == "production":
             if self.secret_key.get_secret_value() == DEV_SECRET:
@@ -133,6 +146,14 @@ class Settings(BaseSettings):
         if self.audit_key is not None:
             return self.audit_key.get_secret_value().encode()
         return hashlib.sha256(b"afterward-audit:" + self.secret_key.get_secret_value().encode()).digest()
+
+
+def served_url(host: str, port: int) -> str:
+    """The address of a server listening on ``host``:``port``, as others would type it: a server on every
+    interface (0.0.0.0, ::) is named by this machine's host name."""
+    if host in ("", "0.0.0.0", "::"):  # noqa: S104 - naming the wildcard, not binding it
+        host = socket.gethostname()
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 @lru_cache

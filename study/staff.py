@@ -78,7 +78,7 @@ CLIENT_FAILURES_FACTOR = 4
 
 
 @dataclass(frozen=True)
-class _Failures:
+class Failures:
     count: int
     last_at: dt.datetime | None
 
@@ -90,10 +90,10 @@ class _Failures:
         return (self.last_at + dt.timedelta(seconds=delay) - now()).total_seconds()
 
 
-def _failures(session: Session, since: dt.datetime, *where: ColumnElement[bool]) -> _Failures:
+def _failures(session: Session, since: dt.datetime, *where: ColumnElement[bool]) -> Failures:
     count, last_at = session.execute(select(func.count(), func.max(LoginAttempt.at)).where(
         *where, LoginAttempt.succeeded.is_(False), LoginAttempt.at > since)).one()
-    return _Failures(count or 0, last_at)
+    return Failures(count or 0, last_at)
 
 
 def login(session: Session, *, email: str, password: str, client: str) -> str | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from study import audit
+from study import audit, recruitment
 from study.errors import Conflict, NotFound
 from study.models import ConsentVersion, ProtocolVersion, Study
 from study.protocol import Protocol, ProtocolError, parse_protocol
@@ -47,6 +47,8 @@ def load_protocol(
                                  "first with `afterward instruments load FILE`)" for name in unknown])
     study = session.scalar(select(Study).where(Study.slug == protocol.study.id))
     created = study is None
+    if study is not None:
+        recruitment.require_writable(study, "loading a protocol")
     if study is None:
         study = Study(slug=protocol.study.id, title=protocol.study.title,
                       allocation_seed=secrets.token_hex(16), allocation_count=0)
@@ -117,7 +119,20 @@ _parsed: dict[tuple[int, str], Protocol] = {}
 def current_protocol(session: Session, study_id: int) -> Protocol:
     """The protocol in force. Stored versions never change, so the parsed form is kept per
     (version row, source hash) and a request pays one small query for it."""
-    version = current_version(session, study_id)
+    return _protocol_of(current_version(session, study_id))
+
+
+def protocol_for_consent(session: Session, consent_version_id: int) -> Protocol:
+    """The newest protocol that carried this consent version: what was shown with it (the public
+    title, the investigator, the ethics contact, the protocol number)."""
+    version = session.scalar(select(ProtocolVersion).where(ProtocolVersion.consent_version_id == consent_version_id)
+                             .order_by(ProtocolVersion.version.desc()).limit(1))
+    if version is None:
+        raise NotFound("no protocol carries this consent version")
+    return _protocol_of(version)
+
+
+def _protocol_of(version: ProtocolVersion) -> Protocol:
     key = (version.id, version.source_sha256)
     protocol = _parsed.get(key)
     if protocol is None:

@@ -1,19 +1,26 @@
 from __future__ import annotations
 
 import datetime as dt
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 import yaml
+from alembic.config import Config as AlembicConfig
+from alembic.script import ScriptDirectory
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from api.cli import app
 from study.clock import FrozenClock
+from study.db import engine_for
+from study.security import verify_password
 from study.settings import get_settings
 from tests.builders import enroll_fully, make_invites
+from tests.conftest import POSTGRES_URL
+from tests.postgres import scratch_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -94,3 +101,46 @@ def test_followups_due_send_and_schedule(cli_database: Engine, app_client: TestC
     protocol.write_text(protocol.read_text().replace("offset: P28D", "offset: P21D"))
     reloaded = runner.invoke(app, ["study", "load", str(protocol)])
     assert "1 re-planned, 0 cancelled, 0 added" in reloaded.output
+
+
+def test_staff_create_reads_the_password_from_stdin(cli_database: Engine, slug: str) -> None:
+    password = "correct horse battery staple"
+    created = runner.invoke(app, ["staff", "create", "r@uni.example", "--name", "R. Searcher", "--study", slug,
+                                  "--role", "researcher", "--password-stdin"], input=password + "\n")
+    assert created.exit_code == 0, created.output
+    assert "created r@uni.example as researcher in wellbeing-pilot" in created.output
+    with cli_database.connect() as connection:
+        stored = connection.execute(sa.text("SELECT password_hash FROM staff_accounts WHERE email = 'r@uni.example'"
+                                            )).scalar_one()
+    assert verify_password(stored, password)
+    # Without a terminal to prompt on, the command says what to do instead of hanging or aborting.
+    no_terminal = runner.invoke(app, ["staff", "create", "s@uni.example", "--name", "S", "--study", slug])
+    assert no_terminal.exit_code == 1
+    assert "--password-stdin" in no_terminal.output
+    both = runner.invoke(app, ["staff", "create", "s@uni.example", "--name", "S", "--study", slug,
+                               "--password", "x" * 12, "--password-stdin"], input="y" * 12 + "\n")
+    assert both.exit_code == 1
+    assert "not both" in both.output
+
+
+def test_db_upgrade_says_what_it_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with ExitStack() as stack:
+        url = (stack.enter_context(scratch_schema(POSTGRES_URL, "afterward_upgrade")) if POSTGRES_URL
+               else f"sqlite:///{tmp_path / 'empty.db'}")
+        monkeypatch.setenv("AFTERWARD_DATABASE_URL", url)
+        get_settings.cache_clear()
+        first = runner.invoke(app, ["db", "upgrade"])
+        assert first.exit_code == 0, first.output
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        assert f"created the schema in an empty database (revision {head})" in first.output
+        assert "up to date" not in first.output
+        again = runner.invoke(app, ["db", "upgrade"])
+        assert again.exit_code == 0, again.output
+        assert f"database is up to date (revision {head})" in again.output
+        engine_for(url).dispose()
+
+
+def alembic_config() -> AlembicConfig:
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    return config

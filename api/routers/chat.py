@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import StreamingResponse
+from pydantic_core import to_jsonable_python
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -180,7 +181,8 @@ async def _failed(request: Request, prepared: service.PreparedTurn, exc: Gateway
 
 
 def _sse(event: str, payload: Any) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(payload, default=str)}\n\n".encode()
+    # Any value pydantic would write (times included) is written exactly as in the plain JSON answers.
+    return f"event: {event}\ndata: {json.dumps(payload, default=to_jsonable_python)}\n\n".encode()
 
 
 async def _stream(request: Request, gateway: Gateway, prepared: service.PreparedTurn,

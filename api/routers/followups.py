@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from sqlalchemy import func, select
 
 from api.deps import ConsentedParticipant, CurrentStaff, RowId, SessionDep
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from scheduler import service
 from scheduler.models import ChannelAlert, Delivery, FollowUp
-from scheduler.schemas import AlertResolve, ChannelAlertRead, FollowUpRead, MyFollowUpRead
+from scheduler.schemas import (
+    AlertResolve,
+    ChannelAlertRead,
+    FollowUpRead,
+    MyFollowUpRead,
+    SchedulePreviewQuery,
+    SchedulePreviewRead,
+)
 from study import audit
 from study import staff as staff_service
 from study.clock import now
@@ -19,6 +26,7 @@ from study.errors import Forbidden, NotFound
 from study.models import Participant
 
 router = APIRouter(tags=["follow-ups"])
+FollowUpStatus = Literal["planned", "sent", "completed", "expired", "cancelled"]  # FollowUp.status
 staff_router = APIRouter(prefix="/staff", tags=["staff"])
 
 
@@ -54,10 +62,25 @@ def resolve_alert(alert_id: RowId, body: AlertResolve, session: SessionDep, staf
     return ChannelAlertRead.of(alert)
 
 
+@staff_router.get("/studies/{slug}/followups/preview")
+def preview_followups(session: SessionDep, access: ParticipantLevelAccess,
+                      actor: Annotated[audit.Actor, Depends(staff_actor)],
+                      query: Annotated[SchedulePreviewQuery, Query()]) -> SchedulePreviewRead:
+    """Every invitation and reminder the protocol in force would send a participant enrolled at
+    ``enrolled_at`` in ``timezone`` (and deciding at ``decision_at``), in local time and UTC, with
+    quiet hours applied, by the planner's own timing. No schedule is stored (the request is audited)."""
+    preview = service.schedule_preview(session, access.study, query)
+    audit.record(session, actor, "followups.previewed", study_id=access.study.id, timezone=query.timezone,
+                 enrolled_at=query.enrolled_at.isoformat(),
+                 decision_at=query.decision_at.isoformat() if query.decision_at else None)
+    return preview
+
+
 @staff_router.get("/studies/{slug}/followups")
 def study_followups(session: SessionDep, access: ParticipantLevelAccess,
                     actor: Annotated[audit.Actor, Depends(staff_actor)],
-                    status: str | None = None) -> list[FollowUpRead]:
+                    status: Annotated[FollowUpStatus | None, Query(description="only follow-ups in this state")]
+                    = None) -> list[FollowUpRead]:
     """Every follow-up with its timing and delivery record (audited)."""
     failed = (select(Delivery.followup_id, func.count().label("n")).where(Delivery.status == "failed")
               .group_by(Delivery.followup_id).subquery())

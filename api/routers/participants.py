@@ -10,10 +10,11 @@ from fastapi.responses import PlainTextResponse
 
 from api.deps import CurrentParticipant, SessionDep, participant_token, set_session_cookie
 from scheduler import service as scheduler_service
-from study import audit
+from study import audit, signin
 from study import participants as service
 from study.models import ConsentVersion, Participant, Study
 from study.schemas import (
+    ConsentAboutRead,
     ConsentConfirmationRead,
     ConsentRead,
     ConsentSign,
@@ -27,15 +28,17 @@ from study.schemas import (
     WithdrawalRead,
 )
 from study.security import csrf_token_for
+from study.studies import protocol_for_consent
 
 router = APIRouter(tags=["participant"])
 Token = Annotated[str, Depends(participant_token)]
 
 
-def _consent_read(consent: ConsentVersion) -> ConsentRead:
+def _consent_read(session: SessionDep, consent: ConsentVersion) -> ConsentRead:
     return ConsentRead(version=consent.version, text_markdown=consent.text_markdown,
                        text_sha256=consent.text_sha256,
-                       confirmations=[ConsentConfirmationRead(**c) for c in consent.confirmations])
+                       confirmations=[ConsentConfirmationRead(**c) for c in consent.confirmations],
+                       about=ConsentAboutRead.of(protocol_for_consent(session, consent.id)))
 
 
 def _participant_read(session: SessionDep, participant: Participant, token: str | None) -> ParticipantRead:
@@ -58,7 +61,7 @@ def enroll(body: EnrollmentCreate, session: SessionDep, response: Response) -> E
     set_session_cookie(response, enrollment.token)
     consent = service.consent_status(session, enrollment.participant).current
     return EnrollmentRead(participant_code=enrollment.participant.code, token=enrollment.token,
-                          csrf_token=csrf_token_for(enrollment.token), consent=_consent_read(consent))
+                          csrf_token=csrf_token_for(enrollment.token), consent=_consent_read(session, consent))
 
 
 @router.get("/me")
@@ -69,7 +72,7 @@ def me(session: SessionDep, participant: CurrentParticipant, token: Token) -> Pa
 @router.get("/me/consent")
 def consent_status(session: SessionDep, participant: CurrentParticipant) -> ConsentStatusRead:
     state = service.consent_status(session, participant)
-    return ConsentStatusRead(current=_consent_read(state.current), signed_version=state.signed_version,
+    return ConsentStatusRead(current=_consent_read(session, state.current), signed_version=state.signed_version,
                              signed_at=state.signed.signed_at if state.signed else None,
                              needs_consent=state.needs_consent)
 
@@ -86,6 +89,7 @@ def _signed_copy(session: SessionDep, participant: Participant) -> SignedConsent
     signature, version = service.signed_consent_text(session, participant)
     return SignedConsentRead(
         participant_code=participant.code, version=version.version,
+        about=ConsentAboutRead.of(protocol_for_consent(session, version.id)),
         text_markdown=version.text_markdown, signed_text_sha256=signature.signed_text_sha256,
         typed_signature=signature.typed_signature, confirmations=signature.confirmations,
         signed_at=signature.signed_at)
@@ -101,7 +105,12 @@ def signed_consent(
     copy = _signed_copy(session, participant)
     if not download:
         return copy
-    text = (f"{copy.text_markdown}\n\n---\n\nConsent version {copy.version}, signed as "
+    about = copy.about
+    contacts = "".join(f"{label}: {value}\n" for label, value in (
+        ("Principal investigator", about.principal_investigator), ("Ethics board (IRB) contact", about.irb_contact),
+        ("Protocol number", about.protocol_number)) if value)
+    text = (f"{about.study_title}\n\n{copy.text_markdown}\n\n---\n\n{contacts}"
+            f"Consent version {copy.version}, signed as "
             f"\"{copy.typed_signature}\" by participant {copy.participant_code} on "
             f"{copy.signed_at:%Y-%m-%d %H:%M} UTC.\nConfirmed: {', '.join(copy.confirmations)}\n"
             f"SHA-256 of the consent text: {copy.signed_text_sha256}\n")
@@ -113,9 +122,10 @@ def signed_consent(
 def update_profile(body: ProfileUpdate, session: SessionDep, participant: CurrentParticipant,
                    token: Token) -> ParticipantRead:
     """Time zone and contact email; the first time, this completes enrollment (arm assigned,
-    baseline surveys assigned)."""
+    baseline surveys assigned). Without an email address, the answer carries a return code, once."""
     scheduler_service.save_profile(session, participant, timezone=body.timezone, contact_email=body.contact_email)
-    return _participant_read(session, participant, token)
+    return_code = signin.ensure_return_code(session, participant)
+    return _participant_read(session, participant, token).model_copy(update={"return_code": return_code})
 
 
 @router.post("/me/withdrawal")

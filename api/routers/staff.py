@@ -18,7 +18,7 @@ from study import audit
 from study import participants as participant_service
 from study import staff as service
 from study.errors import Forbidden
-from study.models import ConsentSignature, ConsentVersion, Participant
+from study.models import ConsentSignature, ConsentVersion, Participant, StudyStatus
 from study.schemas import (
     InviteCreate,
     InvitesRead,
@@ -67,9 +67,11 @@ def login(body: StaffLogin, session: SessionDep, request: Request) -> TokenRead 
 
 
 @router.get("/studies")
-def my_studies(session: SessionDep, staff: CurrentStaff) -> list[StudyAccessRead]:
-    return [StudyAccessRead(study=a.study.slug, title=a.study.title, role=a.role)
-            for a in service.memberships(session, staff)]
+def my_studies(session: SessionDep, staff: CurrentStaff, include_archived: bool = False) -> list[StudyAccessRead]:
+    """The studies you have a role in; archived ones only with ``include_archived``."""
+    return [StudyAccessRead(study=a.study.slug, title=a.study.title, role=a.role, status=a.study.status)
+            for a in service.memberships(session, staff)
+            if include_archived or a.study.status != StudyStatus.ARCHIVED]
 
 
 @router.get("/studies/{slug}/summary")

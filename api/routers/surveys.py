@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy import select
 
 from api.deps import (
@@ -20,6 +20,7 @@ from api.deps import (
 )
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from study import audit
+from study.errors import Invalid
 from study.models import Participant
 from surveys import registry, service
 from surveys.definitions import Instrument
@@ -140,7 +141,11 @@ def instrument_definition(instrument_id: str, session: SessionDep, staff: Curren
 
 @staff_router.get("/studies/{slug}/responses")
 def study_responses(session: SessionDep, access: ParticipantLevelAccess, staff: CurrentStaff,
-                    instrument: str | None = None) -> list[StaffResponseRead]:
+                    instrument: Annotated[str | None, Query(max_length=64, description="an instrument id")] = None,
+                    ) -> list[StaffResponseRead]:
+    if instrument is not None and not registry.exists(session, instrument):
+        raise Invalid(f"unknown instrument '{instrument}'; `afterward instruments list` shows the instruments",
+                      code="unknown_instrument")
     query = (select(SurveyResponse, SurveyAssignment, Participant.code)
              .join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id)
              .join(Participant, Participant.id == SurveyResponse.participant_id)

@@ -12,7 +12,7 @@ from analysis import transcripts
 from analysis.schemas import ConversationPageRead, SafetyEventContextRead, TranscriptRead
 from api.deps import RowId, SessionDep
 from api.routers.staff import ParticipantLevelAccess, staff_actor
-from chat.roles import STANCES
+from chat.roles import RoleName, Stance
 from study import audit
 from study.validation import MAX_ROW_ID, AwareDatetime
 
@@ -24,9 +24,8 @@ MAX_PAGE = 200
 def conversation_filters(
     participant: Annotated[str | None, Query(max_length=16, description="a participant code")] = None,
     arm: Annotated[str | None, Query(max_length=64)] = None,
-    role: Annotated[str | None, Query(max_length=40, description="held in this role at some point")] = None,
-    stance: Annotated[str | None, Query(pattern="^(" + "|".join(STANCES) + ")$",
-                                       description="at least one assistant turn took this stance")] = None,
+    role: Annotated[RoleName | None, Query(description="held in this role at some point")] = None,
+    stance: Annotated[Stance | None, Query(description="at least one assistant turn took this stance")] = None,
     started_from: Annotated[AwareDatetime | None, Query(description="started at or after (with a time zone)")] = None,
     started_before: Annotated[AwareDatetime | None, Query(description="started before (with a time zone)")] = None,
 ) -> transcripts.ConversationFilters:

@@ -609,6 +609,7 @@ def test_export_writes_the_tables_a_codebook_and_the_rule(engine: Engine, study:
         assert all(f"`{column}`" in codebook for column in frame.columns)
     readme = (out / "README.md").read_text()
     assert "Fewer than 5 participants: `< 5`" in readme
+    assert f"- packages: numpy {np.__version__}, pandas {pd.__version__}, " in readme
     assert "No working out by subtraction: `suppressed`" in readme
     assert {path.name for path in out.iterdir()} == {*(f"{name}.csv" for name in tables), "datapackage.json",
                                                     "CODEBOOK.md", "README.md"}

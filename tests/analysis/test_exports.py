@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import frictionless
+import numpy as np
 import pandas as pd
 import pyreadstat
 import pytest
@@ -156,7 +157,7 @@ def test_every_format_reads_back_as_the_database(engine: Engine, study: Built, t
     assert result.row_counts["turns"] == 6, read_back(result, "turns")[["participant_code", "speaker", "seq"]]
 
     same(read_back(result, "participants"), db_frame(engine, (
-        "SELECT code AS participant_code, arm, status, enrolled_at, withdrawn_at FROM participants p "
+        "SELECT code AS participant_code, arm, p.status, enrolled_at, withdrawn_at FROM participants p "
         "JOIN studies s ON s.id = p.study_id WHERE s.slug = :slug ORDER BY p.id"), study.slug,
         ("enrolled_at", "withdrawn_at")))
     same(read_back(result, "turns"), db_frame(engine, (
@@ -242,6 +243,7 @@ def test_codebook_covers_every_column_and_validates(engine: Engine, study: Built
     readme = (out / "README.md").read_text()
     assert study.slug in readme
     assert "protocol versions: v1" in readme
+    assert f"- packages: numpy {np.__version__}, pandas {pd.__version__}, " in readme
     assert "| turns | 6 |" in readme
     try:
         import analysis.panel  # noqa: F401

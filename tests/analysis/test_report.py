@@ -312,6 +312,8 @@ def test_afterward_analyze_writes_an_audited_report(analyzed: Analyzed, monkeypa
         assert {field: number(rows[arm][field]["value"]) for field in counts} == counts
     assert number(rows["all"]["enrolled"]["value"]) == 60
     assert 'id="software">afterward ' in page
+    assert 'id="packages">numpy ' in page
+    assert "statsmodels " in page
     assert tables["protocol-versions"][0]["version"]["value"] == "1"
     assert '<dd id="read-at">2026-03-30T00:00:00+00:00</dd>' in page
     assert len(tables["headline-table"]) == 4

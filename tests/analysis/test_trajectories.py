@@ -50,7 +50,8 @@ PRIVATE = ("CAROLMARK", "HANKMARK", "DAVEMARK", "carol.private@example.org")
 
 
 def utc(text_: str) -> str:
-    return pd.Timestamp(text_, tz="UTC").isoformat()
+    """A whole-second UTC time written as the API writes times (``2026-03-02T09:20:00Z``)."""
+    return pd.Timestamp(text_, tz="UTC").strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Builder(PanelBuilder):
@@ -304,6 +305,8 @@ def test_the_data_card_documents_the_export(engine: Engine, study: Study, tmp_pa
     card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
     assert study.slug in card
     assert "| `trajectories.jsonl` | 6 conversations |" in card
+    assert "- packages: numpy " in card
+    assert "statsmodels " in card
     assert "| `preference_pairs.jsonl` | 2 preference pairs |" in card
     assert "participants who agreed: 5 (5 with conversations)" in card
     assert "signed without agreeing (left out): 2" in card

@@ -43,6 +43,7 @@ PARTICIPANT_CALLS: dict[tuple[str, str], dict | None] = {
     ("POST", "/api/v1/me/conversations/{conversation_id}/turns/{turn_id}/reconsider"): None,
     ("POST", "/api/v1/me/conversations/{conversation_id}/end"): {"rating": 5, "made_decision": False},
     ("GET", "/api/v1/me/followups"): None,
+    ("POST", "/api/v1/me/return-code"): None,
     ("POST", "/api/v1/me/withdrawal"): {"level": "stop_contact", "confirm": True},
 }
 # The owner's own call may rightly be refused for reasons other than ownership.
@@ -177,16 +178,32 @@ STAFF_STUDY_CALLS: dict[tuple[str, str], tuple[bool, dict | None]] = {
     ("POST", "/api/v1/staff/studies/{slug}/invites"): (False, {"count": 1}),
     ("GET", "/api/v1/staff/studies/{slug}/responses"): (False, None),
     ("GET", "/api/v1/staff/studies/{slug}/followups"): (False, None),
+    ("GET", "/api/v1/staff/studies/{slug}/followups/preview"): (False, None),
     ("GET", "/api/v1/staff/studies/{slug}/safety-events"): (False, None),
     ("GET", "/api/v1/staff/studies/{slug}/safety-events/{event_id}"): (False, None),
     ("POST", "/api/v1/staff/studies/{slug}/safety-events/{event_id}/review"): (False, {"note": "Called."}),
     ("GET", "/api/v1/staff/studies/{slug}/conversations"): (False, None),
     ("GET", "/api/v1/staff/studies/{slug}/conversations/{conversation_id}"): (False, None),
     ("GET", "/api/v1/staff/studies/{slug}/exports"): (False, None),
+    # Recruitment control last, in this order: each succeeds from the state the one before left.
+    ("GET", "/api/v1/staff/studies/{slug}/invites"): (False, None),
+    ("POST", "/api/v1/staff/studies/{slug}/invites/revoke"): (False, {"invite_id": 1}),
+    ("POST", "/api/v1/staff/studies/{slug}/pause"): (False, None),
+    ("POST", "/api/v1/staff/studies/{slug}/resume"): (False, None),
+    ("POST", "/api/v1/staff/studies/{slug}/close"): (False, {"stop_followups": True}),
+    ("POST", "/api/v1/staff/studies/{slug}/archive"): (False, None),
 }
+# Endpoints that refuse a viewer for another reason than participant-level data.
+VIEWER_REFUSALS = {("POST", f"/api/v1/staff/studies/{{slug}}/{action}"): "recruitment_forbidden"
+                   for action in ("invites/revoke", "pause", "resume", "close", "archive")}
 # Endpoints whose rule depends on a query parameter: what a viewer may still ask for there.
 VIEWER_QUERIES: dict[tuple[str, str], dict[str, str]] = {
     ("GET", "/api/v1/staff/studies/{slug}/exports"): {"format": "aggregates"},  # suppressed tables
+}
+# Query parameters an endpoint needs before it can answer at all.
+REQUIRED_QUERIES: dict[tuple[str, str], dict[str, str]] = {
+    ("GET", "/api/v1/staff/studies/{slug}/followups/preview"): {"enrolled_at": "2026-03-28T09:00",
+                                                                 "timezone": "Europe/London"},
 }
 
 
@@ -228,7 +245,7 @@ def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
             assert as_viewer.status_code == 200, (path, as_viewer.text)
         else:
             assert (as_viewer.status_code, as_viewer.json()["error"]["code"]) == (
-                403, "participant_data_forbidden"), path
+                403, VIEWER_REFUSALS.get((method, template), "participant_data_forbidden")), path
         assert who.code not in as_viewer.text, path
         if (method, template) in VIEWER_QUERIES:
             query = VIEWER_QUERIES[(method, template)]
@@ -237,7 +254,8 @@ def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
             assert (foreign.status_code, foreign.json()["error"]["code"]) == (403, "no_study_access"), path
             assert app_client.request(method, path, headers=viewer, params=query).status_code == 200, path
         entries_before = staff_entries(engine)
-        allowed = app_client.request(method, path, headers=researcher, json=body)
+        allowed = app_client.request(method, path, headers=researcher, json=body,
+                                     params=REQUIRED_QUERIES.get((method, template)))
         assert allowed.status_code < 400, (path, allowed.text)
         if not viewers_too:  # participant-level: every call leaves an audit entry
             assert staff_entries(engine) > entries_before, path

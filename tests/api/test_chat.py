@@ -1,15 +1,19 @@
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from pydantic import TypeAdapter
 from sqlalchemy.engine import Engine
 
 from api.app import create_app
+from api.routers.chat import _sse
 from chat.gateway import Gateway
 from chat.roles import system_prompt
 from study.models import StaffRole
@@ -156,6 +160,13 @@ def test_only_the_latest_pushback_can_be_answered(engine: Engine, app_client: Te
     assert (shown[first["id"]], shown[second["id"]]) == (False, True)
     assert post(app_client, chatter, f"{conversation}/turns/{second['id']}/reconsider").status_code == 200
     assert rows(engine, "SELECT turn_id, action FROM pushback_responses") == [(second["id"], "reconsider")]
+    # Once the conversation has ended, its cards are closed for both answers.
+    closing = start_chat(app_client, chatter, "coach")
+    card = say(app_client, chatter, closing, FRAMING)
+    assert post(app_client, chatter, f"{closing}/end", {"rating": 5, "made_decision": False}).status_code == 200
+    for action in ("override", "reconsider"):
+        late = post(app_client, chatter, f"{closing}/turns/{card['id']}/{action}")
+        assert (late.status_code, late.json()["error"]["code"]) == (409, "conversation_ended")
     # A safety turn replaces a note as well.
     other = start_chat(app_client, chatter, "collaborator")
     nudge = say(app_client, chatter, other, FRAMING)
@@ -235,7 +246,7 @@ def test_escalation_shows_crisis_resources_is_not_overridable_and_alerts_staff(
     viewer = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.VIEWER, 'v@example.org')}"}
     events = app_client.get(f"/api/v1/staff/studies/{slug}/safety-events", headers=researcher).json()
     assert [(e["participant"], e["category"], e["source"], e["cue"]) for e in events] == [
-        (chatter.code, "risk_to_self", "lexicon", "kill myself")]
+        (chatter.code, "risk_to_self", "lexicon+semantic", "kill myself")]
     assert app_client.get(f"/api/v1/staff/studies/{slug}/safety-events", headers=viewer).status_code == 403
     summary = app_client.get(f"/api/v1/staff/studies/{slug}/summary", headers=viewer).json()
     assert summary["safety_events_unreviewed"] == 1  # viewers see the count, not the event
@@ -431,6 +442,23 @@ def test_streamed_reply_arrives_in_pieces_without_the_stance_json(
     assert rows(engine, "SELECT streamed FROM turns WHERE speaker = 'assistant'") == [(True,)]
 
 
+def test_streamed_and_plain_json_write_times_alike(app_client: TestClient, chatter: ParticipantHandle) -> None:
+    conversation = start_chat(app_client, chatter, "coach")
+    with app_client.stream("POST", f"/api/v1/me/conversations/{conversation}/messages?stream=true",
+                           headers=chatter.headers, json={"content": "Should I move cities?"}) as response:
+        events = dict(_events(response.read().decode()))
+    plain = post(app_client, chatter, f"{conversation}/messages", {"content": "And keep my job?"}).json()
+    listed = {turn["id"]: turn["created_at"] for turn in app_client.get(
+        f"/api/v1/me/conversations/{conversation}", headers=chatter.headers).json()["turns"]}
+    for turn in (events["message"], events["reply"], plain["message"], plain["reply"]):
+        assert turn["created_at"] == listed[turn["id"]]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z", turn["created_at"]), turn["created_at"]
+    # A time that reaches the stream unserialized is written the same way too.
+    moment = dt.datetime(2026, 3, 2, 9, 0, 0, 250000, tzinfo=dt.UTC)
+    assert _sse("x", {"at": moment}) == b'event: x\ndata: {"at": "2026-03-02T09:00:00.250000Z"}\n\n'
+    assert TypeAdapter(dt.datetime).dump_json(moment) == b'"2026-03-02T09:00:00.250000Z"'
+
+
 def test_a_reply_the_platform_may_replace_is_not_streamed(app_client: TestClient,
                                                           chatter: ParticipantHandle) -> None:
     conversation = start_chat(app_client, chatter, "concierge")
@@ -505,6 +533,7 @@ def test_the_optional_llm_crisis_classifier_runs_on_every_message(engine: Engine
         conversation = start_chat(client, who, "coach")
         assert say(client, who, conversation, "This deadline is killing me")["stance"] == "agree"
         assert say(client, who, conversation, "I feel hopeless")["stance"] == "check_in"
+        assert say(client, who, conversation, "My husband takes my money every payday")["stance"] == "check_in"
     verdicts = [json.loads(f)["crisis_classifier"] if isinstance(f, str) else f["crisis_classifier"]
                 for (f,) in rows(engine, "SELECT features FROM turns WHERE speaker = 'participant' ORDER BY id")]
-    assert verdicts == ["none", "risk_to_self"]
+    assert verdicts == ["none", "risk_to_self", "risk_from_others"]

@@ -168,7 +168,8 @@ def test_non_finite_answers_are_refused(engine: Engine, app_client: TestClient, 
 
 def test_non_numeric_answers_on_the_page_are_named(engine: Engine, app_client: TestClient, slug: str) -> None:
     csrf = onboarding_page(app_client, engine, slug)
-    moved = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris"}, follow_redirects=False)
+    moved = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris",
+                                                 "contact_email": "p@example.org"}, follow_redirects=False)
     survey = moved.headers["location"]
     for raw in ("nan", "inf", "lots"):
         response = app_client.post(survey, data={"csrf": csrf, "step": "0", "go": "next", "A1": raw})
@@ -182,7 +183,8 @@ def test_non_numeric_answers_on_the_page_are_named(engine: Engine, app_client: T
 def test_page_forms_with_a_tampered_step_or_rating_get_a_clear_answer(engine: Engine, app_client: TestClient,
                                                                      slug: str) -> None:
     csrf = onboarding_page(app_client, engine, slug)
-    survey = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris"},
+    survey = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris",
+                                                  "contact_email": "p@example.org"},
                              follow_redirects=False).headers["location"]
     for step in ("abc", "-1", "99999", "1e9", "٣"):
         response = app_client.post(survey, data={"csrf": csrf, "step": step, "go": "next"})

@@ -50,7 +50,9 @@ def test_pages_send_a_strict_content_security_policy(app_client: TestClient) -> 
     assert response.headers["Referrer-Policy"] == "no-referrer"
     assert "<script>" not in response.text
     assert "style=" not in response.text
-    assert "Content-Security-Policy" not in app_client.get("/docs").headers  # the API explorer keeps working
+    explorer = app_client.get("/docs").headers["Content-Security-Policy"]  # the API explorer keeps working,
+    assert "script-src 'self' 'unsafe-inline'" in explorer  # with its inline script, but nothing from elsewhere
+    assert "default-src 'self'" in explorer
 
 
 def test_forms_without_the_csrf_token_are_refused(engine: Engine, app_client: TestClient,
@@ -240,3 +242,45 @@ def test_help_keeps_regional_resources_after_withdrawal_with_phone_numbers_and_s
 ])
 def test_resource_texts_link_phone_numbers_and_web_addresses_only(text: str, html: str) -> None:
     assert resources_html(text) == html
+
+
+def test_chat_marks_the_role_change_and_my_study_names_instruments_and_each_decision_once(
+        engine: Engine, app_client: TestClient, slug: str, frozen_clock: FrozenClock) -> None:
+    chatting(engine, app_client, slug)  # enrolled 2026-03-02 10:00 in Berlin
+    chat = open_chat(app_client, "coach")
+    send(app_client, chat, "Should I take the job in Lisbon?")
+    switched = app_client.post(f"{chat}/role", data={"csrf": csrf_of(app_client.get(chat).text),
+                                                     "role": "collaborator"})
+    assert switched.status_code == 200, switched.text
+    html = send(app_client, chat, "What would I be giving up?")
+    entries = re.findall(r'<li class="(msg \w+|role-change)"', html)
+    assert entries == ["msg participant", "msg assistant", "role-change", "msg participant", "msg assistant"]
+    assert '<li class="role-change"><span>You switched the assistant from Coach to Collaborator</span></li>' in html
+
+    ended = app_client.post(f"{chat}/end", data={"csrf": csrf_of(app_client.get(f"{chat}/end").text), "rating": "5",
+                                                 "made_decision": "yes", "decision": "Take the job in Lisbon"})
+    assert ended.status_code == 200, ended.text
+    coming = re.search(r'<h2 id="upcoming">Coming up</h2>\s*<ul class="list">(.*?)</ul>', app_client.get("/me").text,
+                       re.DOTALL)
+    assert coming
+    assert re.findall(r"<li>(.*?)</li>", coming.group(1)) == [
+        "Decision Regret Scale about your decision “Take the job in Lisbon”: around 5 March, then around 16 March",
+        "PERMA-Profiler: around 9 March, then around 30 March"]
+
+
+def test_answer_scales_are_a_grid_of_numbers_or_one_worded_option_per_line(
+        engine: Engine, app_client: TestClient, slug: str) -> None:
+    code = chatting(engine, app_client, slug)
+    perma = app_client.get("/surveys").text
+    baseline = re.search(r'href="(/surveys/\d+)"', perma)
+    assert baseline
+    page = app_client.get(baseline.group(1)).text
+    assert page.count('<div class="scale numbers two-rows cols-6">') == 5  # 0-10: rows of 6 and 5 on a phone
+    regret = app_client.get(f"/surveys/{assign_survey(engine, code, 'decision-regret', context={'decision': 'X'})}")
+    assert regret.text.count('<div class="scale options">') == 5  # every point worded: one per line
+    assert "scale-legend" not in regret.text
+    rating = app_client.get(f"/surveys/{assign_survey(engine, code, 'immediate-rating')}").text
+    assert '<div class="scale numbers">' in rating  # 1-7 in one row, its three words in the legend
+    assert '<span class="point-label visually-hidden"> Somewhat helpful</span>' in rating
+    assert re.search(r'<p class="scale-legend" aria-hidden="true"><span>1 = Not at all helpful</span>'
+                     r'<span>4 = Somewhat helpful</span><span>7 = Extremely helpful</span></p>', rating)

@@ -152,6 +152,29 @@ def test_researcher_lists_and_filters_conversations(
     assert detail_of(listed[2])["filters"] == {"participant": c["alice"].code}
 
 
+def test_staff_filters_refuse_values_the_study_does_not_have(
+    engine: Engine, app_client: TestClient, slug: str, researcher: dict[str, str], three_conversations: dict[str, Any],
+) -> None:
+    """A typo in a filter is a 422 that names the problem, never an empty list that looks like "none"."""
+    base = f"/api/v1/staff/studies/{slug}"
+    refused = {
+        ("conversations", "arm", "contrl"): "unknown arm 'contrl'; this study's arms: control, wellbeing",
+        ("conversations", "participant", "PNOBODY1"): "no participant 'PNOBODY1' in this study",
+        ("conversations", "role", "butler"): "role",
+        ("conversations", "stance", "flatter"): "stance",
+        ("followups", "status", "bogus"): "status",
+        ("responses", "instrument", "perma-profilr"): "unknown instrument 'perma-profilr'",
+    }
+    for (path, name, value), message in refused.items():
+        response = app_client.get(f"{base}/{path}", headers=researcher, params={name: value})
+        assert response.status_code == 422, (path, name, response.text)
+        assert message in response.text, response.text
+    for path, name, value in (("conversations", "arm", "control"), ("conversations", "role", "coach"),
+                              ("followups", "status", "planned"), ("responses", "instrument", "perma-profiler")):
+        assert app_client.get(f"{base}/{path}", headers=researcher, params={name: value}).status_code == 200
+    assert get(app_client, f"{base}/followups", researcher, status="completed") == []
+
+
 def test_a_listing_costs_the_same_statements_for_one_conversation_or_many(
     engine: Engine, app_client: TestClient, slug: str, researcher: dict[str, str], three_conversations: dict[str, Any],
 ) -> None:

@@ -18,7 +18,7 @@ def load(splits: set[str]) -> list[tuple[str, str]]:
 
 
 def test_the_lexicon_meets_its_targets_on_the_sets_it_was_written_against() -> None:
-    """A regression floor, not a validation: bench/crisis_lexicon.py also reports the untuned set."""
+    """A regression floor, not a validation: bench/crisis_detection.py also reports the untuned rounds."""
     rows = load({"dev", "heldout", "heldout2"})
     crisis = [(label, m) for label, m in rows if label != "none"]
     benign = [m for label, m in rows if label == "none"]

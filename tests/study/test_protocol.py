@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import datetime as dt
+import json
+import re
+
 import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
@@ -8,7 +12,7 @@ from study import studies
 from study.db import session_scope
 from study.errors import Conflict
 from study.models import ConsentVersion, ProtocolVersion
-from study.protocol import ProtocolError, parse_protocol
+from study.protocol import Protocol, ProtocolError, parse_protocol
 from tests.builders import TEST_ACTOR, load_study
 
 
@@ -91,3 +95,63 @@ def test_consent_text_change_needs_new_version(engine: Engine, example_protocol:
     with session_scope(engine) as session:
         studies.load_protocol(session, sneaky.replace('version: "1.1"', 'version: "1.2"'), TEST_ACTOR)
         assert session.scalars(select(ConsentVersion.version).order_by(ConsentVersion.id)).all() == ["1.1", "1.2"]
+
+
+def test_durations_without_a_unit_are_refused_with_field_and_line(example_protocol: str) -> None:
+    broken = (example_protocol.replace("offset: P7D", "offset: 7", 1)
+              .replace("window: P3D\n    reminders: [P1D, P2D]", "window: 3\n    reminders: [1, \"2\"]", 1)
+              .replace("renotify_after: PT4H", "renotify_after: 4"))
+    lines = broken.splitlines()
+    offset, window, reminders, renotify = (lines.index(text) + 1 for text in (
+        "    offset: 7", "    window: 3", '    reminders: [1, "2"]', "  renotify_after: 4"))
+    with pytest.raises(ProtocolError) as error:
+        parse_protocol(broken)
+    unit = "has no unit; write an ISO 8601 duration like P7D or PT2H, or a number with a unit like '7 days'"
+    assert [p.split(": ", 1)[0] for p in error.value.problems] == [
+        f"followups[0].offset (line {offset})", f"followups[0].window (line {window})",
+        f"followups[0].reminders[0] (line {reminders})", f"followups[0].reminders[1] (line {reminders})",
+        f"safety.renotify_after (line {renotify})"]
+    assert all(unit in problem for problem in error.value.problems)
+
+
+@pytest.mark.parametrize("written", ["P7D", "P1W", "p7d", "7 days", "7d", "7 Days", "1 week", "1w", "168 hours",
+                                     "10080 minutes", "6 days 24 hours", "6d, 1440 min", "P6DT24H", "PT168H"])
+def test_durations_in_iso_8601_or_with_a_unit_are_accepted(example_protocol: str, written: str) -> None:
+    protocol = parse_protocol(example_protocol.replace("offset: P7D", f"offset: {written}", 1))
+    assert protocol.followups[0].offset == dt.timedelta(days=7)
+
+
+@pytest.mark.parametrize(("written", "message"), [
+    ("P1M", "years and months have no fixed length"),
+    ("2 months", "years and months have no fixed length"),
+    ("3m", "m could be minutes or months"),
+    ("seven days", "is not a duration"),
+    ("7 fortnights", "is not a duration"),
+    ("'7'", "has no unit"),
+    ("7.5", "has no unit"),
+    ("P", "is not a duration"),
+    ("02:00:00", "is not a duration"),
+    ("1 day 2 days", "names days twice"),
+])
+def test_ambiguous_or_unreadable_durations_are_refused(example_protocol: str, written: str, message: str) -> None:
+    with pytest.raises(ProtocolError, match=r"followups\[0\].offset \(line \d+\): .*" + re.escape(message)):
+        parse_protocol(example_protocol.replace("offset: P7D", f"offset: {written}", 1))
+
+
+def test_stored_protocol_reloads_with_the_same_durations(example_protocol: str) -> None:
+    protocol = parse_protocol(example_protocol.replace("window: P3D", "window: 2 days 12 hours", 1)
+                              .replace("offset: P7D", "offset: 90 minutes", 1))
+    stored = json.loads(json.dumps(protocol.model_dump(mode="json")))
+    assert stored["followups"][0]["window"] == "P2DT12H"
+    assert Protocol.model_validate(stored) == protocol
+
+
+def test_public_title_and_consent_metadata(example_protocol: str) -> None:
+    protocol = parse_protocol(example_protocol)
+    assert protocol.study.participant_title == "Conversations with an AI assistant: a four-week study"
+    assert "pushback" not in protocol.study.participant_title + protocol.study.public_description
+    assert (protocol.consent.principal_investigator, protocol.consent.protocol_number) == (
+        "Dr. Jane Example, Department of Psychology, Example University", "REB-2026-0142")
+    bare = parse_protocol(example_protocol.replace('  public_title: "Conversations with an AI assistant: '
+                                                   'a four-week study"\n', ""))
+    assert bare.study.participant_title == "Research study"  # never the internal title

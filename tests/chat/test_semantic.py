@@ -1,0 +1,120 @@
+"""chat.semantic: the classifier's numpy head equals scikit-learn's fit, fusion rules, windows, and
+the fused detector at its target on the training corpus and the lexicon's earlier rounds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.svm import SVC
+
+from chat import semantic
+from chat.crisis_train import corpus as corpus_files
+from chat.crisis_train import save_head, thresholds
+from chat.monitors import CrisisFinding
+from chat.semantic import Head, SemanticVerdict, fuse, windows
+
+EARLIER_ROUNDS = Path(__file__).parent / "data" / "crisis_messages.tsv"
+
+
+def test_the_numpy_head_gives_scikit_learns_decision_values_and_predictions(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 768)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    crisis = x[:, 0] + 0.3 * rng.normal(size=120) > 0
+    labels = np.where(crisis, 1 + (x[:, 1] > 0) + (x[:, 2] > 0.05), 0)
+    acute = x[:, 3] > 0
+    svm = SVC(C=4.0, kernel="rbf", gamma="scale", class_weight="balanced").fit(x, crisis)
+    category = LogisticRegression(max_iter=2000).fit(x[crisis], labels[crisis])
+    acute_model = LogisticRegression(max_iter=2000).fit(x[crisis], acute[crisis])
+    path = tmp_path / "head.npz"
+    save_head(path, svm, category, acute_model, 0.1, -0.2, -10.0, {"classes": list(semantic.CATEGORIES)})
+    head = Head(path)
+    np.testing.assert_allclose(head.score(x), svm.decision_function(x), atol=1e-4)
+    for row in x[:20]:
+        verdict = head.verdict(row)
+        assert verdict.category == semantic.CATEGORIES[int(category.predict(row[None])[0])]
+        assert verdict.acute == bool(acute_model.predict(row[None])[0])
+        assert verdict.flagged == (svm.decision_function(row[None])[0] >= 0.1)
+
+
+def verdict(score: float, *, flagged: bool, lexicon: bool, acute: bool = False) -> SemanticVerdict:
+    return SemanticVerdict(score, "risk_from_others", acute, flagged, lexicon)
+
+
+LEXICAL = CrisisFinding(category="risk_to_self", acute=False, cue="hopeless")
+
+
+def test_fusion_records_which_source_fired() -> None:
+    assert fuse(None, verdict(-1.0, flagged=False, lexicon=False)) is None
+    alone = fuse(None, verdict(1.2, flagged=True, lexicon=True, acute=True))
+    assert alone is not None
+    assert (alone.source, alone.category, alone.acute) == ("semantic", "risk_from_others", True)
+    both = fuse(LEXICAL, verdict(1.2, flagged=True, lexicon=True, acute=True))
+    # The lexicon's category and cue win; acute when either says so.
+    assert both is not None
+    assert (both.source, both.category, both.cue, both.acute) == ("lexicon+semantic", "risk_to_self", "hopeless", True)
+    assert fuse(LEXICAL, verdict(0.0, flagged=False, lexicon=True)) == LEXICAL
+    # Distress cues always stand (a check-in); an acute cue in a message the classifier scores as
+    # clearly benign (a documentary about overdoses, a story about the past) does not.
+    assert fuse(LEXICAL, verdict(-2.0, flagged=False, lexicon=False)) == LEXICAL
+    acute_cue = CrisisFinding(category="risk_to_self", acute=True, cue="overdose")
+    assert fuse(acute_cue, verdict(0.0, flagged=False, lexicon=True)) == acute_cue
+    assert fuse(acute_cue, verdict(-2.0, flagged=False, lexicon=False)) is None
+
+
+def test_windows_are_whole_sentences_within_the_limit() -> None:
+    def count(text: str) -> int:
+        return len(text.split())
+
+    text = "One two three. Four five six seven! Eight nine?\nTen eleven twelve thirteen fourteen fifteen sixteen."
+    assert windows(text, count, limit=7) == ["One two three. Four five six seven!", "Eight nine?",
+                                             "Ten eleven twelve thirteen fourteen fifteen sixteen."]
+    assert windows("short", count) == ["short"]
+    assert semantic.pieces("I am fine.") == ["I am fine."]  # one window: just the whole message
+
+
+def test_thresholds_maximise_recall_within_the_false_positive_target() -> None:
+    scores = np.array([3.0, 2.0, 1.0, 0.5, 0.4, -1.0, 2.5, 0.45, -0.5, -2.0])
+    crisis = np.array([True, True, True, True, True, True, False, False, False, False])
+    lexicon = np.array([False, False, False, True, False, True, False, True, False, False])
+    high, low, recall, false_positive = thresholds(scores, lexicon, crisis, target=0.25)
+    flagged = (scores >= high) | (lexicon & (scores >= low))
+    assert flagged[~crisis].mean() <= 0.25
+    assert false_positive == flagged[~crisis].mean()
+    assert recall == flagged[crisis].mean() == 4 / 6  # 3, 2, 1 alone (2.5 the one false positive); 0.5 by the lexicon
+    assert low <= high
+
+
+def labelled_sets() -> dict[str, list[tuple[str, str]]]:
+    """The lexicon's earlier rounds, and a seeded sample of the training corpus (all of it would
+    take minutes to encode; the bench scores all of it)."""
+    earlier = [(label, text) for _, label, text in (
+        line.split("\t") for line in EARLIER_ROUNDS.read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#"))]
+    corpus = [(str(r["label"]), str(r["text"])) for r in corpus_files()[0]]
+    return {"earlier rounds": earlier, "training sample": random.Random(7).sample(corpus, 400)}
+
+
+@pytest.mark.parametrize("name", ["earlier rounds", "training sample"])
+def test_the_fused_detector_meets_its_target_on_the_training_corpus_and_earlier_rounds(name: str) -> None:
+    rows = labelled_sets()[name]
+    found = [(label, semantic.detect(text)) for label, text in rows]
+    crisis = [finding is not None for label, finding in found if label != "none"]
+    benign = [finding is not None for label, finding in found if label == "none"]
+    recall, false_positive = sum(crisis) / len(crisis), sum(benign) / len(benign)
+    assert recall >= 0.95, f"{name}: recall {recall:.3f}"
+    assert false_positive <= 0.05, f"{name}: false positives {false_positive:.3f}"
+
+
+def test_the_head_records_how_it_was_fitted() -> None:
+    metadata = semantic.head().metadata
+    corpus = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in corpus_files()[1]}
+    assert metadata["corpus"] == corpus  # refit after the corpus changes: python -m chat.crisis_train
+    assert metadata["classes"] == list(semantic.CATEGORIES)
+    assert json.dumps(metadata)  # serialisable, as stored
