@@ -39,13 +39,13 @@ from analysis.features import conversation_features
 from analysis.panel import PERMA, REGRET, panel
 from analysis.reading import Source, connect, read_frame, resolve_study_id
 from analysis.software import packages_line
-from chat.models import SafetyEvent
 from chat.monitors import CrisisCategory
 from chat.roles import roles_for_arm
 from study import audit
 from study.clock import now
 from study.db import READ_ONLY
 from study.models import Participant, ProtocolVersion, Study
+from study.safety import SafetyEvent
 
 THRESHOLD = 5  # a cell resting on fewer participants than this is not shown
 SUPPRESSED = "suppressed"

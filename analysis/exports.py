@@ -43,7 +43,7 @@ from analysis.features import FEATURES
 from analysis.panel import PANEL_COLUMNS, iter_conversations_and_panel
 from analysis.reading import stream_frames
 from analysis.software import packages_line
-from chat.models import Decision, SafetyEvent, Turn
+from chat.models import Decision, Turn
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
 from study import audit
@@ -60,6 +60,7 @@ from study.models import (
     Study,
     WithdrawalLevel,
 )
+from study.safety import SafetyEvent
 from surveys import registry
 from surveys.definitions import NUMERIC_TYPES, Instrument
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore

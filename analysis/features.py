@@ -23,10 +23,11 @@ from sqlalchemy.engine import Connection
 from analysis.lexicons import count_affirmations, count_words
 from analysis.reading import Source, connect, read_frame, resolve_study_id
 from chat import monitors
-from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn
+from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.roles import STANCES
 from scheduler.models import FollowUp
 from study.models import Participant
+from study.safety import SafetyEvent
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
 TEXT_CHUNK_ROWS = 50_000

@@ -544,7 +544,7 @@ def _observed_waves(observed: pd.DataFrame, waves: dict[int, str]) -> tuple[dict
     group's difference at the wave inestimable and the model singular)."""
     groups = set(observed["group"])
     seen = observed.groupby("wave_number")["group"].agg(lambda g: set(g) == groups)
-    present = {int(k) for k, complete in seen.items() if complete}
+    present = set(seen.index[seen.astype(bool)].astype(int).tolist())
     fitted = {k: w for k, w in waves.items() if k in present}
     notes = []
     missing = [w for k, w in waves.items() if k not in set(observed["wave_number"])]

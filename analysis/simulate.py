@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session
 from analysis.tables import SimulationRun
 from chat import service as chat
 from chat.gateway import Gateway
-from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn
+from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.roles import roles_for_arm
 from scheduler import planner
 from scheduler.channels import Channel, InAppChannel
@@ -52,6 +52,7 @@ from study.clock import FrozenClock, now, set_clock
 from study.db import session_scope
 from study.errors import Gone
 from study.models import InviteCode, Participant, ParticipantStatus, WithdrawalLevel
+from study.safety import SafetyEvent
 from study.settings import get_settings
 from surveys import registry
 from surveys import service as surveys

@@ -27,11 +27,12 @@ from analysis.schemas import (
     TranscriptTurnRead,
 )
 from chat import service as chat_service
-from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, SafetyEventReview, Turn
+from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.roles import STANCES
 from chat.schemas import SafetyEventRead
 from study.errors import Gone, Invalid, NotFound
 from study.models import Participant, ProtocolVersion
+from study.safety import SafetyEvent, SafetyEventReview
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
 Ts = TypeVarTuple("Ts")

@@ -43,11 +43,12 @@ from analysis.features import conversation_features  # noqa: E402
 from analysis.lexicons import count_affirmations  # noqa: E402
 from analysis.panel import PERMA, REGRET, WITHDREW, panel, survival  # noqa: E402
 from chat import monitors  # noqa: E402
-from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, Turn  # noqa: E402
+from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn  # noqa: E402
 from scheduler.models import Delivery, FollowUp  # noqa: E402
 from study import audit, studies  # noqa: E402
 from study.db import bulk_insert, make_engine, migrate, session_scope  # noqa: E402
 from study.models import Participant  # noqa: E402
+from study.safety import SafetyEvent  # noqa: E402
 from surveys import registry  # noqa: E402
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore  # noqa: E402
 

@@ -113,11 +113,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, nargs="+", metavar="N",
                         help="score only these held-out rounds (keep a newer one sealed for the next model change)")
     parser.add_argument("--no-latency", action="store_true")
+    parser.add_argument("--latency-only", action="store_true", help="only the latency, on the held-out messages")
     args = parser.parse_args()
 
     rounds = sorted(HELDOUT.glob("round*.jsonl"), key=lambda p: int(p.stem.removeprefix("round")))
     if args.rounds:
         rounds = [p for p in rounds if int(p.stem.removeprefix("round")) in args.rounds]
+    if args.latency_only:
+        latency([text for path in rounds for _, text in jsonl(path)])
+        return
     sets: dict[str, list[Row]] = {
         "training corpus (fitted on)": [row for path in sorted(TRAIN.glob("*.jsonl")) for row in jsonl(path)],
         "lexicon rounds (tsv)": earlier_rounds(),

@@ -1,6 +1,6 @@
-"""Chat tables: conversations, turns, pushback responses (overrides), role switches, safety events
-and decisions. All are participant research data, deleted on withdrawal with deletion, except
-that a safety event outlives it as a de-identified safety record (``SafetyEvent``)."""
+"""Chat tables: conversations, turns, pushback responses (overrides), role switches and decisions.
+All are participant research data, deleted on withdrawal with deletion. The safety events chat
+raises are the study's records (``study.safety``): they outlive that deletion, de-identified."""
 
 from __future__ import annotations
 
@@ -17,11 +17,8 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
-    false,
-    func,
-    select,
 )
-from sqlalchemy.orm import Mapped, column_property, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
 from study.clock import now
 from study.db import Base, UTCDateTime
@@ -122,51 +119,6 @@ class RoleSwitch(ParticipantResearchData, Base):
     to_role: Mapped[str] = mapped_column(String(16))
     after_seq: Mapped[int] = mapped_column(Integer)  # the switch happened after this many turns
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
-
-
-class SafetyEventReview(Base):
-    """One staff review of a safety event: when, by whom, what was done. Append-only: database
-    triggers refuse UPDATE, and DELETE while the event exists, so a second review never overwrites
-    the first note. Reviews stay with their event, also after the participant deleted their data."""
-
-    __tablename__ = "safety_event_reviews"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    safety_event_id: Mapped[int] = mapped_column(ForeignKey("safety_events.id", ondelete="CASCADE"), index=True)
-    reviewed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
-    reviewed_by: Mapped[str] = mapped_column(String(320))
-    note: Mapped[str] = mapped_column(Text)
-
-
-class SafetyEvent(ParticipantResearchData, Base):
-    """An escalation, for study staff to review. Staff reads are audited.
-
-    When the participant withdraws with data deletion, the event stays as a de-identified safety
-    record (``chat.service.deidentify_safety_events``, run before their research data is deleted):
-    study, category, source, time and reviews are kept; the participant, conversation and turn
-    links and the matched text are cleared, and ``participant_data_deleted`` marks it. The links
-    are set to NULL rather than cascaded, so no deletion path can take the record with it."""
-
-    __tablename__ = "safety_events"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
-    participant_id: Mapped[int | None] = mapped_column(  # type: ignore[assignment]  # None once de-identified
-        ForeignKey("participants.id", ondelete="SET NULL"), index=True)
-    conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="SET NULL"))
-    turn_id: Mapped[int | None] = mapped_column(ForeignKey("turns.id", ondelete="SET NULL"))
-    category: Mapped[str] = mapped_column(String(32))
-    source: Mapped[str] = mapped_column(String(16))  # lexicon | semantic | lexicon+semantic | classifier | model
-    cue: Mapped[str | None] = mapped_column(String(200))
-    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
-    # The participant withdrew and deleted their data: what is left is the de-identified record.
-    # A flag, not a time: the deletion's time is on the participant's row and would link them.
-    participant_data_deleted: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    # When it was last reviewed (None: never), read from the review history, its only home; usable
-    # in queries too (``SafetyEvent.reviewed_at.is_(None)`` selects the unreviewed).
-    reviewed_at: Mapped[dt.datetime | None] = column_property(
-        select(func.max(SafetyEventReview.reviewed_at)).where(SafetyEventReview.safety_event_id == id)
-        .correlate_except(SafetyEventReview).scalar_subquery())
 
 
 class Decision(ParticipantResearchData, Base):

@@ -6,8 +6,9 @@ import datetime as dt
 
 from pydantic import BaseModel, Field
 
-from chat.models import Conversation, SafetyEvent, SafetyEventReview, Turn
+from chat.models import Conversation, Turn
 from chat.roles import RoleSpec
+from study.safety import SafetyEvent, SafetyEventReview
 from study.validation import RequestBody
 
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from chat import monitors, semantic
 from chat.answer_format import guidance, parse_answer
 from chat.gateway import Completion
-from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, SafetyEvent, SafetyEventReview, Turn
+from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.policy import (
     Assessment,
     History,
@@ -39,6 +39,7 @@ from study.db import is_postgres
 from study.errors import Conflict, Invalid, NotFound
 from study.models import Participant, ParticipantStatus, WithdrawalLevel
 from study.protocol import Arm
+from study.safety import SafetyEvent, SafetyEventReview
 from study.settings import get_settings
 from study.studies import current_protocol
 from study.wiring import Lifecycle

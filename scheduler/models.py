@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-import chat.models  # noqa: F401 - safety_events, which safety notifications refer to
+import study.safety  # noqa: F401 - safety_events, which safety notifications refer to
 from study.clock import now
 from study.db import Base, UTCDateTime
 from study.models import ParticipantResearchData

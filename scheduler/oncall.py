@@ -25,12 +25,12 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from chat.models import SafetyEvent
 from scheduler.channels import EmailChannel, OnCallChannel, OnCallNotice, OnCallWebhookChannel
 from scheduler.models import SafetyNotification
 from study.db import is_postgres
 from study.models import Study
 from study.protocol import Protocol
+from study.safety import SafetyEvent
 from study.settings import Settings
 from study.studies import current_protocol
 

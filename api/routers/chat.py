@@ -30,7 +30,7 @@ from chat import resources as chat_resources
 from chat import service
 from chat.answer_format import StreamSplitter
 from chat.gateway import Completion, Gateway, GatewayError
-from chat.models import PushbackResponse, SafetyEvent, Turn
+from chat.models import PushbackResponse, Turn
 from chat.roles import SAFETY_CONCERNS
 from chat.schemas import (
     ConversationCreate,
@@ -53,6 +53,7 @@ from scheduler import planner
 from study import audit
 from study.errors import NotFound, Unavailable
 from study.models import Participant
+from study.safety import SafetyEvent
 from study.settings import get_settings
 from study.studies import current_protocol
 from surveys import service as survey_service

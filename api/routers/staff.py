@@ -12,13 +12,13 @@ from sqlalchemy import and_, case, func, select
 from api.client_address import client_address
 from api.deps import CurrentStaff, SessionDep
 from api.errors import error_body
-from chat.models import SafetyEvent
 from scheduler.models import ChannelAlert, FollowUp
 from study import audit
 from study import participants as participant_service
 from study import staff as service
 from study.errors import Forbidden
 from study.models import ConsentSignature, ConsentVersion, Participant, StudyStatus
+from study.safety import SafetyEvent
 from study.schemas import (
     InviteCreate,
     InvitesRead,
