@@ -627,17 +627,7 @@ class Dispatcher:
             if (delivery is None or followup is None or delivery.claimed_by != self.name
                     or delivery.status != "sending"):
                 return  # no longer ours (cancelled meanwhile, or its lease passed to another dispatcher)
-            at = now()
-            delay = backoff(s, delivery.attempts)
-            give_up = exc.permanent or delivery.attempts >= s.delivery_max_attempts or at + delay >= followup.closes_at
-            delivery.last_error = f"{exc.problem}: {exc}"
-            if give_up:
-                delivery.status = "failed"
-                report.failed += 1
-            else:
-                delivery.status, delivery.next_attempt_at = "pending", at + delay
-                report.retrying += 1
-            delivery.lease_until = None
+            give_up = _retry_or_give_up(delivery, exc, s, report, deadline=followup.closes_at)
             _record_alert(session, claimed.channel, exc, s.channel_alert_after_failures, gave_up=give_up,
                           about=f"delivery {claimed.id} given up after {delivery.attempts} attempt(s)")
         report.errors.append(f"{claimed.channel}: delivery {claimed.id}: {exc}")
@@ -752,17 +742,7 @@ class Dispatcher:
             notification = session.get(SafetyNotification, claimed.id)
             if notification is None or notification.claimed_by != self.name or notification.status != "sending":
                 return  # no longer ours (its lease passed to another dispatcher)
-            at = now()
-            give_up = exc.permanent or notification.attempts >= self.settings.delivery_max_attempts
-            notification.last_error = f"{exc.problem}: {exc}"
-            if give_up:
-                notification.status = "failed"
-                report.failed += 1
-            else:
-                notification.status = "pending"
-                notification.next_attempt_at = at + backoff(self.settings, notification.attempts)
-                report.retrying += 1
-            notification.lease_until = None
+            give_up = _retry_or_give_up(notification, exc, self.settings, report)
             attempts = notification.attempts
             _record_alert(session, oncall.ALERT_PREFIX + claimed.channel, exc, 1, gave_up=give_up, about=(
                 f"on-call notice {claimed.id} of safety event {claimed.safety_event_id} given up after "
@@ -890,17 +870,7 @@ class Dispatcher:
             row = session.get(SignInEmail, email_id)
             if row is None or row.claimed_by != self.name or row.status != "sending":
                 return  # no longer ours (its lease passed to another dispatcher)
-            at = now()
-            delay = backoff(s, row.attempts)
-            give_up = exc.permanent or row.attempts >= s.delivery_max_attempts or at + delay >= row.expires_at
-            row.last_error = f"{exc.problem}: {exc}"
-            if give_up:
-                row.status = "failed"
-                report.failed += 1
-            else:
-                row.status, row.next_attempt_at = "pending", at + delay
-                report.retrying += 1
-            row.lease_until = None
+            give_up = _retry_or_give_up(row, exc, s, report, deadline=row.expires_at)
             attempts = row.attempts
             _record_alert(session, SIGN_IN_ALERTS, exc, s.channel_alert_after_failures, gave_up=give_up,
                           about=f"sign-in email {email_id} given up after {attempts} attempt(s)")
@@ -1008,6 +978,26 @@ def _delivery_rows(followup: Any, channels: Sequence[str], at: dt.datetime) -> l
                   "last_error": "skipped: its time passed before the invitation went out" if skipped else None}
                  for channel in channels]
     return rows
+
+
+def _retry_or_give_up(row: Any, exc: DeliveryError, settings: Settings, report: TickReport, *,
+                      deadline: dt.datetime | None = None) -> bool:
+    """Record a failed attempt on a claimed row (a delivery, an on-call notice, a sign-in email):
+    pending again after the backoff, or failed for good when the error is permanent, the attempt
+    limit is reached or the next try would fall after ``deadline``. Returns whether it gave up."""
+    delay = backoff(settings, row.attempts)
+    retry_at = now() + delay
+    give_up = (exc.permanent or row.attempts >= settings.delivery_max_attempts
+               or (deadline is not None and retry_at >= deadline))
+    row.last_error = f"{exc.problem}: {exc}"
+    if give_up:
+        row.status = "failed"
+        report.failed += 1
+    else:
+        row.status, row.next_attempt_at = "pending", retry_at
+        report.retrying += 1
+    row.lease_until = None
+    return give_up
 
 
 def _record_alert(session: Session, channel: str, exc: DeliveryError, threshold: int, *, gave_up: bool = False,
