@@ -62,4 +62,6 @@ def test_only_handlers_that_await_something_are_coroutines(engine: Engine) -> No
         "api.pages.chat_send", "api.pages.chat_retry", "api.pages.chat_override",
         # These share the chat pages' action (CSRF, one unit of work, the same error page).
         "api.pages.chat_reconsider", "api.pages.chat_role",
+        # No database work: HTML built in memory, a file streamed by Starlette.
+        "api.docs.swagger_ui", "api.docs.redoc", "api.app.favicon",
     }
