@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import and_, exists, func, insert, not_, or_, select, text, update
+from sqlalchemy import ColumnElement, and_, exists, func, insert, not_, or_, select, text, update
 from sqlalchemy.engine import CursorResult, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -518,28 +518,16 @@ class Dispatcher:
             if only is not None:
                 query = query.where(Delivery.id == only, Delivery.status.in_(("pending", "failed")))
             else:
-                due = or_(and_(Delivery.status == "pending", Delivery.next_attempt_at <= at),
-                          and_(Delivery.status == "sending", Delivery.lease_until < at))  # a dispatcher died
-                query = (query.where(due, Delivery.channel != "in_app").order_by(Delivery.next_attempt_at)
-                         .limit(s.scheduler_batch_size))
+                query = (query.where(_due(Delivery, at), Delivery.channel != "in_app")
+                         .order_by(Delivery.next_attempt_at).limit(s.scheduler_batch_size))
             rows = session.execute(self._claim(session, query)).all()
-            # An attempt that never finished counts too: a row that kills its dispatcher every time
-            # is given up like any other, instead of being claimed again forever.
-            exhausted = [row for row in rows if row.status == "sending" and row.attempts >= s.delivery_max_attempts]
-            claimed = [_Claimed(*row[:6]) for row in rows if row not in exhausted]
-            if claimed:
-                session.execute(update(Delivery).where(Delivery.id.in_([c.id for c in claimed])).values(
-                    status="sending", claimed_by=self.name, attempts=Delivery.attempts + 1,
-                    lease_until=at + dt.timedelta(seconds=s.delivery_lease_seconds)))
+            taken, exhausted = self._lease(session, Delivery, rows, at)
             for row in exhausted:
-                exc = DeliveryError("error", "the last attempt never finished (its dispatcher stopped mid-send)")
-                session.execute(update(Delivery).where(Delivery.id == row.id).values(
-                    status="failed", lease_until=None, last_error=f"{exc.problem}: {exc}"))
-                _record_alert(session, row.channel, exc, s.channel_alert_after_failures, gave_up=True,
+                _record_alert(session, row.channel, NEVER_FINISHED, s.channel_alert_after_failures, gave_up=True,
                               about=f"delivery {row.id} given up after {row.attempts} attempt(s)")
                 report.failed += 1
-                report.errors.append(f"{row.channel}: delivery {row.id}: {exc}")
-            return claimed
+                report.errors.append(f"{row.channel}: delivery {row.id}: {NEVER_FINISHED}")
+            return [_Claimed(*row[:6]) for row in taken]
 
     def _compose(self, claimed: list[_Claimed]) -> list[_Outgoing]:
         """Each delivery's message, read in one read-only transaction; a failure stays with its delivery."""
@@ -634,15 +622,40 @@ class Dispatcher:
         log.warning("delivery %s on %s failed (%s, attempt %s%s): %s", claimed.id, claimed.channel, exc.problem,
                     delivery.attempts, ", given up" if give_up else "", exc)
 
-    def _release(self, ids: list[int]) -> None:
-        """Hand claimed deliveries back unsent (stopping): pending again, the attempt not counted."""
+    # Leases, shared by deliveries, on-call notices and sign-in emails (tables with status,
+    # next_attempt_at, lease_until, claimed_by, attempts and last_error).
+
+    def _lease(self, session: Session, model: Any, rows: Sequence[Any],
+               at: dt.datetime) -> tuple[list[Any], list[Any]]:
+        """Lease the claimed ``rows`` of ``model`` to this dispatcher (sending, one more attempt)
+        and give up the exhausted ones: an attempt that never finished counts too, so a row that
+        kills its dispatcher every time is given up like any other instead of claimed forever.
+        Returns (leased rows, exhausted rows); the caller alerts about the exhausted."""
+        s = self.settings
+        exhausted = [row for row in rows if row.status == "sending" and row.attempts >= s.delivery_max_attempts]
+        leased = [row for row in rows if row not in exhausted]
+        if leased:
+            session.execute(update(model).where(model.id.in_([row.id for row in leased])).values(
+                status="sending", claimed_by=self.name, attempts=model.attempts + 1,
+                lease_until=at + dt.timedelta(seconds=s.delivery_lease_seconds)))
+        for row in exhausted:
+            session.execute(update(model).where(model.id == row.id).values(
+                status="failed", lease_until=None, last_error=f"{NEVER_FINISHED.problem}: {NEVER_FINISHED}"))
+        return leased, exhausted
+
+    def _hand_back(self, model: Any, ids: list[int], what: str) -> None:
+        """Hand claimed rows back unsent (stopping): pending again, the attempt not counted."""
         try:
             with session_scope(self.engine) as session:
-                session.execute(update(Delivery).where(
-                    Delivery.id.in_(ids), Delivery.claimed_by == self.name, Delivery.status == "sending")
-                    .values(status="pending", lease_until=None, attempts=Delivery.attempts - 1))
+                session.execute(update(model).where(
+                    model.id.in_(ids), model.claimed_by == self.name, model.status == "sending")
+                    .values(status="pending", lease_until=None, attempts=model.attempts - 1))
         except Exception:  # their leases expire and another dispatcher takes them
-            log.exception("could not hand back %s claimed deliveries", len(ids))
+            log.exception("could not hand back %s claimed %s", len(ids), what)
+
+    def _release(self, ids: list[int]) -> None:
+        """Hand claimed deliveries back unsent (stopping): pending again, the attempt not counted."""
+        self._hand_back(Delivery, ids, "deliveries")
 
     # On-call notices of safety events
 
@@ -674,30 +687,18 @@ class Dispatcher:
         s = self.settings
         with session_scope(self.engine) as session:
             at = now()
-            due = or_(and_(SafetyNotification.status == "pending", SafetyNotification.next_attempt_at <= at),
-                      and_(SafetyNotification.status == "sending", SafetyNotification.lease_until < at))
             rows = session.execute(self._claim(session, select(
                 SafetyNotification.id, SafetyNotification.channel, SafetyNotification.safety_event_id,
-                SafetyNotification.status, SafetyNotification.attempts).where(due)
+                SafetyNotification.status, SafetyNotification.attempts).where(_due(SafetyNotification, at))
                 .order_by(SafetyNotification.next_attempt_at).limit(s.scheduler_batch_size))).all()
-            exhausted = [row for row in rows if row.status == "sending" and row.attempts >= s.delivery_max_attempts]
-            claimed = [_ClaimedNotice(row.id, row.channel, row.safety_event_id) for row in rows
-                       if row not in exhausted]
-            if claimed:
-                session.execute(update(SafetyNotification).where(
-                    SafetyNotification.id.in_([c.id for c in claimed])).values(
-                    status="sending", claimed_by=self.name, attempts=SafetyNotification.attempts + 1,
-                    lease_until=at + dt.timedelta(seconds=s.delivery_lease_seconds)))
+            taken, exhausted = self._lease(session, SafetyNotification, rows, at)
             for row in exhausted:
-                exc = DeliveryError("error", "the last attempt never finished (its dispatcher stopped mid-send)")
-                session.execute(update(SafetyNotification).where(SafetyNotification.id == row.id).values(
-                    status="failed", lease_until=None, last_error=f"{exc.problem}: {exc}"))
-                _record_alert(session, oncall.ALERT_PREFIX + row.channel, exc, 1, gave_up=True, about=(
+                _record_alert(session, oncall.ALERT_PREFIX + row.channel, NEVER_FINISHED, 1, gave_up=True, about=(
                     f"on-call notice {row.id} of safety event {row.safety_event_id} given up after "
                     f"{row.attempts} attempt(s)"))
                 report.failed += 1
-                report.errors.append(f"on-call {row.channel}: notice {row.id}: {exc}")
-            return claimed
+                report.errors.append(f"on-call {row.channel}: notice {row.id}: {NEVER_FINISHED}")
+            return [_ClaimedNotice(row.id, row.channel, row.safety_event_id) for row in taken]
 
     def _notify(self, claimed: _ClaimedNotice, report: TickReport) -> None:
         ours = and_(SafetyNotification.id == claimed.id, SafetyNotification.claimed_by == self.name,
@@ -753,14 +754,7 @@ class Dispatcher:
 
     def _release_notices(self, ids: list[int]) -> None:
         """Hand claimed notices back unsent (stopping): pending again, the attempt not counted."""
-        try:
-            with session_scope(self.engine) as session:
-                session.execute(update(SafetyNotification).where(
-                    SafetyNotification.id.in_(ids), SafetyNotification.claimed_by == self.name,
-                    SafetyNotification.status == "sending")
-                    .values(status="pending", lease_until=None, attempts=SafetyNotification.attempts - 1))
-        except Exception:  # their leases expire and another dispatcher takes them
-            log.exception("could not hand back %s claimed on-call notices", len(ids))
+        self._hand_back(SafetyNotification, ids, "on-call notices")
 
     # Sign-in links participants asked for (study.signin queues them)
 
@@ -787,26 +781,16 @@ class Dispatcher:
         s = self.settings
         with session_scope(self.engine) as session:
             at = now()
-            due = or_(and_(SignInEmail.status == "pending", SignInEmail.next_attempt_at <= at),
-                      and_(SignInEmail.status == "sending", SignInEmail.lease_until < at))
             rows = session.execute(self._claim(session, select(
-                SignInEmail.id, SignInEmail.status, SignInEmail.attempts).where(due)
+                SignInEmail.id, SignInEmail.status, SignInEmail.attempts).where(_due(SignInEmail, at))
                 .order_by(SignInEmail.next_attempt_at).limit(s.scheduler_batch_size))).all()
-            exhausted = [row for row in rows if row.status == "sending" and row.attempts >= s.delivery_max_attempts]
-            claimed = [row.id for row in rows if row not in exhausted]
-            if claimed:
-                session.execute(update(SignInEmail).where(SignInEmail.id.in_(claimed)).values(
-                    status="sending", claimed_by=self.name, attempts=SignInEmail.attempts + 1,
-                    lease_until=at + dt.timedelta(seconds=s.delivery_lease_seconds)))
+            taken, exhausted = self._lease(session, SignInEmail, rows, at)
             for row in exhausted:
-                exc = DeliveryError("error", "the last attempt never finished (its dispatcher stopped mid-send)")
-                session.execute(update(SignInEmail).where(SignInEmail.id == row.id).values(
-                    status="failed", lease_until=None, last_error=f"{exc.problem}: {exc}"))
-                _record_alert(session, SIGN_IN_ALERTS, exc, s.channel_alert_after_failures, gave_up=True,
+                _record_alert(session, SIGN_IN_ALERTS, NEVER_FINISHED, s.channel_alert_after_failures, gave_up=True,
                               about=f"sign-in email {row.id} given up after {row.attempts} attempt(s)")
                 report.failed += 1
-                report.errors.append(f"sign-in email {row.id}: {exc}")
-            return claimed
+                report.errors.append(f"sign-in email {row.id}: {NEVER_FINISHED}")
+            return [row.id for row in taken]
 
     def _sign_in_message(self, session: Session, email_id: int) -> tuple[SignInLinkMessage | None, str | None]:
         """The email to send, or why there is nothing to send any more."""
@@ -880,13 +864,7 @@ class Dispatcher:
 
     def _release_sign_in_emails(self, ids: list[int]) -> None:
         """Hand claimed sign-in emails back unsent (stopping): pending again, the attempt not counted."""
-        try:
-            with session_scope(self.engine) as session:
-                session.execute(update(SignInEmail).where(
-                    SignInEmail.id.in_(ids), SignInEmail.claimed_by == self.name, SignInEmail.status == "sending")
-                    .values(status="pending", lease_until=None, attempts=SignInEmail.attempts - 1))
-        except Exception:  # their leases expire and another dispatcher takes them
-            log.exception("could not hand back %s claimed sign-in emails", len(ids))
+        self._hand_back(SignInEmail, ids, "sign-in emails")
 
     # One-off actions for the CLI
 
@@ -978,6 +956,15 @@ def _delivery_rows(followup: Any, channels: Sequence[str], at: dt.datetime) -> l
                   "last_error": "skipped: its time passed before the invitation went out" if skipped else None}
                  for channel in channels]
     return rows
+
+
+def _due(model: Any, at: dt.datetime) -> ColumnElement[bool]:
+    """Rows of ``model`` to send now: pending and due, or leased by a dispatcher that died."""
+    return or_(and_(model.status == "pending", model.next_attempt_at <= at),
+               and_(model.status == "sending", model.lease_until < at))
+
+
+NEVER_FINISHED = DeliveryError("error", "the last attempt never finished (its dispatcher stopped mid-send)")
 
 
 def _retry_or_give_up(row: Any, exc: DeliveryError, settings: Settings, report: TickReport, *,
