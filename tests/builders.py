@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,3 +107,23 @@ def say(client: TestClient, who: ParticipantHandle, conversation_id: int, text: 
     assert response.status_code == 200, response.text
     reply: dict[str, Any] = response.json()["reply"]
     return reply
+
+
+# The participant pages, through their forms
+
+
+def csrf_of(html: str) -> str:
+    """The CSRF token of a page's form."""
+    match = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert match, html
+    return match.group(1)
+
+
+def join(client: TestClient, invite: str) -> str:
+    """Redeem the invite through the home page's form; returns the consent page HTML."""
+    landing = client.get("/")
+    pre = re.search(r'name="pre" value="([^"]+)"', landing.text)
+    assert pre
+    joined = client.post("/join", data={"pre": pre.group(1), "invite_code": invite}, follow_redirects=False)
+    assert joined.headers["location"] == "/consent"
+    return client.get("/consent").text

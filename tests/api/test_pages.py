@@ -15,23 +15,7 @@ import api
 from api.deps import SESSION_COOKIE
 from api.pages import resources_html
 from study.clock import FrozenClock
-from tests.builders import FRAMING, assign_survey, enroll_fully, load_study, make_invites, put_in_arm
-
-
-def csrf_of(html: str) -> str:
-    match = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
-    assert match, html
-    return match.group(1)
-
-
-def join(client: TestClient, invite: str) -> str:
-    """Redeem the invite through the form and sign the consent; returns the consent page HTML."""
-    landing = client.get("/")
-    pre = re.search(r'name="pre" value="([^"]+)"', landing.text)
-    assert pre
-    joined = client.post("/join", data={"pre": pre.group(1), "invite_code": invite}, follow_redirects=False)
-    assert joined.headers["location"] == "/consent"
-    return client.get("/consent").text
+from tests.builders import FRAMING, assign_survey, csrf_of, enroll_fully, join, load_study, make_invites, put_in_arm
 
 
 def sign(client: TestClient, html: str, version: str = "1.1") -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-import re
 from urllib.parse import urlsplit
 
 from fastapi.testclient import TestClient
@@ -16,7 +15,7 @@ from scheduler.dispatcher import Dispatcher
 from study.clock import FrozenClock
 from study.models import StaffRole
 from study.settings import Settings
-from tests.builders import load_study, make_invites, make_staff
+from tests.builders import csrf_of, join, load_study, make_invites, make_staff
 from tests.mail import link_in, smtp_server
 
 INTERNAL_TITLE = "Well-being mode pilot: does honest pushback leave people better off?"
@@ -27,19 +26,6 @@ IRB = "Example University Research Ethics Board, ethics@example.org, +44 20 7946
 PROTOCOL_NUMBER = "REB-2026-0142"
 
 
-def csrf_of(page: str) -> str:
-    match = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
-    assert match, page
-    return match.group(1)
-
-
-def join(client: TestClient, invite: str) -> str:
-    landing = client.get("/")
-    pre = re.search(r'name="pre" value="([^"]+)"', landing.text)
-    assert pre
-    joined = client.post("/join", data={"pre": pre.group(1), "invite_code": invite}, follow_redirects=False)
-    assert joined.headers["location"] == "/consent"
-    return client.get("/consent").text
 
 
 def sign(client: TestClient, consent_page: str) -> None:
