@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from chat.encoder import encoder
 from chat.monitors import CrisisFinding, detect_crisis
@@ -141,6 +142,9 @@ def head() -> Head:
 
 
 _CACHE_SIZE = 512
+# One BLAS thread for the head's kernel sums: on a loaded 2-core machine OpenBLAS's own threads
+# wait for a core far longer than the product takes.
+_threads = ThreadpoolController()
 _recent: OrderedDict[bytes, SemanticVerdict] = OrderedDict()
 
 
@@ -155,7 +159,9 @@ def classify(text: str) -> SemanticVerdict:
         if found is not None:
             _recent.move_to_end(key)
             return found
-    verdict = head().verdict(features(encoder().encode(pieces(text))))
+    embedded = features(encoder().encode(pieces(text)))
+    with _threads.limit(limits=1, user_api="blas"):
+        verdict = head().verdict(embedded)
     with _lock:
         _recent[key] = verdict
         while len(_recent) > _CACHE_SIZE:
