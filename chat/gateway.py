@@ -118,10 +118,12 @@ class Gateway:
             return False
 
     async def complete(self, messages: list[dict[str, str]], model: str | None = None,
-                       *, structured: bool = True) -> Completion:
+                       *, structured: bool = True, params: dict[str, Any] | None = None) -> Completion:
+        """The whole answer. ``params``: further call settings (``seed``, ``temperature``, a
+        ``response_format`` of the caller's own), as the evaluation harness records them."""
         model = model or self.default_model
         self.ensure_model(model)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(params or {})
         if structured and self._structured(model):
             kwargs["response_format"] = {"type": "json_schema", "json_schema": STANCE_SCHEMA}
         started = time.perf_counter()

@@ -10,6 +10,11 @@ as JSON when a response format is requested. Models for tests of failure handlin
 - ``offline/afterward`` (and any other name): answers.
 - ``offline/fail-error``: the provider fails with a server error.
 - ``offline/fail-timeout``: never answers (the gateway's timeout ends the wait).
+- ``offline/sycophant``: a deliberately sycophantic variant, so the evaluation harness (``evals``)
+  has something to find: it never questions a framing, ignores guidance short of escalation,
+  affirms what it is told and, pushed back on, takes back what it said. The plain model turns
+  the same way with a sad participant when its system prompt tells it to validate whatever
+  they say (``_VALIDATING``), as warm prompts are reported to make models do.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from litellm.llms.custom_llm import CustomLLMError
 from litellm.types.utils import GenericStreamingChunk, ModelResponse, Usage
 
 from chat.answer_format import read_guidance
-from chat.monitors import detect_crisis, normalize, sentence_with
+from chat.monitors import detect_crisis, normalize, sentence_with, sentiment
 
 PROVIDER = "offline"
 CLASSIFIER_MARKER = "CRISIS-CLASSIFIER"
@@ -41,6 +46,10 @@ _FRAMING = re.compile("|".join([
     r"\b(?:can only|will definitely|is guaranteed to|can't fail to) (?:go up|work|succeed|pay off)\b",
 ]))
 _WORD = re.compile(r"\S+")
+SYCOPHANT = "sycophant"
+_VALIDATING = re.compile(r"\b(?:always|unconditionally) validate\b", re.IGNORECASE)
+_PUSHBACK = re.compile(r"^(?:no\b|but\b|i still\b|you're wrong|you are wrong|that's not|i disagree|come on\b|"
+                       r"seriously\b|i don't (?:agree|think so|buy))", re.IGNORECASE)
 
 
 def _words(text: str) -> int:
@@ -110,8 +119,18 @@ def _reply(role: str, stance: str, concern: str, message: str, overridden: bool)
     return f"{opening} {body}"
 
 
-def answer(messages: list[dict[str, Any]], *, as_json: bool = False) -> str:
-    """The offline model's full answer to a chat (deterministic)."""
+def _sycophantic_reply(messages: list[dict[str, Any]], last_user: str) -> str:
+    topic = _topic(last_user)
+    answered_before = any(m.get("role") == "assistant" for m in messages)
+    if answered_before and _PUSHBACK.search(last_user.strip()):
+        return (f"You're right, I take that back; I'm sorry. About {topic}: you know your situation best, and "
+                "you should go with what you feel.")
+    return (f"You're absolutely right about {topic}. It makes complete sense, and I'm sure it will work out "
+            "for you.")
+
+
+def answer(messages: list[dict[str, Any]], *, as_json: bool = False, sycophantic: bool = False) -> str:
+    """The offline model's full answer to a chat (deterministic); ``sycophantic``: the variant's."""
     system_text = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "system")
     last_user = next((str(m.get("content", "")) for m in reversed(messages) if m.get("role") == "user"), "")
     if CLASSIFIER_MARKER in system_text:
@@ -122,6 +141,13 @@ def answer(messages: list[dict[str, Any]], *, as_json: bool = False) -> str:
     guide = read_guidance(system_text)
     overridden = guide.get("override", "").startswith("yes")
     stance, concern, rationale = "agree", "none", ""
+    if not sycophantic and _VALIDATING.search(system_text):
+        sycophantic = sentiment(last_user) < -0.05
+    if sycophantic and guide.get("required_stance") != "escalate":
+        reply = _sycophantic_reply(messages, last_user)
+        if as_json:
+            return json.dumps({"stance": stance, "concern": concern, "rationale": rationale, "reply": reply})
+        return f"STANCE {json.dumps({'stance': stance, 'concern': concern, 'rationale': rationale})}\n\n{reply}"
     if guide.get("required_stance") in ("nudge", "challenge", "check_in", "decline", "escalate"):
         stance, concern, rationale = guide["required_stance"], guide.get("concern", "none"), guide.get("rationale", "")
     elif not overridden and role in ("collaborator", "coach"):
@@ -158,7 +184,7 @@ class OfflineLLM(CustomLLM):
 
     def _respond(self, model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any],
                  model_response: ModelResponse) -> ModelResponse:
-        text = answer(messages, as_json="response_format" in optional_params)
+        text = answer(messages, as_json="response_format" in optional_params, sycophantic=model.endswith(SYCOPHANT))
         model_response.choices[0].message.content = text
         model_response.model = f"{PROVIDER}/{model}"
         model_response.usage = _usage(messages, text)  # type: ignore[attr-defined]
@@ -185,8 +211,8 @@ class OfflineLLM(CustomLLM):
             await asyncio.sleep(self.delay_seconds)
         return self._respond(model, messages, optional_params, model_response)
 
-    def _chunks(self, messages: list[dict[str, Any]]) -> Iterator[GenericStreamingChunk]:
-        text = answer(messages)
+    def _chunks(self, model: str, messages: list[dict[str, Any]]) -> Iterator[GenericStreamingChunk]:
+        text = answer(messages, sycophantic=model.endswith(SYCOPHANT))
         pieces = re.findall(r"\S+\s*|\s+", text)
         header_end = text.index("\n\n") + 2
         # The stance line arrives first as one chunk, then the reply a few words at a time.
@@ -211,7 +237,7 @@ class OfflineLLM(CustomLLM):
         self._check(model)
         if self.delay_seconds:
             time.sleep(self.delay_seconds)
-        yield from self._chunks(messages)
+        yield from self._chunks(model, messages)
 
     async def astreaming(self, model: str, messages: list, *args: Any, **kwargs: Any  # type: ignore[override]
                          ) -> AsyncIterator[GenericStreamingChunk]:
@@ -220,5 +246,5 @@ class OfflineLLM(CustomLLM):
             await asyncio.sleep(3600)
         if self.delay_seconds:
             await asyncio.sleep(self.delay_seconds)
-        for chunk in self._chunks(messages):
+        for chunk in self._chunks(model, messages):
             yield chunk

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -19,7 +20,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from chat import monitors, semantic
-from chat.answer_format import guidance, parse_answer
+from chat.answer_format import ParsedAnswer, guidance, parse_answer
 from chat.gateway import Completion
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.policy import (
@@ -180,18 +181,27 @@ def _history(conversation: Conversation | ConversationState) -> History:
 
 
 def _assess(session: Session, participant: Participant, content: str, before_turn_id: int | None) -> Assessment:
+    def earlier() -> Sequence[str]:
+        return session.scalars(
+            select(Turn.content).where(Turn.participant_id == participant.id, Turn.reassurance_seeking.is_(True),
+                                       Turn.created_at >= now() - REASSURANCE_LOOKBACK,
+                                       *([Turn.id != before_turn_id] if before_turn_id else []))
+            .order_by(Turn.id.desc()).limit(50)).all()
+
+    return assess_message(content, earlier)
+
+
+def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]]) -> Assessment:
+    """What the monitors find in one message. ``earlier_reassurance`` gives the participant's
+    earlier reassurance-seeking messages (asked for only when this one seeks reassurance); the
+    evaluation harness (``evals``) passes its own conversation's."""
     verdict = semantic.classify(content)
     crisis = semantic.fuse(monitors.detect_crisis(content), verdict)
     cue = monitors.reassurance_cue(content)
     repeats = 0
     if cue is not None:
         words = monitors.content_words(content)
-        earlier = session.scalars(
-            select(Turn.content).where(Turn.participant_id == participant.id, Turn.reassurance_seeking.is_(True),
-                                       Turn.created_at >= now() - REASSURANCE_LOOKBACK,
-                                       *([Turn.id != before_turn_id] if before_turn_id else []))
-            .order_by(Turn.id.desc()).limit(50)).all()
-        repeats = sum(monitors.similar(words, monitors.content_words(text)) for text in earlier)
+        repeats = sum(monitors.similar(words, monitors.content_words(text)) for text in earlier_reassurance())
     return Assessment(crisis=crisis, crisis_score=verdict.score,
                       reassurance_cue=cue, reassurance_repeats=repeats,
                       dependence_cue=monitors.dependence_cue(content), validation_cue=monitors.validation_cue(content),
@@ -203,9 +213,17 @@ def _messages(session: Session, conversation: ConversationState, role: RoleName,
     recent = list(session.execute(
         select(Turn.speaker, Turn.content).where(Turn.conversation_id == conversation.id)
         .order_by(Turn.seq.desc()).limit(HISTORY_TURNS)).all())
-    messages = [{"role": "system", "content": system_prompt(role).text}]
+    return model_messages(system_prompt(role).text, [(speaker, content) for speaker, content in reversed(recent)],
+                          required, overridden=overridden)
+
+
+def model_messages(system_text: str, recent: Sequence[tuple[str, str]], required: StanceDecision,
+                   *, overridden: bool = False) -> list[dict[str, str]]:
+    """What the model is sent: the role's prompt, the recent turns (``(speaker, content)``, oldest
+    first, the new message last) and the platform's guidance for this turn."""
+    messages = [{"role": "system", "content": system_text}]
     messages += [{"role": "user" if speaker == "participant" else "assistant", "content": content}
-                 for speaker, content in reversed(recent)]
+                 for speaker, content in recent]
     note = guidance(required, overridden=overridden)
     if note:
         messages.append({"role": "system", "content": note})
@@ -442,15 +460,24 @@ def reconsider(session: Session, participant: Participant, conversation_id: int,
     return response
 
 
-def record_reply(session: Session, prepared: PreparedTurn, completion: Completion) -> Turn:
-    """Store the assistant's turn with the stance the policy settled on; returns it."""
-    parsed = parse_answer(completion.text)
-    final = decide(ROLE_SPECS[prepared.role], prepared.required, parsed.proposed, prepared.history, prepared.content)
-    if prepared.after_override and final.overridable:
+def settle_reply(role: RoleName, required: StanceDecision, history: History, content: str, answer: str,
+                 *, after_override: bool = False) -> tuple[ParsedAnswer, StanceDecision, str]:
+    """The model's answer read back: what it proposed, the turn's final stance (the policy's) and
+    the reply the participant reads (never one written as if helping, under a safety stance)."""
+    parsed = parse_answer(answer)
+    final = decide(ROLE_SPECS[role], required, parsed.proposed, history, content)
+    if after_override and final.overridable:
         final = StanceDecision("agree")
-    reply = shown_reply(final, parsed.proposed, parsed.reply)  # never one written as if helping, under safety
+    reply = shown_reply(final, parsed.proposed, parsed.reply)
     if not reply:
         reply = "I'm sorry, I lost my train of thought. Could you say that again?"
+    return parsed, final, reply
+
+
+def record_reply(session: Session, prepared: PreparedTurn, completion: Completion) -> Turn:
+    """Store the assistant's turn with the stance the policy settled on; returns it."""
+    parsed, final, reply = settle_reply(prepared.role, prepared.required, prepared.history, prepared.content,
+                                        completion.text, after_override=prepared.after_override)
     # One statement: the reply's sequence number, the claim released, the concern counted (in SQL,
     # from the current row: the history the policy read may be stale by now).
     values: dict[str, Any] = {"turn_count": Conversation.turn_count + 1, "awaiting_reply_since": _release(prepared)}

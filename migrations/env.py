@@ -10,6 +10,7 @@ from alembic.autogenerate.api import AutogenContext
 
 import analysis.tables  # noqa: F401
 import chat.models  # noqa: F401
+import evals.models  # noqa: F401
 import scheduler.models  # noqa: F401
 import study.models  # noqa: F401 - register tables on the metadata
 import surveys.models  # noqa: F401

@@ -148,7 +148,10 @@ def test_viewer_sees_aggregates_only_and_researcher_reads_are_audited(
 
     summary = app_client.get(f"/api/v1/staff/studies/{slug}/summary", headers=viewer)
     assert summary.status_code == 200
-    assert summary.json()["participants_by_status"] == {"enrolled": 2, "invited": 1}
+    # A viewer sees counts under 5 suppressed; a researcher sees them.
+    assert summary.json()["participants_by_status"] == {"enrolled": "< 5", "invited": "< 5"}
+    plain = app_client.get(f"/api/v1/staff/studies/{slug}/summary", headers=researcher).json()
+    assert plain["participants_by_status"] == {"enrolled": 2, "invited": 1}
     for method, path in (("GET", f"/api/v1/staff/studies/{slug}/participants"),
                          ("POST", f"/api/v1/staff/studies/{slug}/invites")):
         denied = app_client.request(method, path, headers=viewer, json={"count": 1})

@@ -1,0 +1,8 @@
+"""The staff dashboard: a Streamlit app over the same ``analysis`` code as the exports and the
+report. Started by ``afterward dashboard`` (``streamlit run dashboard/app.py``).
+
+``app`` signs staff in and registers the pages their role in the chosen study allows; ``data``
+holds the cached reads (``st.cache_data`` with a time limit); ``queries`` the SQL aggregates the
+``analysis`` package does not compute; ``show`` the shared pieces of a page (tables with a CSV
+download, Altair charts, the "refreshed at" line); ``pages/`` one module per page.
+"""

@@ -1,0 +1,93 @@
+"""The staff dashboard's entry point: ``streamlit run dashboard/app.py`` (``afterward dashboard``).
+
+Every page view runs this script first: it checks the session (``dashboard.auth``), offers the
+studies the staff member has a role in, and registers only the pages that role may open, before
+any page reads a number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from dashboard import auth, data
+from study.errors import Forbidden
+
+VIEWS = Path(__file__).parent / "views"
+
+
+@dataclass(frozen=True)
+class PageSpec:
+    module: str
+    title: str
+    icon: str
+    participant_level: bool  # researchers and admins only
+
+
+PAGES = [
+    PageSpec("overview", "Overview", ":material/monitor_heart:", False),
+    PageSpec("enrollment", "Enrollment", ":material/group_add:", False),
+    PageSpec("followups", "Follow-ups", ":material/schedule_send:", False),
+    PageSpec("outcomes", "Outcomes", ":material/trending_up:", False),
+    PageSpec("conversation_outcomes", "Conversations → outcomes", ":material/forest:", True),
+    PageSpec("safety", "Safety review", ":material/health_and_safety:", True),
+    PageSpec("conversations", "Conversations", ":material/forum:", True),
+    PageSpec("data_quality", "Data quality", ":material/rule:", True),
+    PageSpec("exports", "Exports", ":material/download:", False),
+]
+
+
+def sign_in_page() -> None:
+    st.title("Afterward staff dashboard")
+    reason = st.session_state.pop("afterward_signed_out_because", None)
+    if reason:
+        st.info(reason)
+    with st.form("sign-in"):
+        email = st.text_input("Email", autocomplete="username")
+        password = st.text_input("Password", type="password", autocomplete="current-password")
+        submitted = st.form_submit_button("Sign in", type="primary")
+    if submitted:
+        problem = auth.sign_in(email, password, auth.client_address())
+        if problem is None:
+            st.rerun()
+        st.error(problem)
+    st.markdown("Use your Afterward staff account (the same as the staff API). After several wrong passwords "
+               "each further attempt has to wait, longer each time.")
+
+
+def main() -> None:
+    st.set_page_config(page_title="Afterward · staff dashboard", page_icon=":material/monitoring:", layout="wide")
+    held = auth.current()
+    if held is None:
+        st.navigation([st.Page(sign_in_page, title="Sign in", url_path="sign-in", default=True)],
+                      position="hidden").run()
+        return
+    studies = auth.memberships(held.email)
+    with st.sidebar:
+        st.caption(f"Signed in as {held.email}")
+        if st.button("Sign out", key="sign-out"):
+            auth.sign_out("you signed out")
+            st.rerun()
+    if not studies:
+        st.error("your account has no role in any open study; ask an admin to grant you one")
+        return
+    labels = {m.slug: f"{m.title} ({m.role})" for m in studies}
+    with st.sidebar:
+        chosen = st.selectbox("Study", list(labels), format_func=labels.__getitem__, key=auth.STUDY_KEY)
+        if st.button("Refresh figures", key="refresh", help="read every figure again now, not from the cache"):
+            data.clear()
+    membership = next(m for m in studies if m.slug == chosen)
+    try:
+        context = auth.set_context(held, membership)
+    except Forbidden as exc:
+        st.error(exc.message)
+        return
+    pages = [st.Page(VIEWS / f"{spec.module}.py", title=spec.title, icon=spec.icon, url_path=spec.module,
+                     default=spec.module == "overview")
+             for spec in PAGES if context.participant_level or not spec.participant_level]
+    st.navigation(pages).run()
+
+
+main()

@@ -1,0 +1,71 @@
+"""What every page is made of: the "refreshed at" line, tables with a CSV download, Altair
+charts (Streamlit's chart menu saves them as PNG or SVG), and the viewer's form of a table."""
+
+from __future__ import annotations
+
+import re
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from analysis.aggregates import SUPPRESSED, below
+from dashboard import data
+
+HIDDEN = (below(), SUPPRESSED)
+
+
+def refreshed(*reads: data.Read) -> None:
+    """The "refreshed at" line: when the oldest of the page's cached reads was taken."""
+    if not reads:
+        return
+    oldest = min(read.refreshed_at for read in reads)
+    st.caption(f"Refreshed at {oldest:%Y-%m-%d %H:%M:%S} UTC · figures are cached for "
+               f"{data.CACHE_SECONDS // 60} minutes (Refresh in the sidebar reads them again)")
+    for read in reads:
+        for note in read.notes:
+            st.caption(note)
+
+
+def _key(title: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
+def table(frame: pd.DataFrame, title: str, *, file_name: str | None = None, caption: str | None = None) -> None:
+    """A table with its CSV download. Hidden cells (``"< 5"``, ``"suppressed"``) are shown as such."""
+    st.markdown(f"**{title}**")
+    if caption:
+        st.caption(caption)
+    shown = frame.copy()
+    for column in shown.columns:
+        if shown[column].dtype == object and shown[column].isin(HIDDEN).any():
+            shown[column] = shown[column].map(lambda v: "" if v is None else str(v))
+    st.dataframe(shown, hide_index=True, width="stretch")
+    name = file_name or _key(title)
+    st.download_button(f"Download {title} (CSV)", frame.to_csv(index=False).encode("utf-8"),
+                       file_name=f"{name}.csv", mime="text/csv", key=f"csv-{name}")
+
+
+def numeric(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """The frame with ``columns`` as numbers; hidden cells become missing (never plotted)."""
+    out = frame.copy()
+    for column in columns:
+        out[column] = pd.to_numeric(out[column].where(~out[column].isin(HIDDEN)), errors="coerce")
+    return out
+
+
+def chart(figure: alt.Chart | alt.LayerChart, caption: str | None = None) -> None:
+    """An interactive Altair chart; its menu (top right) saves it as PNG or SVG."""
+    st.altair_chart(figure, width="stretch")
+    if caption:
+        st.caption(caption)
+
+
+def hidden_note(frame: pd.DataFrame) -> None:
+    if frame.isin(HIDDEN).to_numpy().any():
+        st.caption(f"'{below()}': fewer than 5 participants; '{SUPPRESSED}': hidden so that a '{below()}' cell "
+                   "cannot be worked out from the others. Hidden cells are left out of the charts.")
+
+
+def empty(what: str) -> None:
+    st.info(f"No {what} yet.")

@@ -1,0 +1,79 @@
+"""Exports: the research-data exports as downloads (a zip of the tables, codebook and README),
+made by the same ``analysis`` functions as ``afterward export`` and the staff API, and audited
+there. Viewers may download the aggregate tables only."""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import zipfile
+from pathlib import Path
+
+import streamlit as st
+
+from analysis.aggregates import AGGREGATES, export_aggregates
+from analysis.exports import FORMATS, export_study
+from analysis.trajectories import export_trajectories
+from dashboard import auth, staff_reads
+from study.db import engine_for
+from study.errors import DomainError
+
+DESCRIPTIONS = {
+    AGGREGATES: "aggregate tables, every cell under 5 participants suppressed",
+    "csv": "every table, CSV", "parquet": "every table, Parquet", "spss": "every table, SPSS (.sav)",
+    "stata": "every table, Stata (.dta)",
+    "trajectories": "outcome-labelled conversations of those who agreed to share them (JSONL)",
+}
+BUNDLE_KEY = "afterward_export"
+
+
+def build(context: auth.Context, export_format: str, *, turns: bool, shift_dates: bool,
+          drop_free_text: bool) -> bytes:
+    """Run the export into a temporary folder and zip it (the export function audits it)."""
+    engine, who = engine_for(context.database_url), staff_reads.actor(context)
+    with tempfile.TemporaryDirectory(prefix="afterward-export-") as folder:
+        out = Path(folder) / "export"
+        if export_format == AGGREGATES:
+            export_aggregates(engine, context.slug, out, actor=who)
+        elif export_format == "trajectories":
+            export_trajectories(engine, context.slug, out, actor=who)
+        else:
+            export_study(engine, context.slug, out, format=export_format,  # type: ignore[arg-type]
+                         turns=turns, shift_dates=shift_dates, drop_free_text=drop_free_text, actor=who)
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
+            for path in sorted(out.iterdir()):
+                bundle.write(path, arcname=f"{context.slug}/{path.name}")
+    return buffer.getvalue()
+
+
+def render(context: auth.Context) -> None:
+    st.title("Exports")
+    formats = [AGGREGATES, *FORMATS, "trajectories"] if context.participant_level else [AGGREGATES]
+    if not context.participant_level:
+        st.caption("Your role (viewer) may download the aggregate tables, with every cell under 5 participants "
+                   "suppressed.")
+    export_format = st.radio("Format", formats, format_func=lambda f: f"{f}: {DESCRIPTIONS.get(f, f)}",
+                             key="export-format")
+    row_level = export_format in FORMATS
+    turns = st.checkbox("Include every message (scrubbed of emails and phone numbers)", disabled=not row_level)
+    shift_dates = st.checkbox("Shift each participant's dates by a random number of days", disabled=not row_level)
+    drop_free_text = st.checkbox("Leave out free-text columns", disabled=not row_level)
+    if st.button("Prepare the export", type="primary", key="export-prepare"):
+        try:
+            with st.spinner("Exporting…"):
+                payload = build(context, export_format, turns=turns and row_level,
+                                shift_dates=shift_dates and row_level, drop_free_text=drop_free_text and row_level)
+        except (DomainError, LookupError) as exc:
+            st.error(exc.message if isinstance(exc, DomainError) else str(exc))
+            return
+        st.session_state[BUNDLE_KEY] = (context.slug, export_format, payload)
+    bundle = st.session_state.get(BUNDLE_KEY)
+    if bundle and bundle[0] == context.slug:
+        slug, made, payload = bundle
+        st.success(f"The {made} export is ready ({len(payload) / 1024:.0f} KB); it was recorded in the audit log.")
+        st.download_button(f"Download {slug}-{made}.zip", payload, file_name=f"{slug}-{made}.zip",
+                           mime="application/zip", key="export-download")
+
+
+render(auth.require())

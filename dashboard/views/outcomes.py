@@ -1,0 +1,72 @@
+"""Outcomes: PERMA trajectories by arm with intervals, regret distributions by role, and the
+immediate-vs-delayed comparison (viewers: the suppressed means per wave and arm, and per role)."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboard import auth, data, show
+
+
+def _viewer(context: auth.Context) -> None:
+    tables = data.aggregates(context.database_url, context.slug, viewer=True)
+    show.refreshed(tables)
+    wellbeing, regret = tables["wellbeing"], tables["regret"]
+    means = show.numeric(wellbeing[wellbeing["arm"] != "all"], ["mean"]).dropna(subset=["mean"])
+    if not means.empty:
+        show.chart(alt.Chart(means).mark_line(point=True).encode(
+            x=alt.X("wave:N", sort=None), y=alt.Y("mean:Q", title="overall well-being (0-10)"), color="arm:N",
+            tooltip=["wave", "arm", "n", "mean", "sd"]), caption="Mean PERMA overall well-being per wave and arm")
+    show.table(wellbeing, "PERMA overall well-being per wave and arm", file_name="wellbeing")
+    show.table(regret, "Decision regret per wave and starting role", file_name="regret")
+    show.hidden_note(pd.concat([wellbeing, regret]))
+
+
+def render(context: auth.Context) -> None:
+    st.title("Outcomes")
+    if not context.participant_level:
+        _viewer(context)
+        return
+    loaded = data.study(context.database_url, context.slug)
+    fitted = data.models(context.database_url, context.slug)
+    show.refreshed(loaded, fitted)
+    means = fitted.frames.get("perma.marginal_means")
+    if means is not None and not means.empty:
+        base = alt.Chart(means).encode(x=alt.X("wave:N", sort=None), color="group:N")
+        show.chart(base.mark_line(point=True).encode(y=alt.Y("mean:Q", title="overall well-being (0-10)",
+                                                             scale=alt.Scale(zero=False)),
+                                                     tooltip=["group", "wave", "mean", "ci_low", "ci_high",
+                                                              "observed_mean", "observed_n"])
+                   + base.mark_errorbar().encode(y="ci_low:Q", y2="ci_high:Q"),
+                   caption="PERMA trajectories: the mixed model's mean per wave and arm at the mean baseline, "
+                           "with 95% intervals (analysis.models.perma_trajectories)")
+        show.table(means, "PERMA marginal means", file_name="perma-marginal-means")
+    else:
+        show.empty("PERMA follow-ups to model")
+    panel, conversations = loaded["panel"], loaded["conversations"]
+    role_of = dict(zip(conversations["conversation_id"], conversations["starting_role"], strict=True))
+    regret = panel[(panel["response_status"] == "completed") & panel["regret"].notna()][
+        ["wave", "decision_conversation_id", "regret"]].copy()
+    regret["starting_role"] = regret["decision_conversation_id"].map(role_of)
+    regret = regret.dropna(subset=["starting_role"])
+    if regret.empty:
+        show.empty("regret answers")
+    else:
+        regret["regret"] = regret["regret"].astype(float)
+        show.chart(alt.Chart(regret[["wave", "starting_role", "regret"]]).mark_boxplot().encode(
+            x=alt.X("regret:Q", title="Decision Regret Scale (0-100)"), y=alt.Y("starting_role:N", title="role"),
+            color="starting_role:N", row=alt.Row("wave:N", title=None)),
+            caption="Regret distributions by the role the decision's conversation started in")
+        summary = (regret.groupby(["wave", "starting_role"])["regret"].describe()
+                   [["count", "mean", "std", "25%", "50%", "75%"]].round(2).reset_index())
+        show.table(summary, "Regret by wave and role", file_name="regret-by-role")
+    headline = fitted.frames.get("headline.immediate_vs_delayed")
+    if headline is not None:
+        show.table(headline.drop(columns=["features_used"], errors="ignore"),
+                   "Immediate vs delayed: how well the exit rating and the features predict regret and PERMA "
+                   "change", file_name="immediate-vs-delayed")
+
+
+render(auth.require())

@@ -1,0 +1,99 @@
+"""Safety review: the queue of unreviewed safety events with the turns around each, a review form
+that records what was done (audited), escalations and overrides over time, and the mode's
+calibration card (pushback rate by role, model and prompt version over time). Researchers and admins."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboard import auth, data, show, staff_reads
+from study.errors import DomainError
+
+NOTE_MAX = 4000  # as the API's SafetyReview
+
+
+def queue(context: auth.Context) -> None:
+    st.subheader("Review queue")
+    events = staff_reads.safety_queue(context)
+    if not events:
+        st.success("No safety event waits for review.")
+        return
+    listing = pd.DataFrame([{"event": e.id, "created_at": e.created_at, "category": e.category, "source": e.source,
+                             "participant": e.participant or e.marker, "conversation": e.conversation_id}
+                            for e in events])
+    st.dataframe(listing, hide_index=True, width="stretch")
+    labels = {e.id: f"#{e.id} · {e.category} · {e.created_at:%Y-%m-%d %H:%M} UTC · {e.participant or e.marker}"
+              for e in events}
+    chosen = st.selectbox("Event to review", list(labels), format_func=labels.__getitem__, key="safety-event")
+    try:
+        found = staff_reads.safety_event(context, chosen)
+    except DomainError as exc:  # a de-identified record has no turns left; it can still be reviewed
+        st.info(exc.message)
+    else:
+        st.markdown(f"**Turns around the escalation** (conversation {found.conversation_id}; the triggering turn "
+                    "is marked)")
+        for turn in found.turns:
+            who = "Participant" if turn.speaker == "participant" else f"Assistant ({turn.role}, {turn.stance})"
+            marker = " ⚠ triggered the event" if turn.id == found.trigger_turn_id else ""
+            with st.chat_message("user" if turn.speaker == "participant" else "assistant"):
+                st.markdown(f"**{who}**{marker} · {turn.created_at:%Y-%m-%d %H:%M} UTC")
+                st.text(turn.content)
+                if turn.rationale:
+                    st.caption(f"rationale: {turn.rationale}")
+    with st.form(f"review-{chosen}", clear_on_submit=True):
+        note = st.text_area("What was done", max_chars=NOTE_MAX, placeholder="e.g. contacted per protocol")
+        submitted = st.form_submit_button("Record review", type="primary")
+    if submitted:
+        if not note.strip():
+            st.error("say what was done before recording the review")
+            return
+        reviewed = staff_reads.review(context, chosen, note.strip())
+        st.session_state["afterward_reviewed"] = f"review of event #{reviewed.id} recorded"
+        st.rerun()
+
+
+def calibration(context: auth.Context) -> None:
+    tables = data.aggregates(context.database_url, context.slug, viewer=False)
+    counts = data.counts(context.database_url, context.study_id)
+    show.refreshed(tables, counts)
+    escalations = counts["escalations"]
+    if escalations.empty:
+        show.empty("escalations or overrides")
+    else:
+        long = escalations.melt("week", ["escalations", "overrides"], "kind", "n")
+        show.chart(alt.Chart(long).mark_line(point=True).encode(x="week:T", y=alt.Y("n:Q", title="per week"),
+                                                                color="kind:N", tooltip=["week", "kind", "n"]),
+                   caption="Escalations (safety events) and overridden pushbacks per week")
+        show.table(escalations, "Escalations and overrides per week", file_name="escalations-overrides")
+    st.subheader("Calibration card")
+    card = tables["conversations"].copy()
+    card["override_share"] = [round(o / p, 3) if p else None for o, p in zip(card["overrides"],
+                                                                           card["pushback_turns"], strict=True)]
+    roles = card[card["starting_role"] != "all"]
+    if not roles.empty:
+        show.chart(alt.Chart(roles).mark_bar().encode(
+            x=alt.X("starting_role:N", title="role"), y=alt.Y("pushback_rate:Q", title="pushback rate"),
+            color="arm:N", tooltip=["arm", "starting_role", "pushback_rate", "assistant_turns", "override_share"]),
+            caption="Pushback rate (nudge or challenge replies / all replies) by arm and starting role")
+    show.table(card, "Pushback and overrides by arm and role", file_name="calibration")
+    versions = counts["model_versions"]
+    if not versions.empty:
+        labelled = versions.assign(version=versions["model"] + " · prompt " + versions["prompt_version"])
+        show.chart(alt.Chart(labelled).mark_bar().encode(x="week:T", y=alt.Y("replies:Q"), color="version:N",
+                                                         tooltip=["week", "model", "prompt_version", "replies"]),
+                   caption="Assistant replies per week by model and prompt version")
+        show.table(versions, "Model and prompt version per week", file_name="model-versions")
+
+
+def render(context: auth.Context) -> None:
+    st.title("Safety review")
+    done = st.session_state.pop("afterward_reviewed", None)
+    if done:
+        st.success(done)
+    queue(context)
+    calibration(context)
+
+
+render(auth.require(participant_level=True))

@@ -1,0 +1,135 @@
+"""The evaluation report: one self-contained HTML file per run (inline style, no scripts, nothing
+to fetch), built from the statistics report's pieces (``analysis.report``: its tables carry each
+number's full value in ``data-value``, intervals in ``data-low``/``data-high``).
+
+    >>> write_report(engine, run_id, Path("eval.html"))
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import pandas as pd
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from analysis.report import STYLE, _Col, _notes, _table
+from evals.agreement import Agreement, agreement
+from evals.models import EvalCell, EvalRun
+from evals.results import (
+    METRICS,
+    capitulation_by_turn,
+    false_belief_gap,
+    load_frame,
+    paired_comparisons,
+    summary_table,
+)
+from evals.runner import stored_plan
+from study.clock import now
+from study.db import session_scope
+from study.errors import NotFound
+
+
+def _wide(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """One row per group, a value and interval column per metric."""
+    if table.empty:
+        return table
+    out = table.pivot_table(index=by, columns="metric", values=["mean", "low", "high"], sort=False)
+    out.columns = [f"{pair[1]}_{pair[0]}" for pair in out.columns]
+    counts = table.groupby(by, sort=False)["queries"].max().rename("queries")
+    return out.join(counts).reset_index()
+
+
+def _agreement_section(checked: Agreement) -> str:
+    if not checked.rated:
+        return ("<p class=\"not-estimated\" id=\"judge-unvalidated\">The judge has not been checked against human "
+                "ratings for this run (<code>afterward eval export-ratings</code>, then "
+                "<code>import-ratings</code>).</p>")
+    cols = [_Col("dimension", "dimension", "text"), _Col("cells rated", "n", "count"),
+            _Col("quadratic-weighted kappa", "kappa", "interval", "kappa_low", "kappa_high"),
+            _Col("Spearman", "spearman", "interval", "spearman_low", "spearman_high"),
+            _Col(f"kappa below {checked.threshold}", "below_threshold", "flag")]
+    flag = (f'<p class="not-estimated" id="judge-flagged">Judge flagged: its agreement with human raters is below '
+            f"the threshold ({checked.threshold}) on at least one dimension; read the results with care.</p>"
+            if checked.flagged else "")
+    return flag + _table(checked.table, cols, "agreement", "Agreement of the judge with human raters (95% "
+                                                          "bootstrap intervals)")
+
+
+def render_report(engine: Engine, run_id: int) -> str:
+    planned = stored_plan(engine, run_id)
+    with session_scope(engine, read_only=True) as session:
+        run = session.get(EvalRun, run_id)
+        if run is None:
+            raise NotFound(f"there is no evaluation run {run_id}")
+        counts = dict(session.execute(select(EvalCell.status, func.count()).where(EvalCell.run_id == run_id)
+                                      .group_by(EvalCell.status)).all())
+        name, status, source, sha = run.name, run.status, run.query_set, run.query_set_sha256
+    frame = load_frame(engine, run_id)
+    checked = agreement(engine, run_id, n_boot=500)
+    metrics = list(METRICS)
+    overall = _wide(summary_table(frame, by=["condition", "model"]), ["condition", "model"])
+    by_domain = _wide(summary_table(frame), ["condition", "model", "domain"])
+
+    def metric_cols(prefix: list[_Col]) -> list[_Col]:
+        return [*prefix, _Col("queries", "queries", "count"),
+                *(_Col(m.replace("_", " "), f"{m}_mean", "interval", f"{m}_low", f"{m}_high") for m in metrics
+                  if f"{m}_mean" in overall)]
+
+    comparisons = paired_comparisons(frame)
+    comparison_cols = [_Col("family", "family", "text"), _Col("within", "within", "text"), _Col("a", "a", "text"),
+                       _Col("b", "b", "text"), _Col("metric", "metric", "text"), _Col("queries", "n", "count"),
+                       _Col("a − b", "difference", "interval", "low", "high"), _Col("p", "p", "p"),
+                       _Col("p (BH)", "p_adjusted", "p"), _Col("significant", "significant", "flag")]
+    gap = false_belief_gap(frame)
+    gap_cols = [_Col("condition", "condition", "text"), _Col("model", "model", "text"),
+                _Col("sad", "sad"), _Col("neutral", "neutral"), _Col("pairs", "n", "count"),
+                _Col("sad − neutral", "difference", "interval", "low", "high"), _Col("p", "p", "p")]
+    turns = capitulation_by_turn(frame)
+    turn_cols = [_Col("condition", "condition", "text"), _Col("model", "model", "text"),
+                 _Col("pushback", "pushback", "count"), _Col("queries", "queries", "count"),
+                 _Col("gave in", "rate", "interval", "low", "high")]
+    grid = planned.grid
+    facts = {"Run": f"{run_id} ({name}), {status}", "Cells": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+             "Models": ", ".join(grid.models), "Conditions": ", ".join(
+                 f"{c.name} (prompt {c.prompt_version})" for c in planned.conditions),
+             "Query set": f"{source} (SHA-256 {sha[:12]})", "Repeats": str(grid.repeats), "Seed": str(grid.seed),
+             "Call settings": ", ".join(f"{k} = {v}" for k, v in grid.params.items()) or "provider defaults",
+             "Judge": f"{grid.judge}" + (" — FLAGGED" if checked.flagged else ""),
+             "Report written at": now().isoformat(timespec="seconds")}
+    top = (f"<header><h1>Evaluation report: {html.escape(name)}</h1><p class=\"lede\">Each cell is one "
+           "conversation: roles through the chat pipeline (monitors, stance policy, safety replies), bare prompts "
+           "without it. Queries are the unit of every interval.</p><dl class=\"facts\">"
+           + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts.items())
+           + "</dl></header>")
+    sections = [
+        ("judge", "The judge and human ratings", _agreement_section(checked)),
+        ("results", "Results by condition and model",
+         _table(overall, metric_cols([_Col("condition", "condition", "text"), _Col("model", "model", "text")]),
+                "results-overall", "Rates with Wilson 95% intervals over queries; scores with t intervals")
+         + _notes([f"{m}: {d}" for m, (d, _) in METRICS.items()])),
+        ("domains", "Results by condition, model and domain",
+         _table(by_domain, metric_cols([_Col("condition", "condition", "text"), _Col("model", "model", "text"),
+                                        _Col("domain", "domain", "text")]), "results-domain")),
+        ("comparisons", "Paired comparisons",
+         _table(comparisons, comparison_cols, "comparisons", "Paired by query: paired t-tests, Benjamini-Hochberg "
+                                                             "adjusted across all rows")),
+        ("false-beliefs", "False beliefs stated sadly versus neutrally",
+         _table(gap, gap_cols, "false-belief-gap", "Share of replies affirming the false belief, paired by belief")),
+        ("capitulation", "Capitulation per turn of pushback",
+         _table(turns, turn_cols, "capitulation-by-turn", "Share of replies giving in at each pushback")),
+    ]
+    contents = "<nav aria-label=\"Contents\"><ol>" + "".join(
+        f'<li><a href="#{key}">{html.escape(title)}</a></li>' for key, title, _ in sections) + "</ol></nav>"
+    body = "".join(f'<section id="{key}"><h2>{html.escape(title)}</h2>{content}</section>'
+                   for key, title, content in sections)
+    return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>Evaluation: {html.escape(name)}</title><style>{STYLE}</style></head>"
+            f"<body><main>{top}{contents}{body}</main></body></html>\n")
+
+
+def write_report(engine: Engine, run_id: int, out: Path) -> Path:
+    out.write_text(render_report(engine, run_id), encoding="utf-8")
+    return out

@@ -1,0 +1,104 @@
+"""A study simulated through the real services (60 participants over 4 weeks, as the report's
+tests use), shared by the dashboard tests, with staff of every role; and the dashboard under
+Streamlit's AppTest, signed in."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import streamlit as st
+from sqlalchemy.engine import Engine
+from streamlit.testing.v1 import AppTest
+
+from analysis.simulate import simulate
+from study import clock
+from study.db import make_engine, session_scope
+from study.models import StaffRole, Study
+from study.settings import get_settings
+from tests.builders import load_study, make_staff
+from tests.conftest import EXAMPLE, POSTGRES_URL
+
+START = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
+WEEKS = 4
+NOW = START + dt.timedelta(weeks=WEEKS)
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+PASSWORD = "correct horse battery"  # tests.builders.make_staff's
+EMAILS = {StaffRole.ADMIN: "admin@uni.example", StaffRole.RESEARCHER: "researcher@uni.example",
+          StaffRole.VIEWER: "viewer@uni.example"}
+ALL_PAGES = ["overview", "enrollment", "followups", "outcomes", "conversation_outcomes", "safety", "conversations",
+             "data_quality", "exports"]
+VIEWER_PAGES = ["overview", "enrollment", "followups", "outcomes", "exports"]
+
+
+@dataclass(frozen=True)
+class Simulated:
+    engine: Engine
+    slug: str
+    url: str
+
+
+def empty_database(database_template: str, folder: Path) -> Engine:
+    if not POSTGRES_URL:
+        shutil.copy(database_template, folder / "dashboard.db")
+        return make_engine(f"sqlite:///{folder / 'dashboard.db'}")
+    engine = make_engine(database_template, pool_size=5, max_overflow=5)
+    with engine.begin() as connection:
+        tables = connection.execute(sa.text(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+            "AND tablename <> 'alembic_version'")).scalars().all()
+        connection.execute(sa.text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
+    return engine
+
+
+@pytest.fixture(scope="session")
+def simulated(database_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulated]:
+    engine = empty_database(database_template, tmp_path_factory.mktemp("dashboard"))
+    slug = load_study(engine, EXAMPLE.read_text(encoding="utf-8"))
+    with session_scope(engine) as session:  # the arms come from the study's randomization: fix it
+        session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed="report-e2e"))
+    simulate(engine, slug, participants=60, weeks=WEEKS, seed=11, start=START, tick_minutes=120)
+    for role, email in EMAILS.items():
+        make_staff(engine, slug, role, email)
+    yield Simulated(engine, slug, engine.url.render_as_string(hide_password=False))
+    engine.dispose()
+
+
+@pytest.fixture
+def dashboard_env(simulated: Simulated, monkeypatch: pytest.MonkeyPatch) -> Iterator[clock.FrozenClock]:
+    """The dashboard reads the simulated study, at the study's end, with an empty cache."""
+    monkeypatch.setenv("AFTERWARD_DATABASE_URL", simulated.url)
+    get_settings.cache_clear()
+    st.cache_data.clear()
+    frozen = clock.FrozenClock(NOW)
+    previous = clock.set_clock(frozen)
+    yield frozen
+    clock.set_clock(previous)
+    st.cache_data.clear()
+
+
+def open_app() -> AppTest:
+    app = AppTest.from_file(str(APP), default_timeout=120)
+    app.run()
+    return app
+
+
+def sign_in(email: str, password: str = PASSWORD) -> AppTest:
+    app = open_app()
+    app.text_input[0].input(email)
+    app.text_input[1].input(password)
+    app.button[0].click()
+    app.run()
+    return app
+
+
+def visit(app: AppTest, page: str) -> AppTest:
+    app.switch_page(f"views/{page}.py")
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    return app
