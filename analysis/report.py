@@ -135,7 +135,7 @@ class ReportHeader:
     packages: str = field(default_factory=packages_line)
 
 
-def _deleted_by_arm(connection: Connection, study_id: int) -> dict[str, int]:
+def deleted_by_arm(connection: Connection, study_id: int) -> dict[str, int]:
     rows = connection.execute(select(Participant.arm, func.count()).where(
         Participant.study_id == study_id, Participant.data_deleted_at.is_not(None), Participant.arm.is_not(None))
         .group_by(Participant.arm)).all()
@@ -725,7 +725,7 @@ def write_report(engine: Engine, study: str, out: Path, *, actor: audit.Actor, n
         data = StudyData.load(connection, found.id)
         assert data.read_at is not None
         header = ReportHeader(found.slug, found.title, data.read_at,
-                              participant_numbers(data.panel, _deleted_by_arm(connection, found.id)),
+                              participant_numbers(data.panel, deleted_by_arm(connection, found.id)),
                               _protocol_versions(connection, found.id))
     suite = fit_models(data, perma_outcomes=perma_outcomes, n_boot=n_boot, seed=seed, focal_role=focal_role)
     page = render_report(header, suite).encode("utf-8")

@@ -18,7 +18,7 @@ import streamlit as st
 from analysis import aggregates as aggregate_tables
 from analysis.models import StudyData
 from analysis.reading import connect, resolve_study_id
-from analysis.report import _deleted_by_arm, fit_models, participant_numbers
+from analysis.report import deleted_by_arm, fit_models, participant_numbers
 from dashboard import queries
 from study.clock import now
 from study.db import engine_for
@@ -51,7 +51,7 @@ def study(database_url: str, slug: str) -> Read:
     engine = engine_for(database_url)
     data = StudyData.load(engine, slug)
     with connect(engine) as connection:
-        deleted = _deleted_by_arm(connection, resolve_study_id(connection, slug))
+        deleted = deleted_by_arm(connection, resolve_study_id(connection, slug))
     return Read({"panel": data.panel, "conversations": data.conversations, "survival": data.survival,
                  "numbers": participant_numbers(data.panel, deleted)}, data.read_at or now())
 
