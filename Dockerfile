@@ -13,10 +13,12 @@ COPY surveys ./surveys
 COPY chat ./chat
 COPY analysis ./analysis
 COPY scheduler ./scheduler
+COPY dashboard ./dashboard
+COPY evals ./evals
 COPY migrations ./migrations
 COPY examples ./examples
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
     && useradd --create-home afterward
 USER afterward
-EXPOSE 8000
+EXPOSE 8000 8501
 CMD ["afterward", "api", "--host", "0.0.0.0"]

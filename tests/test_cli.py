@@ -47,6 +47,17 @@ def test_every_compose_command_exists_in_the_cli() -> None:
             assert option in result.output, (command, option)
 
 
+def test_the_image_holds_every_package() -> None:
+    """The Dockerfile copies every package pyproject.toml installs (migrations import evals.models,
+    the dashboard service runs dashboard/)."""
+    import tomllib
+
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for package in (p.rstrip("*") for p in packages):
+        assert f"COPY {package} ./{package}" in dockerfile, package
+
+
 def test_study_load_reports_field_and_line(cli_database: Engine, tmp_path: Path, example_protocol: str) -> None:
     broken = tmp_path / "protocol.yaml"
     broken.write_text(example_protocol.replace("  - name: control\n    mode: default",
