@@ -98,6 +98,7 @@ def sign_out(reason: str | None = None) -> None:
     held = st.session_state.pop(SESSION_KEY, None)
     st.session_state.pop(CONTEXT_KEY, None)
     st.session_state.pop("afterward_reads", None)  # what was read stays with the session that read it
+    st.session_state.pop("afterward_export", None)  # a prepared export is the signed-in person's alone
     if isinstance(held, StaffSession):
         _revoke(held.token)
     if reason:

@@ -67,10 +67,12 @@ def render(context: auth.Context) -> None:
         except (DomainError, LookupError) as exc:
             st.error(exc.message if isinstance(exc, DomainError) else str(exc))
             return
-        st.session_state[BUNDLE_KEY] = (context.slug, export_format, payload)
+        st.session_state[BUNDLE_KEY] = ((context.email, context.role, context.slug), export_format, payload)
     bundle = st.session_state.get(BUNDLE_KEY)
-    if bundle and bundle[0] == context.slug:
-        slug, made, payload = bundle
+    # Offered only to who prepared it, in the role and study it was prepared in (a role change or
+    # another person signing in on this tab does not inherit it).
+    if bundle and bundle[0] == (context.email, context.role, context.slug):
+        slug, made, payload = context.slug, bundle[1], bundle[2]
         st.success(f"The {made} export is ready ({len(payload) / 1024:.0f} KB); it was recorded in the audit log.")
         st.download_button(f"Download {slug}-{made}.zip", payload, file_name=f"{slug}-{made}.zip",
                            mime="application/zip", key="export-download")

@@ -17,7 +17,7 @@ from study.models import AuditEntry, StaffRole, StaffToken, Study
 from study.safety import SafetyEvent, SafetyEventReview
 from study.security import token_digest
 from tests.builders import make_staff
-from tests.dashboard.conftest import EMAILS, Simulated, open_app, sign_in, visit
+from tests.dashboard.conftest import EMAILS, PASSWORD, Simulated, open_app, sign_in, visit
 
 pytestmark = pytest.mark.usefixtures("dashboard_env")
 
@@ -100,6 +100,22 @@ def test_exports_are_offered_by_role_and_audited(simulated: Simulated, role: Sta
     entry = audited(simulated, "study.export", email)[-1]
     assert entry.detail["format"] == "aggregates"
     assert app.get("download_button")  # the zip is offered
+
+
+def test_a_prepared_export_stays_with_who_prepared_it(simulated: Simulated) -> None:
+    """A researcher's row-level export is not offered to a viewer who signs in on the same tab."""
+    app = sign_in(EMAILS[StaffRole.RESEARCHER])
+    visit(app, "exports")
+    app.radio(key="export-format").set_value("csv").run()
+    app.button(key="export-prepare").click().run()
+    assert not app.exception
+    assert app.get("download_button")
+    app.button(key="sign-out").click().run()
+    app.text_input[0].input(EMAILS[StaffRole.VIEWER])
+    app.text_input[1].input(PASSWORD)
+    app.button[0].click().run()
+    visit(app, "exports")
+    assert not app.get("download_button")
 
 
 def test_wrong_passwords_are_limited_like_the_api(simulated: Simulated) -> None:

@@ -27,8 +27,10 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # Per module, not per session: Playwright's sync API keeps an event loop running in this thread
+    # while it is open, and tests collected after tests/e2e (tests/evals) call asyncio.run.
     if not Path(CHROMIUM).exists() or not AXE.exists():
         message = (f"browser tests need {CHROMIUM} (Debian package chromium) and axe-core in tests/e2e "
                    "(npm ci --prefix tests/e2e); `make test` installs both")
