@@ -3,9 +3,11 @@ may see and export. Enrollment by arm and status, follow-up completion per wave 
 overall well-being per wave and arm, decision regret per wave and starting role, conversations
 and pushback per arm and role, and safety events per month and category.
 
-The numbers come set-based from ``analysis.panel`` (follow-ups, scores), ``analysis.features``
-(conversations) and SQL aggregates (enrollment, safety events), so they mean what the same
-numbers mean in the panel and the exports. Then the suppression rule (``SUPPRESSION_RULE``)
+The numbers come from grouped SQL: ``analysis.panel.survey_cells`` (surveys by the panel's own
+status rule, with their headline scores), ``analysis.features.conversation_cells`` (conversations
+summed per participant, arm and starting role), enrollment and safety events, so they mean what
+the same numbers mean in the panel and the exports, and no row per survey or turn leaves the
+database. Then the suppression rule (``SUPPRESSION_RULE``)
 is applied: a cell resting on fewer than 5 participants shows ``"< 5"``, and further cells show
 ``"suppressed"`` wherever a hidden cell could otherwise be worked out from the cells shown.
 
@@ -22,22 +24,22 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Final, get_args
 
 import pandas as pd
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, literal, select, union_all
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from analysis.codebook import Column, TableSpec, write_codebook_markdown, write_datapackage
 from analysis.exports import open_study, record_export
-from analysis.features import conversation_features
-from analysis.panel import PERMA, REGRET, panel
-from analysis.reading import Source, connect, read_frame, resolve_study_id
+from analysis.features import conversation_cells
+from analysis.panel import PERMA, REGRET, survey_cells
+from analysis.reading import Source, concurrently, connect, read_frame, resolve_study_id
 from analysis.software import packages_line
 from chat.monitors import CrisisCategory
 from chat.roles import roles_for_arm
@@ -364,17 +366,30 @@ def _tally(frame: pd.DataFrame, mask: Any = None, amount: str | None = None,
     participants contributing (those with at least one row, or a positive amount)."""
     rows = frame if mask is None else frame[mask]
     if amount is None:
-        return Count(len(rows), int(rows["participant_code"].nunique()), counts_participants)
+        return Count(len(rows), int(rows["participant_id"].nunique()), counts_participants)
     values = pd.to_numeric(rows[amount]).fillna(0)
-    return Count(int(values.sum()), int(rows.loc[values > 0, "participant_code"].nunique()), counts_participants)
+    return Count(int(values.sum()), int(rows.loc[values > 0, "participant_id"].nunique()), counts_participants)
 
 
-def _mean_sd(values: pd.Series) -> tuple[float | None, float | None]:
-    values = pd.to_numeric(values).dropna()
-    if values.empty:
+def _mean_sd(n: int, total: float, squares: float) -> tuple[float | None, float | None]:
+    """Mean and sample SD (n - 1) from n, the sum and the sum of squares (scores are bounded, so
+    the difference of sums loses nothing at the digits shown)."""
+    if n == 0:
         return None, None
-    sd = float(values.std(ddof=1)) if len(values) > 1 else None
-    return float(values.mean()), sd
+    mean = total / n
+    sd = math.sqrt(max(squares - n * mean * mean, 0.0) / (n - 1)) if n > 1 else None
+    return mean, sd
+
+
+def _survey_cell(cells: pd.DataFrame, kind: str, wave: str, arm: str, **labels: str) -> tuple[Count, float, float]:
+    """One group of ``analysis.panel.survey_cells`` (``arm`` ``all``: summed over the arms, each
+    participant being in one): its surveys and participants as a Count, the score's sum and sum of
+    squares."""
+    rows = cells[(cells["kind"] == kind) & (cells["wave"] == wave) & ((cells["arm"] == arm) | (arm == ALL))]
+    for column, value in labels.items():
+        rows = rows[rows[column] == value]
+    return (Count(int(rows["surveys"].sum()), int(rows["participants"].sum()), False),
+            float(rows["score_sum"].sum()), float(rows["score_sumsq"].sum()))
 
 
 @dataclass(frozen=True)
@@ -414,15 +429,15 @@ ROLE_ORDER = ("concierge", "collaborator", "coach", "standard")
 
 
 class _Builder:
-    """Reads the study once (panel, conversation features, two SQL aggregates) and builds each
+    """Reads the study once (its surveys, its conversation cells, two SQL aggregates) and builds each
     table's rows, registering its counts and sums with one ``Disclosure``."""
 
     def __init__(self, connection: Connection, study_id: int, threshold: int) -> None:
         self.connection, self.study_id = connection, study_id
         self.protocol = _protocol(connection, study_id)
         self.disclosure = Disclosure(threshold)
-        self.conversations = conversation_features(connection, study_id)
-        self.panel = panel(connection, study_id, conversations=self.conversations)
+        self.surveys, self.conversations = concurrently(connection, lambda c: survey_cells(c, study_id),
+                                                        lambda c: conversation_cells(c, study_id))
         self.arms = _in_order(list(self.protocol.arms), connection.scalars(
             select(Participant.arm).where(Participant.study_id == study_id).distinct()))
         self.arm_roles = {arm: self.protocol.roles.get(arm, []) for arm in self.arms}
@@ -447,7 +462,7 @@ class _Builder:
             self.disclosure.add_sum(total, parts)
 
     def waves(self) -> list[str]:
-        return _in_order(["baseline", *self.protocol.instruments], self.panel["wave"])
+        return _in_order(["baseline", *self.protocol.instruments], self.surveys["wave"])
 
     # Tables
 
@@ -494,19 +509,18 @@ class _Builder:
             Column("pending", "integer", "Due and not answered yet (open, or due and not yet sent).", unit="surveys"),
             Column("completion_rate", "number", "completed / due.", unit="proportion"),
         ]), ["wave", "arm"])
-        parts = {"completed": ["completed"], "expired": ["expired"], "pending": ["open", "overdue"]}
-        due_statuses = [status for statuses in parts.values() for status in statuses]
-        frame = self.panel
+        parts = ["completed", "expired", "pending"]
+        cells = self.surveys
         for wave in self.waves():
             one_each = wave == "baseline" or self.protocol.anchors.get(wave) == "enrollment"
             rows = {arm: table.row(wave=wave, arm=arm) for arm in [*self.arms, ALL]}
             for arm, row in rows.items():
-                cell = frame[(frame["wave"] == wave) & ((frame["arm"] == arm) | (arm == ALL))]
-                for column, statuses in parts.items():
-                    self.count(table, row, column, _tally(cell, cell["response_status"].isin(statuses),
-                                                          counts_participants=one_each))
-                due = self.count(table, row, "due", _tally(cell, cell["response_status"].isin(due_statuses),
-                                                           counts_participants=one_each))
+                for column in parts:
+                    found = (_survey_cell(cells, "pending", wave, arm) if column == "pending"
+                             else _survey_cell(cells, "status", wave, arm, response_status=column))[0]
+                    self.count(table, row, column, replace(found, counts_participants=one_each))
+                due = self.count(table, row, "due", replace(_survey_cell(cells, "due", wave, arm)[0],
+                                                            counts_participants=one_each))
                 self.disclosure.add_sum(due, [table.key(row, c) for c in parts])
                 completed, due_value = (self.disclosure.counts[k].value for k in (table.key(row, "completed"), due))
                 table.derived[table.key(row, "completion_rate")] = Derived(
@@ -524,14 +538,12 @@ class _Builder:
             Column("mean", "number", "Mean overall well-being.", unit="points (0-10)"),
             Column("sd", "number", "Sample standard deviation (n - 1).", unit="points (0-10)"),
         ]), ["wave", "arm"])
-        frame = self.panel
-        scored = frame[(frame["response_status"] == "completed") & frame["perma_overall_wellbeing"].notna()]
         for wave in [w for w in self.waves() if w == "baseline" or self.protocol.instruments.get(w) == PERMA]:
             rows = {arm: table.row(wave=wave, arm=arm) for arm in [*self.arms, ALL]}
             for arm, row in rows.items():
-                cell = scored[(scored["wave"] == wave) & ((scored["arm"] == arm) | (arm == ALL))]
-                n = self.count(table, row, "n", _tally(cell, counts_participants=True))
-                mean, sd = _mean_sd(cell["perma_overall_wellbeing"])
+                found, total, squares = _survey_cell(self.surveys, "scored", wave, arm)
+                n = self.count(table, row, "n", replace(found, counts_participants=True))
+                mean, sd = _mean_sd(found.value, total, squares)
                 table.derived[table.key(row, "mean")] = Derived(mean, (n,), 2)
                 table.derived[table.key(row, "sd")] = Derived(sd, (n,), 2)
                 self.link(self._followup_cell(followups, wave, arm), [n])
@@ -548,17 +560,14 @@ class _Builder:
             Column("mean", "number", "Mean regret score.", unit="points (0-100)"),
             Column("sd", "number", "Sample standard deviation (n - 1).", unit="points (0-100)"),
         ]), ["wave", "starting_role"])
-        frame = self.panel
-        scored = frame[(frame["response_status"] == "completed") & frame["regret"].notna()].copy()
-        role_of = dict(zip(self.conversations["conversation_id"], self.conversations["starting_role"], strict=True))
-        scored["starting_role"] = scored["decision_conversation_id"].map(role_of)
         offered = [role for roles in self.arm_roles.values() for role in roles]
         for wave in [w for w in self.waves() if self.protocol.instruments.get(w) == REGRET]:
             rows = {role: table.row(wave=wave, starting_role=role) for role in [*self.roles, ALL]}
             for role, row in rows.items():
-                cell = scored[(scored["wave"] == wave) & ((scored["starting_role"] == role) | (role == ALL))]
-                n = self.count(table, row, "n", _tally(cell))
-                mean, sd = _mean_sd(cell["regret"])
+                found, total, squares = (_survey_cell(self.surveys, "scored", wave, ALL) if role == ALL else
+                                         _survey_cell(self.surveys, "scored_role", wave, ALL, starting_role=role))
+                n = self.count(table, row, "n", found)
+                mean, sd = _mean_sd(found.value, total, squares)
                 table.derived[table.key(row, "mean")] = Derived(mean, (n,), 2)
                 table.derived[table.key(row, "sd")] = Derived(sd, (n,), 2)
             self.margin(table, rows[ALL], [rows[r] for r in self.roles], ["n"])
@@ -584,9 +593,7 @@ class _Builder:
             Column("reconsiders", "integer", "Pushbacks the participant answered with 'let me reconsider'.",
                    unit="responses"),
         ]), ["arm", "starting_role"])
-        frame = self.conversations.copy()
-        frame["pushback_turns"] = (pd.to_numeric(frame["nudge_turns"]).fillna(0)
-                                   + pd.to_numeric(frame["challenge_turns"]).fillna(0))
+        frame = self.conversations
         additive = ["conversations", "assistant_turns", "pushback_turns", "overrides", "reconsiders"]
         arm_rows: list[int] = []
         for arm in self.arms:
@@ -605,9 +612,9 @@ class _Builder:
         return table
 
     def _conversation_cells(self, table: _Table, row: int, cell: pd.DataFrame) -> None:
-        participants = int(cell["participant_code"].nunique())
+        participants = int(cell["participant_id"].nunique())
         self.count(table, row, "participants", Count(participants, participants, True))
-        self.count(table, row, "conversations", _tally(cell))
+        self.count(table, row, "conversations", _tally(cell, amount="conversations"))
         keys = [self.count(table, row, amount, _tally(cell, amount=amount))
                 for amount in ("assistant_turns", "pushback_turns", "overrides", "reconsiders")]
         turns, pushbacks = (self.disclosure.counts[key].value for key in keys[:2])
@@ -615,31 +622,41 @@ class _Builder:
                                                                  (keys[0], keys[1]), 3)
 
     def safety_events(self) -> _Table:
-        # De-identified records (the participant withdrew and deleted data) count too; they are
-        # taken as one participant between them, the fewest they can be, so the disclosure rule errs
-        # towards suppressing.
-        events = read_frame(self.connection, select(
-            func.coalesce(Participant.code, "(deleted)").label("participant_code"), SafetyEvent.category,
-            SafetyEvent.created_at,
-        ).outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
-            .where(SafetyEvent.study_id == self.study_id))
-        categories = _in_order(list(get_args(CrisisCategory)), events["category"])
+        # Counted in SQL per month and category, per month, per category and in all. De-identified
+        # records (the participant withdrew and deleted data) count too; they are taken as one
+        # participant between them, the fewest they can be, so the disclosure rule errs towards
+        # suppressing.
+        month = (func.to_char(func.timezone("UTC", SafetyEvent.created_at), "YYYY-MM")
+                 if self.connection.dialect.name == "postgresql"
+                 else func.substr(SafetyEvent.created_at, 1, 7)).label("month")  # SQLite: UTC text
+        who = func.coalesce(SafetyEvent.participant_id, -1)
+
+        def grouped(*keys: Any) -> Any:
+            labelled = {"month": literal(ALL), "category": literal(ALL), **{key.name: key for key in keys}}
+            return select(*(column.label(name) for name, column in labelled.items()),
+                          func.count().label("events"), func.count(who.distinct()).label("participants")) \
+                .where(SafetyEvent.study_id == self.study_id).group_by(*keys)
+
+        events = read_frame(self.connection, union_all(grouped(month, SafetyEvent.category), grouped(month),
+                                                       grouped(SafetyEvent.category), grouped()))
+        cells = {(m, c): Count(int(n), int(p), False) for m, c, n, p in events.itertuples(index=False)}
+        categories = _in_order(list(get_args(CrisisCategory)), events["category"][events["category"] != ALL])
         table = _Table(TableSpec("safety_events", "Safety events (escalations recorded for staff review) per month "
                                  "(UTC) and category, from the month the study was created to the current one.", [
             Column("month", "string", "Calendar month, YYYY-MM (UTC), or 'all'."),
             *(Column(c, "integer", f"Safety events of category '{c}'.", unit="events") for c in categories),
             Column("total", "integer", "Safety events of any category.", unit="events"),
         ]), ["month"])
-        events["month"] = pd.to_datetime(events["created_at"], utc=True).dt.strftime("%Y-%m")
         created = self.connection.scalar(select(Study.created_at).where(Study.id == self.study_id))
         first, last = sorted([f"{created:%Y-%m}", f"{now():%Y-%m}"])
-        months = _in_order([str(m) for m in pd.period_range(first, last, freq="M")], events["month"])
-        rows = {month: table.row(month=month) for month in [*months, ALL]}
-        for month, row in rows.items():
-            cell = events if month == ALL else events[events["month"] == month]
+        months = _in_order([str(m) for m in pd.period_range(first, last, freq="M")],
+                           events["month"][events["month"] != ALL])
+        rows = {label: table.row(month=label) for label in [*months, ALL]}
+        none = Count(0, 0, False)
+        for label, row in rows.items():
             for category in categories:
-                self.count(table, row, category, _tally(cell, cell["category"] == category))
-            self.count(table, row, "total", _tally(cell))
+                self.count(table, row, category, cells.get((label, category), none))
+            self.count(table, row, "total", cells.get((label, ALL), none))
             self.disclosure.add_sum(table.key(row, "total"), [table.key(row, c) for c in categories])
         self.margin(table, rows[ALL], [rows[m] for m in months], [*categories, "total"])
         return table

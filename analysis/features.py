@@ -323,6 +323,45 @@ def participant_roles(conversations: pd.DataFrame) -> pd.DataFrame:
     return roles
 
 
+def starting_role() -> Any:
+    """A conversation's starting role as SQL (the query selects from conversations): the from-role
+    of its first role switch, else its role, as ``_add_roles`` finds it from the switches."""
+    first = (select(RoleSwitch.from_role).where(RoleSwitch.conversation_id == Conversation.id)
+             .order_by(RoleSwitch.after_seq, RoleSwitch.id).limit(1).correlate(Conversation).scalar_subquery())
+    return func.coalesce(first, Conversation.role)
+
+
+def conversation_cells(source: Source, study: int | str) -> pd.DataFrame:
+    """Conversations summed per participant, arm and starting role, in SQL (no row per turn or
+    conversation leaves the database): participant_id, arm, starting_role, conversations,
+    assistant_turns, pushback_turns (nudge or challenge), overrides, reconsiders. The counts
+    mean what the same columns of ``conversation_features`` mean; the aggregate tables and the
+    dashboard rest on it."""
+    with connect(source) as connection:
+        scope = Scope(resolve_study_id(connection, study))
+        # Turns filtered by conversation: the (conversation, speaker, stance) index then serves the
+        # whole count without reading a turn's row.
+        in_study = scope.apply(select(Conversation.id), Conversation.participant_id)
+        assistant = Turn.speaker == "assistant"
+        turns = select(
+            Turn.conversation_id, _count(assistant).label("assistant_turns"),
+            _count(and_(assistant, Turn.stance.in_(("nudge", "challenge")))).label("pushback_turns"),
+        ).where(Turn.conversation_id.in_(in_study)).group_by(Turn.conversation_id).subquery()
+        responses = select(
+            PushbackResponse.conversation_id, _count(PushbackResponse.action == "override").label("overrides"),
+            _count(PushbackResponse.action == "reconsider").label("reconsiders"),
+        ).where(PushbackResponse.conversation_id.in_(in_study)).group_by(PushbackResponse.conversation_id).subquery()
+        role = starting_role().label("starting_role")
+        return read_frame(connection, scope.apply(select(
+            Conversation.participant_id, Conversation.arm, role, func.count().label("conversations"),
+            *(func.coalesce(func.sum(column), 0).label(column.name)
+              for column in (turns.c.assistant_turns, turns.c.pushback_turns, responses.c.overrides,
+                             responses.c.reconsiders)),
+        ).outerjoin(turns, turns.c.conversation_id == Conversation.id)
+            .outerjoin(responses, responses.c.conversation_id == Conversation.id), Conversation.participant_id)
+            .group_by(Conversation.participant_id, Conversation.arm, role))
+
+
 def conversation_features(source: Source, study: int | str, *,
                           participant_codes: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per conversation of ``study`` (id or slug), columns as documented in ``FEATURES``.

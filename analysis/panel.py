@@ -14,13 +14,14 @@ row per decision it asks about, with ``anchor_key`` ``decision:<id>``, ``decisio
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import datetime as dt
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import String, and_, cast, func, select
+from sqlalchemy import String, and_, case, cast, func, literal, or_, select, union_all
 from sqlalchemy.engine import Connection
 
 from analysis.features import (
@@ -31,9 +32,10 @@ from analysis.features import (
     _wave_features,
     participant_chunks,
     participant_roles,
+    starting_role,
 )
 from analysis.reading import Source, connect, read_frame, resolve_study_id
-from chat.models import Decision
+from chat.models import Conversation, Decision
 from scheduler.models import Delivery, FollowUp
 from study.clock import now
 from study.models import Participant, ProtocolVersion
@@ -145,8 +147,7 @@ def _people(connection: Connection, scope: Scope) -> pd.DataFrame:
         Participant.id.label("participant_id"), Participant.code.label("participant_code"), Participant.arm,
         Participant.status.label("participant_status"), Participant.enrolled_at, Participant.withdrawn_at,
         Participant.timezone,
-    ).where(*scope.conditions(Participant.id), Participant.enrolled_at.is_not(None),
-            Participant.data_deleted_at.is_(None)).order_by(Participant.code))
+    ).where(*_enrolled(scope)).order_by(Participant.code))
     people["enrolled_at"] = pd.to_datetime(people["enrolled_at"], utc=True)
     people["withdrawn_at"] = pd.to_datetime(people["withdrawn_at"], utc=True)
     return people
@@ -171,14 +172,14 @@ def _baseline(connection: Connection, scope: Scope) -> pd.DataFrame:
         SurveyAssignment.participant_id, SurveyAssignment.id.label("assignment_id"),
         SurveyAssignment.instrument_id, SurveyAssignment.instrument_version,
         SurveyAssignment.intended_at, SurveyAssignment.closes_at, SurveyAssignment.created_at.label("opened_at"),
-        SurveyAssignment.status.label("assignment_status"),
+        baseline_status().label("response_status"),
         SurveyResponse.started_at.label("response_started_at"), SurveyResponse.submitted_at,
     ).outerjoin(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id),
         SurveyAssignment.participant_id).where(SurveyAssignment.purpose == "baseline",
                                                SurveyAssignment.instrument_id == PERMA))
 
 
-def _followups(connection: Connection, scope: Scope) -> pd.DataFrame:
+def _followups(connection: Connection, scope: Scope, at: dt.datetime) -> pd.DataFrame:
     invitation = (select(Delivery.followup_id, func.min(Delivery.sent_at).label("invitation_sent_at"))
                   .where(Delivery.sequence == 0, Delivery.status == "sent").group_by(Delivery.followup_id)
                   .subquery())
@@ -189,8 +190,7 @@ def _followups(connection: Connection, scope: Scope) -> pd.DataFrame:
         FollowUp.instrument_id, SurveyAssignment.instrument_version, FollowUp.due_at.label("intended_at"),
         FollowUp.intended_local, FollowUp.closes_at, FollowUp.sent_at.label("opened_at"),
         invitation.c.invitation_sent_at, SurveyResponse.started_at.label("response_started_at"),
-        SurveyResponse.submitted_at, FollowUp.status.label("followup_status"), FollowUp.end_reason,
-        FollowUp.assignment_id, SurveyAssignment.status.label("assignment_status"),
+        SurveyResponse.submitted_at, followup_status(at).label("response_status"), FollowUp.assignment_id,
     ).outerjoin(SurveyAssignment, SurveyAssignment.id == FollowUp.assignment_id)
         .outerjoin(SurveyResponse, SurveyResponse.assignment_id == FollowUp.assignment_id)
         .outerjoin(invitation, invitation.c.followup_id == FollowUp.id)
@@ -198,21 +198,30 @@ def _followups(connection: Connection, scope: Scope) -> pd.DataFrame:
                                   FollowUp.anchor_key == decision_key)), FollowUp.participant_id))
 
 
-def _followup_status(frame: pd.DataFrame, at: pd.Timestamp) -> Any:
-    status = frame["followup_status"]
-    return np.select(
-        [(frame["assignment_status"] == "completed") | (status == "completed"), status == "expired",
-         (status == "cancelled") & (frame["end_reason"] == WITHDREW), status == "cancelled",
-         status == "sent", (status == "planned") & (frame["intended_at"] > at), status == "planned"],
-        ["completed", "expired", "withdrawn", "cancelled", "open", "not_yet_due", "overdue"], default="cancelled")
+def followup_status(at: dt.datetime) -> Any:
+    """A follow-up's ``response_status`` at time ``at``, as SQL (the query joins its survey
+    assignment, outer): the one definition the panel, the aggregate tables and the summaries use."""
+    status = FollowUp.status
+    return case(
+        (or_(SurveyAssignment.status == "completed", status == "completed"), "completed"),
+        (status == "expired", "expired"),
+        (and_(status == "cancelled", FollowUp.end_reason == WITHDREW), "withdrawn"),
+        (status == "cancelled", "cancelled"),
+        (status == "sent", "open"),
+        (and_(status == "planned", FollowUp.due_at > at), "not_yet_due"),
+        (status == "planned", "overdue"),
+        else_="cancelled")
 
 
-def _baseline_status(frame: pd.DataFrame) -> Any:
-    status = frame["assignment_status"]
-    return np.select(
-        [status.isna(), status == "cancelled", status == "open", status == "expired"],
-        ["not_assigned", np.where(frame["participant_status"] == "withdrawn", "withdrawn", "cancelled"),
-         "open", "expired"], default="completed")
+def baseline_status() -> Any:
+    """A baseline assignment's ``response_status``, as SQL (the query joins its participant); a
+    participant with no baseline assignment at all is ``not_assigned``."""
+    status = SurveyAssignment.status
+    return case(
+        (status == "cancelled", case((Participant.status == "withdrawn", "withdrawn"), else_="cancelled")),
+        (status == "open", "open"),
+        (status == "expired", "expired"),
+        else_="completed")
 
 
 def _ids(frame: pd.DataFrame, column: str) -> str:
@@ -224,6 +233,154 @@ def _ids(frame: pd.DataFrame, column: str) -> str:
 def _times(frame: pd.DataFrame, columns: list[str]) -> None:
     for column in columns:
         frame[column] = pd.to_datetime(frame[column], utc=True)
+
+
+DUE = ("completed", "expired", "open", "overdue")  # surveys whose time has come
+PENDING = ("open", "overdue")  # due, not answered yet
+HEADLINE = {PERMA: "overall_wellbeing", REGRET: "regret"}  # the score summaries count, per instrument
+
+
+def _survey_rows(scope: Scope, at: dt.datetime) -> Any:
+    """A query of the panel's surveys, a row each: participant_id, arm, wave, instrument_id,
+    response_status (the panel's rule at ``at``), score (the instrument's ``HEADLINE`` score of a
+    submitted response) and starting_role (of the conversation a decision-anchored wave asks about)."""
+    people = _enrolled(scope)
+    scores = and_(SurveyScore.response_id == SurveyResponse.id, SurveyResponse.submitted_at.is_not(None),
+                  SurveyScore.name.in_(list(HEADLINE.values())))  # an IN the (response, name) index serves
+    score = case(*((and_(SurveyResponse.instrument_id == instrument, SurveyScore.name == name), SurveyScore.value)
+                   for instrument, name in HEADLINE.items())).label("score")
+    baseline = select(
+        Participant.id.label("participant_id"), Participant.arm, literal("baseline").label("wave"),
+        literal(PERMA).label("instrument_id"),
+        case((SurveyAssignment.id.is_(None), "not_assigned"), else_=baseline_status()).label("response_status"),
+        score, literal(None, String).label("starting_role"),
+    ).outerjoin(SurveyAssignment, and_(SurveyAssignment.participant_id == Participant.id,
+                                       SurveyAssignment.purpose == "baseline",
+                                       SurveyAssignment.instrument_id == PERMA)) \
+        .outerjoin(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id) \
+        .outerjoin(SurveyScore, scores).where(*people)
+    followups = select(
+        Participant.id, Participant.arm, FollowUp.followup_key, FollowUp.instrument_id, followup_status(at),
+        score, starting_role(),
+    ).join(Participant, Participant.id == FollowUp.participant_id) \
+        .outerjoin(SurveyAssignment, SurveyAssignment.id == FollowUp.assignment_id) \
+        .outerjoin(SurveyResponse, SurveyResponse.assignment_id == FollowUp.assignment_id) \
+        .outerjoin(SurveyScore, scores) \
+        .outerjoin(Decision, and_(Decision.participant_id == FollowUp.participant_id,
+                                  FollowUp.anchor_key == "decision:" + cast(Decision.id, String))) \
+        .outerjoin(Conversation, Conversation.id == Decision.conversation_id).where(*people)
+    return union_all(baseline, followups)
+
+
+def regret_scores(source: Source, study: int | str) -> pd.DataFrame:
+    """Each completed regret survey's score with its wave and the starting role of the conversation
+    its decision was made in (the regret values of the panel, three columns): wave, starting_role,
+    regret."""
+    with connect(source) as connection:
+        rows = _survey_rows(Scope(resolve_study_id(connection, study)), now()).subquery()
+        frame = read_frame(connection, select(rows.c.wave, rows.c.starting_role, rows.c.score.label("regret"))
+                           .where(rows.c.instrument_id == REGRET, rows.c.response_status == "completed",
+                                  rows.c.score.is_not(None)))
+    frame["regret"] = pd.to_numeric(frame["regret"]).astype(float)
+    return frame
+
+
+def survey_cells(source: Source, study: int | str) -> pd.DataFrame:
+    """The panel's surveys (a baseline for every participant in it, and each follow-up) counted in
+    one SQL statement, never a row per survey, by the panel's own status rule and scores. Columns
+    kind, wave, arm, instrument_id, response_status, starting_role, surveys, participants,
+    score_sum, score_sumsq; one row per ``kind`` and group:
+
+    - ``status``: per wave, arm and response status;
+    - ``pending`` and ``due``: per wave and arm, the surveys in ``PENDING`` (``DUE``) and their
+      participants (a decision-anchored wave has one survey per decision, so participants are not
+      sums of the status rows);
+    - ``scored``: per wave and arm, the completed surveys with the instrument's headline score
+      (``HEADLINE``: PERMA overall well-being, regret), their participants, and the score's sum and
+      sum of squares;
+    - ``scored_role``: the same per starting role of the conversation a decision-anchored wave asks
+      about (``starting_role``)."""
+    with connect(source) as connection:
+        rows = _survey_rows(Scope(resolve_study_id(connection, study)), now()).cte("survey_rows") \
+            .prefix_with("MATERIALIZED")  # read once for the five groupings
+        scored = and_(rows.c.response_status == "completed", rows.c.score.is_not(None))
+        nothing = literal(None, String)
+
+        def group(kind: str, where: Any, *keys: Any) -> Any:
+            labelled = {"response_status": nothing, "starting_role": nothing, **{key.name: key for key in keys}}
+            return select(
+                literal(kind).label("kind"), rows.c.wave, rows.c.arm,
+                func.min(rows.c.instrument_id).label("instrument_id"),
+                *(column.label(name) for name, column in labelled.items()),
+                func.count().label("surveys"), func.count(rows.c.participant_id.distinct()).label("participants"),
+                func.sum(rows.c.score).label("score_sum"), func.sum(rows.c.score * rows.c.score).label("score_sumsq"),
+            ).where(where).group_by(rows.c.wave, rows.c.arm, *keys)
+
+        frame = read_frame(connection, union_all(
+            group("status", literal(True), rows.c.response_status),
+            group("pending", rows.c.response_status.in_(PENDING)),
+            group("due", rows.c.response_status.in_(DUE)),
+            group("scored", scored),
+            group("scored_role", and_(scored, rows.c.starting_role.is_not(None)), rows.c.starting_role),
+        ))
+    for column in ("surveys", "participants"):
+        frame[column] = pd.to_numeric(frame[column]).fillna(0).astype("int64")
+    for column in ("score_sum", "score_sumsq"):
+        frame[column] = pd.to_numeric(frame[column]).astype(float)
+    return frame
+
+
+def _enrolled(scope: Scope) -> list[Any]:
+    """The participants the panel holds: enrolled, research data not deleted."""
+    return [*scope.conditions(Participant.id), Participant.enrolled_at.is_not(None),
+            Participant.data_deleted_at.is_(None)]
+
+
+def participant_states(source: Source, study: int | str, *,
+                       still_to_come: Sequence[str] = ("open", "not_yet_due", "overdue")) -> pd.DataFrame:
+    """Per arm, the panel's participants by state, in SQL: ``withdrawn``; ``active`` (not withdrawn,
+    a survey in ``still_to_come`` by the panel's status rule); ``completed`` (the others). Columns
+    arm, active, completed, withdrawn."""
+    at = now()
+    with connect(source) as connection:
+        scope = Scope(resolve_study_id(connection, study))
+        followup_pending = (select(FollowUp.id)
+                            .outerjoin(SurveyAssignment, SurveyAssignment.id == FollowUp.assignment_id)
+                            .where(FollowUp.participant_id == Participant.id,
+                                   followup_status(at).in_(list(still_to_come))).exists())
+        baseline_pending = (select(SurveyAssignment.id).where(
+            SurveyAssignment.participant_id == Participant.id, SurveyAssignment.purpose == "baseline",
+            SurveyAssignment.instrument_id == PERMA, baseline_status().in_(list(still_to_come))).exists())
+        state = case((Participant.status == "withdrawn", "withdrawn"),
+                     (or_(followup_pending, baseline_pending), "active"), else_="completed")
+        frame = read_frame(connection, select(Participant.arm, state.label("state"), func.count().label("n"))
+                           .where(*_enrolled(scope)).group_by(Participant.arm, state))
+    wide = frame.pivot_table(index="arm", columns="state", values="n", aggfunc="sum", fill_value=0) \
+        if not frame.empty else pd.DataFrame(index=pd.Index([], name="arm"))
+    wide = wide.reindex(columns=["active", "completed", "withdrawn"], fill_value=0).astype("int64")
+    wide.columns.name = None
+    return wide.reset_index()
+
+
+def attrition(source: Source, study: int | str) -> pd.DataFrame:
+    """Per arm, the panel's participants by how their follow-up ended or stands, in SQL: the
+    ``event_type`` of ``survival`` (missed_followup: an enrollment-anchored follow-up expired
+    before any withdrawal; withdrew; censored). Columns arm, event_type, participants."""
+    with connect(source) as connection:
+        scope = Scope(resolve_study_id(connection, study))
+        first_miss = (select(func.min(FollowUp.closes_at)).where(
+            FollowUp.participant_id == Participant.id, FollowUp.anchor_key == "enrollment",
+            FollowUp.status == "expired").scalar_subquery())
+        event = case((and_(first_miss.is_not(None),
+                           or_(Participant.withdrawn_at.is_(None), first_miss <= Participant.withdrawn_at)),
+                      "missed_followup"),
+                     (Participant.withdrawn_at.is_not(None), "withdrew"), else_="censored")
+        frame = read_frame(connection, select(Participant.arm, event.label("event_type"),
+                                              func.count().label("participants"))
+                           .where(*_enrolled(scope)).group_by(Participant.arm, event)
+                           .order_by(Participant.arm, event))
+    frame["participants"] = pd.to_numeric(frame["participants"]).astype("int64")
+    return frame
 
 
 def panel(source: Source, study: int | str, *, conversations: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -264,7 +421,7 @@ def _panel(connection: Connection, scope: Scope, modes: dict[str, str], at: pd.T
     people = _people(connection, scope)
     scores = _scores(connection, scope)
     baseline = _baseline(connection, scope)
-    followups = _followups(connection, scope)
+    followups = _followups(connection, scope, at.to_pydatetime())
     if conversations is None:
         conversations = _conversation_features(connection, scope)
     roles = participant_roles(conversations)
@@ -280,14 +437,13 @@ def _panel(connection: Connection, scope: Scope, modes: dict[str, str], at: pd.T
     _times(baseline, times)
     baseline["wave"], baseline["anchor_key"] = "baseline", "enrollment"
     baseline["instrument_id"] = PERMA
-    baseline["response_status"] = _baseline_status(baseline)
+    baseline["response_status"] = baseline["response_status"].fillna("not_assigned")
     baseline = baseline.join(scores, on=_ids(baseline, "assignment_id"))
     covariates = baseline.set_index("participant_id")[[f"perma_{name}" for name in PERMA_SCORES]]
     people = people.join(covariates.add_prefix("baseline_"), on="participant_id")
 
     followups = followups[followups["participant_id"].isin(people["participant_id"])]
     _times(followups, [*times, "invitation_sent_at"])
-    followups["response_status"] = _followup_status(followups, at)
     followups = followups.join(scores, on=_ids(followups, "assignment_id"))
 
     rows = pd.concat([baseline, followups], ignore_index=True)

@@ -7,7 +7,8 @@ reads); chunks come from server-side cursors on PostgreSQL, so memory stays flat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,6 +32,26 @@ def connect(source: Source) -> Iterator[Connection]:
     else:
         with source.execution_options(**{READ_ONLY: True}).connect() as connection:
             yield connection
+
+
+def concurrently(connection: Connection, *reads: Callable[[Connection], Any]) -> list[Any]:
+    """The results of ``reads``, run at the same time: the first in ``connection``, each other in a
+    read-only connection of its own from the same engine, on a thread (the database does the work;
+    SQLite and psycopg let other threads run meanwhile, so two cores serve two reads). Each read
+    sees the data as committed when it starts; an in-memory SQLite database (one connection) reads
+    one after the other."""
+    engine = connection.engine
+    if len(reads) < 2 or (engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:")):
+        return [read(connection) for read in reads]
+
+    def apart(read: Callable[[Connection], Any]) -> Any:
+        with connect(engine) as own:
+            return read(own)
+
+    with ThreadPoolExecutor(max_workers=len(reads) - 1) as pool:
+        others = [pool.submit(apart, read) for read in reads[1:]]
+        first = reads[0](connection)
+        return [first, *(future.result() for future in others)]
 
 
 def resolve_study_id(connection: Connection, study: int | str) -> int:

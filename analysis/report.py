@@ -65,6 +65,8 @@ from analysis.models import (
     regret_model,
     subgroup_effects,
 )
+from analysis.panel import participant_states
+from analysis.reading import Source, connect, resolve_study_id
 from analysis.software import packages_line
 from study import audit
 from study.clock import now
@@ -109,7 +111,20 @@ def participant_numbers(panel: pd.DataFrame, deleted: Mapping[str, int] | None =
     active = ~withdrawn & people["participant_code"].isin(pending)
     status = pd.DataFrame({"arm": people["arm"].astype(str), "active": active, "completed": ~withdrawn & ~active,
                            "withdrawn": withdrawn})
-    counts = status.groupby("arm")[["active", "completed", "withdrawn"]].sum().astype("int64")
+    return _numbers(status.groupby("arm")[["active", "completed", "withdrawn"]].sum().astype("int64"), deleted)
+
+
+def study_numbers(source: Source, study: int | str) -> pd.DataFrame:
+    """``participant_numbers`` of a study in the database, counted in SQL by the same rule
+    (``analysis.panel.participant_states``) instead of from its panel."""
+    states = participant_states(source, study, still_to_come=STILL_TO_COME)
+    with connect(source) as connection:
+        deleted = deleted_by_arm(connection, resolve_study_id(connection, study))
+    return _numbers(states.set_index("arm").astype("int64"), deleted)
+
+
+def _numbers(counts: pd.DataFrame, deleted: Mapping[str, int] | None) -> pd.DataFrame:
+    """Active, completed and withdrawn per arm (``counts``, indexed by arm), with the deleted."""
     gone = pd.Series(dict(deleted or {}), dtype="int64")
     counts = counts.reindex(counts.index.union(gone.index), fill_value=0)
     counts["data_deleted"] = gone.reindex(counts.index, fill_value=0)

@@ -1,12 +1,14 @@
 """Tables of the analysis package: the record of each simulated study, so the statistics can be
-checked against the effects it was generated with."""
+checked against the effects it was generated with, and the report's models as fitted and stored
+for the dashboard (``analysis.fits``)."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Integer
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import text as sa_text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from study.clock import now
@@ -30,3 +32,30 @@ class SimulationRun(Base):
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # set when the run finishes
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class ModelFit(Base):
+    """One fit of the report's models (``analysis.report.fit_models``) to a study, made in a
+    process of its own (``afterward models fit``) and stored so a page shows it without fitting:
+    ``running`` while a worker holds it (until ``lease_until``), then ``done`` with the models'
+    tables, or ``failed`` with the error. At most one fit of a study runs at a time."""
+
+    __tablename__ = "model_fits"
+    __table_args__ = (Index("uq_model_fits_running", "study_id", unique=True,
+                            sqlite_where=sa_text("status = 'running'"),
+                            postgresql_where=sa_text("status = 'running'")),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | done | failed
+    requested_by: Mapped[str] = mapped_column(String(320))
+    options: Mapped[dict[str, Any]] = mapped_column(JSON)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+    lease_until: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    data_read_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    participants: Mapped[int | None] = mapped_column(Integer)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    tables: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # table name -> frame (Parquet, base64)
+    notes: Mapped[list[str] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)

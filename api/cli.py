@@ -32,12 +32,13 @@ staff_app = typer.Typer(no_args_is_help=True, help="Staff accounts, roles and AP
 audit_app = typer.Typer(no_args_is_help=True, help="The audit log.")
 keys_app = typer.Typer(no_args_is_help=True, help="Encryption keys.")
 instruments_app = typer.Typer(no_args_is_help=True, help="Survey instruments.")
+models_app = typer.Typer(no_args_is_help=True, help="The report's models, fitted and stored for the dashboard.")
 followups_app = typer.Typer(no_args_is_help=True, help="Follow-up surveys: what is due, failed or planned.")
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate prompts and models before deployment (grids, judge, "
                                                   "human ratings, model cards).")
 for sub, name in ((db_app, "db"), (study_app, "study"), (invites_app, "invites"), (staff_app, "staff"),
                   (audit_app, "audit"), (keys_app, "keys"), (instruments_app, "instruments"),
-                  (followups_app, "followups"), (eval_app, "eval")):
+                  (followups_app, "followups"), (eval_app, "eval"), (models_app, "models")):
     app.add_typer(sub, name=name)
 
 CLI_ACTOR = audit.Actor.system("cli")
@@ -563,6 +564,52 @@ def analyze(
         typer.echo(line)
 
 
+@models_app.command("fit")
+def models_fit(
+    study: Annotated[str | None, typer.Argument(help="The study's slug (not with --claimed)")] = None,
+    as_staff: Annotated[str | None, typer.Option("--as", help="Staff email to audit the fit under (researcher or "
+                                                 "admin of the study)")] = None,
+    bootstrap: Annotated[int, typer.Option(min=1, help="Bootstrap replicates of the immediate-vs-delayed "
+                                                       "table")] = 200,
+    claimed: Annotated[int | None, typer.Option(help="Run this already claimed fit (what the dashboard "
+                                                     "starts)")] = None,
+) -> None:
+    """Fit the report's models and store them for the dashboard (one fit of a study at a time); audited."""
+    from analysis.exports import ExportRefused, open_study
+    from analysis.fits import request_fit, run_fit
+    from study.db import get_engine
+
+    engine = get_engine()
+    if claimed is None:
+        if study is None:
+            _fail("give the study's slug (or --claimed ID)")
+            return
+        actor = audit.Actor("staff", as_staff) if as_staff else CLI_ACTOR
+        try:
+            with engine.connect() as connection:
+                open_study(connection, study, actor)
+        except ExportRefused as exc:
+            _fail(f"{exc.message}: fitting the models reads participant-level data (researchers and admins)")
+            return
+        except LookupError as exc:
+            _fail(str(exc))
+            return
+        claimed = request_fit(engine, study, requested_by=actor, n_boot=bootstrap)
+        if claimed is None:
+            _fail(f"a fit of '{study}' is running already; its tables appear in the dashboard when it ends")
+            return
+    typer.echo(f"fitting the models (fit {claimed})")
+    try:
+        stored = run_fit(engine, claimed)
+    except LookupError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"fit {stored.id}: {len(stored.tables)} tables from {stored.participants} participants "
+               f"in {stored.seconds:.1f} s")
+    for note in stored.notes:
+        typer.echo(f"  {note}")
+
+
 @app.command("scheduler")
 def scheduler_process(name: str | None = None, poll_seconds: float | None = None) -> None:
     """Run the follow-up dispatcher (its own process; several may run against PostgreSQL)."""
@@ -764,7 +811,7 @@ def api(
 
     import uvicorn
 
-    from api.client_address import trusted_networks
+    from study.client_address import trusted_networks
 
     settings = get_settings()
     host = settings.api_host if host is None else host
@@ -778,8 +825,8 @@ def api(
     except ValueError as exc:
         _fail(str(exc))
     typer.echo(f"links for participants point at {settings.base_url}")
-    # X-Forwarded-For is read in one place only, api.client_address (from AFTERWARD_TRUSTED_PROXIES);
-    # uvicorn's own handling would otherwise believe it from any local client.
+    # X-Forwarded-For is read in one place only, api.client_address (study.client_address's rule, from
+    # AFTERWARD_TRUSTED_PROXIES); uvicorn's own handling would otherwise believe it from any local client.
     # SIGTERM stops the server within seconds even under load: open requests get a short grace
     # period, then are cancelled (a participant's message is committed before any slow step).
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers,
@@ -950,11 +997,21 @@ def dashboard(
     """Serve the staff dashboard (Streamlit): sign in with a staff account; pages by role."""
     import os
 
+    from study.client_address import configured_networks
+
     app_path = PROJECT_ROOT / "dashboard" / "app.py"
     if not app_path.exists():
         _fail(f"the dashboard is missing: {app_path}")
+    try:
+        configured_networks()  # sign-in resolves the client with them: a bad entry fails here, not there
+    except ValueError as exc:
+        _fail(str(exc))
     typer.echo(f"staff dashboard at http://{host}:{port}")
     sys.stdout.flush()
+    # Streamlit serves with uvicorn, whose proxy handling would rewrite the peer from X-Forwarded-For
+    # for any local client; the dashboard resolves it itself by AFTERWARD_TRUSTED_PROXIES, as the API
+    # does (dashboard.auth.client_address), so uvicorn trusts no one.
+    os.environ["FORWARDED_ALLOW_IPS"] = ""
     # Streamlit takes over this process (make run stops it by its process id).
     os.execv(sys.executable, [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.address", host,
                               "--server.port", str(port), "--server.headless", "true",

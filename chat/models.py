@@ -57,6 +57,7 @@ class Turn(ParticipantResearchData, Base):
         UniqueConstraint("conversation_id", "seq"),
         UniqueConstraint("conversation_id", "client_message_id"),
         Index("ix_turns_participant_reassurance", "participant_id", "reassurance_seeking"),
+        Index("ix_turns_conversation_stance", "conversation_id", "speaker", "stance"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -2,7 +2,8 @@
 
 Every page view runs this script first: it checks the session (``dashboard.auth``), offers the
 studies the staff member has a role in, and registers only the pages that role may open, before
-any page reads a number.
+any page reads a number. While a page is open, it checks the session's limits every
+``auth.WATCH_SECONDS`` and signs out (clearing the page) once they are passed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboard import auth, data
+from dashboard import auth, data, staff_reads
 from study.errors import Forbidden
 
 VIEWS = Path(__file__).parent / "views"
@@ -64,26 +65,33 @@ def main() -> None:
         st.navigation([st.Page(sign_in_page, title="Sign in", url_path="sign-in", default=True)],
                       position="hidden").run()
         return
+    staff_reads.begin_run()  # what this run reads and audits comes into view now (see staff_reads)
     studies = auth.memberships(held.email)
     with st.sidebar:
         st.caption(f"Signed in as {held.email}")
         if st.button("Sign out", key="sign-out"):
             auth.sign_out("you signed out")
             st.rerun()
+        # Reruns on its own (only this, not the page, and not as activity): a page left open signs
+        # out and clears itself once the session's limits are passed.
+        st.fragment(auth.watch, run_every=auth.WATCH_SECONDS)()
     if not studies:
         st.error("your account has no role in any open study; ask an admin to grant you one")
         return
     labels = {m.slug: f"{m.title} ({m.role})" for m in studies}
     with st.sidebar:
         chosen = st.selectbox("Study", list(labels), format_func=labels.__getitem__, key=auth.STUDY_KEY)
-        if st.button("Refresh figures", key="refresh", help="read every figure again now, not from the cache"):
-            data.clear()
+        refresh = st.button("Refresh figures", key="refresh",
+                            help="read this study's figures again now, not from the cache")
     membership = next(m for m in studies if m.slug == chosen)
     try:
         context = auth.set_context(held, membership)
     except Forbidden as exc:
         st.error(exc.message)
         return
+    if refresh and not data.refresh(context.database_url, context.slug):
+        st.sidebar.caption(f"These figures were read again less than {data.REFRESH_SECONDS} s ago; "
+                           "they are as current as they get.")
     pages = [st.Page(VIEWS / f"{spec.module}.py", title=spec.title, icon=spec.icon, url_path=spec.module,
                      default=spec.module == "overview")
              for spec in PAGES if context.participant_level or not spec.participant_level]

@@ -5,16 +5,28 @@ limited per email and client and per client, each further attempt waiting longer
 sign-in holds a staff token in the Streamlit session; the session ends (and the token is revoked)
 after ``IDLE_MINUTES`` without a page view, ``MAX_HOURS`` after signing in, or on sign-out, and the
 token is checked on every page view, so a deactivated account or a revoked token ends it at once.
+A page left open checks the same limits every ``WATCH_SECONDS`` (``watch``, run by ``app`` as a
+fragment that reruns itself; that check is not activity) and, once they are passed, signs out and
+clears itself.
+
+The client of the failure limits is the browser's address under the API's rule
+(``study.client_address``): the peer of its connection, or, when that peer is one of
+``settings.trusted_proxies``, the right-most untrusted hop of ``X-Forwarded-For``. Streamlit's
+server (uvicorn) would otherwise rewrite the peer from that header for any local client, so
+``afterward dashboard`` starts it with ``FORWARDED_ALLOW_IPS`` empty (do the same when running
+``streamlit run`` yourself).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 from dataclasses import dataclass
 
 import streamlit as st
 from sqlalchemy import select, update
 
+from study import client_address as addresses
 from study import staff as staff_service
 from study.clock import now
 from study.db import get_engine, session_scope
@@ -25,6 +37,7 @@ from study.settings import get_settings
 
 IDLE_MINUTES = 30
 MAX_HOURS = 8
+WATCH_SECONDS = 30  # how often an open page checks the session's limits
 SESSION_KEY = "afterward_staff"
 CONTEXT_KEY = "afterward_context"
 STUDY_KEY = "afterward_study"
@@ -63,13 +76,24 @@ class Context:
         return self.role in staff_service.PARTICIPANT_LEVEL_ROLES
 
 
+# Streamlit reports a peer on this machine as no address at all, without saying which loopback it was.
+LOOPBACK = (ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1"))
+
+
 def client_address() -> str:
-    """The browser's address as the Streamlit server sees it (the key of the failure limits)."""
-    try:
-        address = st.context.ip_address
-    except Exception:  # noqa: BLE001 - outside a browser session (AppTest) there is none
-        address = None
-    return address if isinstance(address, str) and address else "unknown"
+    """The browser's address, the key of the sign-in failure limits: resolved from the peer of the
+    browser's connection and the ``X-Forwarded-For`` of its opening request by the API's rule
+    (``study.client_address.resolve``). Without a browser connection (AppTest) it is
+    ``study.client_address.UNKNOWN_PEER``."""
+    headers = st.context.headers  # of the request that opened the session's connection
+    if not headers:
+        return addresses.UNKNOWN_PEER
+    peer = st.context.ip_address
+    if not isinstance(peer, str) or not peer:
+        # A proxy on this machine counts as trusted if either loopback address is configured as one.
+        proxies = addresses.configured_networks()
+        peer = str(next((a for a in LOOPBACK if addresses.is_trusted(a, proxies)), LOOPBACK[0]))
+    return addresses.resolve(peer, headers.get_all("x-forwarded-for"))
 
 
 def sign_in(email: str, password: str, client: str) -> str | None:
@@ -105,25 +129,42 @@ def sign_out(reason: str | None = None) -> None:
         st.session_state["afterward_signed_out_because"] = reason
 
 
+def _ended(held: StaffSession, moment: dt.datetime) -> str | None:
+    """Why the session has ended at ``moment`` (idle too long, too old, the token no longer valid),
+    or None while it holds. Changes nothing."""
+    if moment - held.last_seen_at > dt.timedelta(minutes=IDLE_MINUTES):
+        return f"you were signed out after {IDLE_MINUTES} minutes without activity; sign in again"
+    if moment - held.signed_in_at > dt.timedelta(hours=MAX_HOURS):
+        return f"sessions last {MAX_HOURS} hours; sign in again"
+    with session_scope(get_engine(), read_only=True) as session:
+        if staff_service.staff_for_token(session, held.token) is None:
+            return "your session has ended; sign in again"
+    return None
+
+
 def current() -> StaffSession | None:
-    """The signed-in staff member, once the session's limits and the token are checked."""
+    """The signed-in staff member, once the session's limits and the token are checked; the page
+    view counts as activity."""
     held = st.session_state.get(SESSION_KEY)
     if not isinstance(held, StaffSession):
         return None
     moment = now()
-    if moment - held.last_seen_at > dt.timedelta(minutes=IDLE_MINUTES):
-        sign_out(f"you were signed out after {IDLE_MINUTES} minutes without activity; sign in again")
-        return None
-    if moment - held.signed_in_at > dt.timedelta(hours=MAX_HOURS):
-        sign_out(f"sessions last {MAX_HOURS} hours; sign in again")
-        return None
-    with session_scope(get_engine(), read_only=True) as session:
-        valid = staff_service.staff_for_token(session, held.token) is not None
-    if not valid:
-        sign_out("your session has ended; sign in again")
+    reason = _ended(held, moment)
+    if reason is not None:
+        sign_out(reason)
         return None
     held.last_seen_at = moment
     return held
+
+
+def watch() -> None:
+    """Check the session's limits without counting as activity; once they are passed, run the whole
+    page again (``current`` then signs out and only the sign-in page is left). ``app`` runs this as
+    a fragment every ``WATCH_SECONDS``, so a page left open clears itself within that time after
+    the idle limit instead of showing participant data until the next click."""
+    held = st.session_state.get(SESSION_KEY)
+    if not isinstance(held, StaffSession) or _ended(held, now()) is not None:
+        st.rerun(scope="app")
 
 
 def memberships(email: str) -> list[Membership]:

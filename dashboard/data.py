@@ -1,30 +1,43 @@
-"""The dashboard's reads, cached for ``CACHE_SECONDS`` per database, study and disclosure level.
+"""The dashboard's reads, cached for ``CACHE_SECONDS`` per database, study and read.
 
-Every number comes from ``analysis`` (the aggregate tables, the panel and conversation features,
-the report's models: the same code as the exports and the report) or from the SQL aggregates of
-``dashboard.queries``. Each read returns its frames with the time it was read, for the
-"refreshed at" line. Viewers only ever reach ``aggregates(..., viewer=True)``: the tables with
-the suppression rule applied (``analysis.aggregates``).
+Every number comes from ``analysis`` (the same code as the exports and the report): the aggregate
+tables, the report's participant numbers, the panel's survey counts and attrition, each computed
+in grouped SQL, and the report's models as last fitted and stored (``analysis.fits``: fitting
+takes minutes on a large study, so it runs in a process of its own, never while a page waits),
+or from the SQL aggregates of ``dashboard.queries``. Each read returns its frames with the time
+it was read, for the "refreshed at" line. Viewers only ever reach ``aggregates(..., viewer=True)``:
+the tables with the suppression rule applied (``analysis.aggregates``).
+
+A study's cached reads are dropped together by ``refresh`` (the sidebar's button, a review): the
+cache key carries the study's generation, so refreshing one study leaves every other as it is.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
+from sqlalchemy.engine import Engine
+from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
 from analysis import aggregates as aggregate_tables
-from analysis.models import StudyData
-from analysis.reading import connect, resolve_study_id
-from analysis.report import deleted_by_arm, fit_models, participant_numbers
+from analysis import fits
+from analysis.panel import attrition, regret_scores, survey_cells
+from analysis.reading import connect
+from analysis.report import study_numbers
 from dashboard import queries
+from study import audit
 from study.clock import now
 from study.db import engine_for
+from study.settings import get_settings
 
 CACHE_SECONDS = 300
-BOOTSTRAP = 200  # replicates of the immediate-vs-delayed table (the report's default is 500)
+REFRESH_SECONDS = 30  # a study's figures are read again at most this often on request
 
 
 @dataclass(frozen=True)
@@ -37,60 +50,120 @@ class Read:
         return self.frames[name]
 
 
-@st.cache_data(ttl=CACHE_SECONDS, show_spinner="Reading the aggregate tables…", max_entries=64)
-def aggregates(database_url: str, slug: str, *, viewer: bool) -> Read:
-    """``analysis.aggregates.aggregate_tables``: suppressed for viewers, whole for the others."""
+_generations: dict[tuple[str, str], tuple[int, dt.datetime]] = {}  # (database, study) -> (generation, when)
+_lock = threading.Lock()
+
+
+def generation(database_url: str, slug: str) -> int:
+    return _generations.get((database_url, slug), (0, dt.datetime.min.replace(tzinfo=dt.UTC)))[0]
+
+
+def refresh(database_url: str, slug: str, *, force: bool = False) -> bool:
+    """Read the study's figures again on their next use (every session's, this study's only).
+    At most once per ``REFRESH_SECONDS`` unless ``force`` (a review changed what is shown):
+    returns whether it took effect."""
+    key = (database_url, slug)
+    with _lock:
+        current, at = _generations.get(key, (0, dt.datetime.min.replace(tzinfo=dt.UTC)))
+        if not force and now() - at < dt.timedelta(seconds=REFRESH_SECONDS):
+            return False
+        _generations[key] = (current + 1, now())
+    return True
+
+
+@st.cache_data(ttl=CACHE_SECONDS, show_spinner=False, max_entries=64)
+def _aggregates(database_url: str, slug: str, viewer: bool, generation: int) -> Read:
     threshold = aggregate_tables.THRESHOLD if viewer else 0
     return Read(aggregate_tables.aggregate_tables(engine_for(database_url), slug, threshold=threshold), now())
 
 
-@st.cache_data(ttl=CACHE_SECONDS, show_spinner="Reading the study…", max_entries=16)
-def study(database_url: str, slug: str) -> Read:
-    """The panel, conversation features and survival table (``StudyData.load``), and the
-    participants by arm and status as the report counts them. Researchers and admins only."""
-    engine = engine_for(database_url)
-    data = StudyData.load(engine, slug)
-    with connect(engine) as connection:
-        deleted = deleted_by_arm(connection, resolve_study_id(connection, slug))
-    return Read({"panel": data.panel, "conversations": data.conversations, "survival": data.survival,
-                 "numbers": participant_numbers(data.panel, deleted)}, data.read_at or now())
+def aggregates(database_url: str, slug: str, *, viewer: bool) -> Read:
+    """``analysis.aggregates.aggregate_tables``: suppressed for viewers, whole for the others."""
+    return _aggregates(database_url, slug, viewer, generation(database_url, slug))
 
 
-@st.cache_data(ttl=CACHE_SECONDS, show_spinner="Fitting the models…", max_entries=16)
-def models(database_url: str, slug: str) -> Read:
-    """The report's models (``analysis.report.fit_models``), as their tables. Researchers and admins."""
-    loaded = study(database_url, slug)
-    data = StudyData(panel=loaded["panel"], conversations=loaded["conversations"], survival=loaded["survival"],
-                     study=slug, read_at=loaded.refreshed_at)
-    suite = fit_models(data, n_boot=BOOTSTRAP)
-    frames: dict[str, pd.DataFrame] = {}
-    for name in ("perma", "headline", "regret", "screen", "dropout", "subgroups"):
-        fit = getattr(suite, name)
-        if fit is not None:
-            frames.update({f"{name}.{table}": frame for table, frame in fit.tables().items()})
-    if suite.perma is not None:
-        frames["perma.marginal_means"] = suite.perma.marginal_means
-    notes = tuple(f"{name}: not estimated ({reason})" for name, reason in suite.not_estimated.items())
-    return Read(frames, loaded.refreshed_at, notes)
+# The study's summaries for researchers and admins: name -> what reads it.
+SUMMARIES: dict[str, Callable[[Engine, str], pd.DataFrame]] = {
+    "numbers": study_numbers,  # the report's participants by arm and status
+    "surveys": survey_cells,  # the panel's surveys by wave, arm and status
+    "attrition": attrition,  # how each participant's follow-up ended or stands
+    "regret": regret_scores,  # each regret score with the starting role of its decision's conversation
+}
 
 
-@st.cache_data(ttl=CACHE_SECONDS, show_spinner="Counting…", max_entries=64)
-def counts(database_url: str, study_id: int) -> Read:
-    """The SQL aggregates of ``dashboard.queries``. Researchers and admins only."""
+@st.cache_data(ttl=CACHE_SECONDS, show_spinner=False, max_entries=128)
+def _summary(database_url: str, slug: str, name: str, generation: int) -> Read:
+    return Read({name: SUMMARIES[name](engine_for(database_url), slug)}, now())
+
+
+def summary(database_url: str, slug: str, name: str) -> Read:
+    """One of ``SUMMARIES``. Researchers and admins only."""
+    return _summary(database_url, slug, name, generation(database_url, slug))
+
+
+@st.cache_data(ttl=CACHE_SECONDS, show_spinner=False, max_entries=256)
+def _count(database_url: str, study_id: int, name: str, generation: int) -> Read:
     with connect(engine_for(database_url)) as connection:
-        frames = {
-            "recruitment": queries.recruitment(connection, study_id),
-            "funnel": queries.funnel(connection, study_id),
-            "withdrawals": queries.withdrawals(connection, study_id),
-            "followup_status": queries.followup_status(connection, study_id),
-            "lateness": queries.lateness(connection, study_id),
-            "deliveries": queries.deliveries(connection, study_id),
-            "alerts": queries.open_alerts(connection),
-            "escalations": queries.escalations_and_overrides(connection, study_id),
-            "model_versions": queries.model_versions(connection, study_id),
-            "few_items": queries.few_items(connection, study_id),
-        }
-    return Read(frames, now())
+        return Read({name: queries.QUERIES[name](connection, study_id)}, now())
+
+
+def counts(database_url: str, slug: str, study_id: int, *names: str) -> Read:
+    """The named SQL aggregates of ``dashboard.queries`` (each cached on its own). Researchers and
+    admins only; the refreshed-at time is the oldest of them."""
+    reads = [_count(database_url, study_id, name, generation(database_url, slug)) for name in names]
+    return Read({name: read[name] for name, read in zip(names, reads, strict=True)},
+                min(read.refreshed_at for read in reads))
+
+
+def together(*reads: Callable[[], Read]) -> list[Read]:
+    """The page's reads (each a call of one of the reads above), run at the same time on two
+    threads under one spinner: a cold page waits for its longest reads, not their sum. Each read
+    is cached on its own, so a warm one returns at once."""
+    context = get_script_run_ctx()
+
+    def run(read: Callable[[], Read]) -> Read:
+        add_script_run_ctx(threading.current_thread(), context)
+        return read()
+
+    with st.spinner("Reading the study's figures…"), ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(run, reads))
+
+
+@dataclass(frozen=True)
+class Models:
+    """The newest stored fit's tables (empty when there is none yet) and where fitting stands."""
+
+    fit: fits.StoredFit | None
+    status: fits.FitStatus
+    started: bool  # this view started a new fit
+
+    @property
+    def frames(self) -> dict[str, pd.DataFrame]:
+        return self.fit.tables if self.fit is not None else {}
+
+
+@st.cache_data(show_spinner="Reading the fitted models…", max_entries=16)
+def _stored_fit(database_url: str, fit_id: int) -> fits.StoredFit:
+    return fits.load_fit(engine_for(database_url), fit_id)  # a stored fit never changes
+
+
+def models(database_url: str, slug: str, actor: audit.Actor) -> Models:
+    """The report's models as last fitted (``analysis.fits``). When there is no fit yet, or the
+    newest is older than the setting ``model_fit_max_age_minutes``, and none is running, a new fit
+    is claimed for ``actor`` and started in its own process; the page shows the previous one
+    meanwhile."""
+    engine = engine_for(database_url)
+    status = fits.fit_status(engine, slug)
+    minutes = get_settings().model_fit_max_age_minutes
+    started = False
+    if status.running_id is None and status.stale(now(), dt.timedelta(minutes=minutes) if minutes else None):
+        claimed = fits.request_fit(engine, slug, requested_by=actor)
+        if claimed is not None:
+            fits.start_fit(database_url, claimed)
+            started = True
+            status = fits.fit_status(engine, slug)
+    fit = _stored_fit(database_url, status.latest_id) if status.latest_id is not None else None
+    return Models(fit, status, started)
 
 
 def live_alerts(database_url: str, study_id: int) -> tuple[int, int]:
@@ -98,8 +171,3 @@ def live_alerts(database_url: str, study_id: int) -> tuple[int, int]:
     review must leave the count at once)."""
     with connect(engine_for(database_url)) as connection:
         return queries.unreviewed_events(connection, study_id), len(queries.open_alerts(connection))
-
-
-def clear() -> None:
-    """Forget every cached read (after a review, or from the sidebar's refresh button)."""
-    st.cache_data.clear()

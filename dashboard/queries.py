@@ -5,6 +5,7 @@ a table read into memory); researchers and admins only (none goes through disclo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -171,3 +172,11 @@ def few_items(connection: Connection, study_id: int) -> pd.DataFrame:
         .where(and_(Participant.study_id == study_id))
         .group_by(SurveyResponse.instrument_id, SurveyScore.name)
         .order_by(SurveyResponse.instrument_id, SurveyScore.name))
+
+
+# Every query by name (``dashboard.data.counts`` reads and caches each on its own).
+QUERIES: dict[str, Callable[[Connection, int], pd.DataFrame]] = {
+    "recruitment": recruitment, "funnel": funnel, "withdrawals": withdrawals, "followup_status": followup_status,
+    "lateness": lateness, "deliveries": deliveries, "alerts": lambda connection, _: open_alerts(connection),
+    "escalations": escalations_and_overrides, "model_versions": model_versions, "few_items": few_items,
+}

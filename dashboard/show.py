@@ -27,6 +27,24 @@ def refreshed(*reads: data.Read) -> None:
             st.caption(note)
 
 
+def fitted(models: data.Models) -> None:
+    """Which fit of the models the page shows, and whether a newer one is on its way."""
+    fit, status = models.fit, models.status
+    if fit is not None:
+        st.caption(f"Models fitted at {fit.finished_at:%Y-%m-%d %H:%M} UTC from the data as read at "
+                   f"{fit.data_read_at:%Y-%m-%d %H:%M} UTC ({fit.participants:,} participants, "
+                   f"{fit.options.get('n_boot')} bootstrap replicates, {fit.seconds:.0f} s to fit)")
+        for note in fit.notes:
+            st.caption(note)
+    if status.running_since is not None:
+        what = "A newer fit" if fit is not None else "The first fit of the models"
+        why = " (started by this view: the last fit was too old, or there was none)" if models.started else ""
+        st.info(f"{what} has been running in the background since {status.running_since:%Y-%m-%d %H:%M} UTC"
+                f"{why}; it appears here when it ends (fitting takes minutes on a large study; reload the page).")
+    if status.failed:
+        st.warning(f"The last fit failed: {status.failed}")
+
+
 def _key(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
 

@@ -2,16 +2,26 @@
 (``analysis.transcripts``, ``chat.service``) and audited the way the API audits them
 (``study.audit``, the same actions and details). Researchers and admins only.
 
-A read is made (and audited) once per signed-in session: the result is kept in the Streamlit
-session, so the reruns Streamlit makes on every click show it again without reading it again.
+Every deliberate read is audited: each time a transcript, a safety event, a page of the
+conversation listing or the safety queue *comes into view*, that is, when the script run before
+this one did not show it (the staff member chose it, chose another one and came back to it, or
+opened the page afresh from another page or a new session). Streamlit runs the whole script again
+on every click, so a read shown by the previous run is kept in the Streamlit session and shown
+again without a new read or audit record while it stays in view (a click on another widget of the
+same page, Refresh, a review form being typed in). ``app`` calls ``begin_run`` at the start of
+every run of the script, which is what tells one run from the next; what the previous run did not
+show is dropped, so nothing read stays in the session longer than it is on screen. A run cut short
+by a quicker click may record a read again; the rule errs towards more records, never fewer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import streamlit as st
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from analysis import transcripts
 from analysis.schemas import ConversationPageRead, SafetyEventContextRead, TranscriptRead
@@ -39,49 +49,103 @@ def _allowed(context: Context) -> None:
                         code="participant_data_forbidden")
 
 
-def _kept() -> dict[tuple[Any, ...], Any]:
-    kept: dict[tuple[Any, ...], Any] = st.session_state.setdefault(READS_KEY, {})
-    return kept
+@dataclass
+class _Shown:
+    """What the previous run of the script showed and what this run has shown so far, by kind
+    (one item of each kind is in view at a time): kind -> (key of the read, its result)."""
+
+    before: dict[str, tuple[tuple[Any, ...], Any]] = field(default_factory=dict)
+    now: dict[str, tuple[tuple[Any, ...], Any]] = field(default_factory=dict)
+
+
+def _shown() -> _Shown:
+    shown = st.session_state.get(READS_KEY)
+    if not isinstance(shown, _Shown):
+        shown = st.session_state[READS_KEY] = _Shown()
+    return shown
+
+
+def begin_run() -> None:
+    """Start a run of the script (``app`` calls it before the page runs): what the last run showed
+    is what is in view; this run's reads start afresh."""
+    shown = _shown()
+    shown.before, shown.now = shown.now, {}
+
+
+def _in_view(kind: str, key: tuple[Any, ...]) -> tuple[bool, Any]:
+    """Whether the read ``key`` of ``kind`` is already in view (shown by the previous run or
+    earlier in this one), and its kept result."""
+    shown = _shown()
+    for kept in (shown.now.get(kind), shown.before.get(kind)):
+        if kept is not None and kept[0] == key:
+            return True, kept[1]
+    return False, None
+
+
+def _open(kind: str, key: tuple[Any, ...], read: Callable[[], T]) -> T:
+    """The read ``key`` of ``kind``: the kept result while it is in view, else ``read()`` (which
+    reads and audits); either way it is what this run shows of that kind."""
+    seen, kept = _in_view(kind, key)
+    result: T = kept if seen else read()
+    _shown().now[kind] = (key, result)
+    return result
 
 
 def forget(kind: str) -> None:
-    """Drop the kept reads of one kind (e.g. after a review changed them)."""
-    kept = _kept()
-    for key in [k for k in kept if k[0] == kind]:
-        del kept[key]
+    """Drop the kept read of one kind (e.g. after a review changed it): the next is read afresh."""
+    shown = _shown()
+    shown.before.pop(kind, None)
+    shown.now.pop(kind, None)
 
 
-def safety_queue(context: Context) -> list[SafetyEventRead]:
-    """The unreviewed safety events, newest first (read at every view: the queue must be current);
-    audited as the API's ``safety_events.read``."""
+@dataclass(frozen=True)
+class SafetyQueue:
+    """The newest unreviewed safety events (at most ``QUEUE_LIMIT``) and how many wait in all."""
+
+    events: list[SafetyEventRead]
+    total: int
+
+    @property
+    def truncated(self) -> bool:
+        """More events wait than are listed."""
+        return self.total > len(self.events)
+
+
+def safety_queue(context: Context) -> SafetyQueue:
+    """The unreviewed safety events, newest first, at most ``QUEUE_LIMIT`` of them, with the count
+    of all (read at every view: the queue must be current); audited as the API's
+    ``safety_events.read`` when it comes into view or what it lists changes."""
     _allowed(context)
+    unreviewed = (SafetyEvent.study_id == context.study_id, SafetyEvent.reviewed_at.is_(None))
     with session_scope(engine_for(context.database_url)) as session:
         rows = session.execute(
             select(SafetyEvent, Participant.code).outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
-            .where(SafetyEvent.study_id == context.study_id, SafetyEvent.reviewed_at.is_(None))
+            .where(*unreviewed)
             .order_by(SafetyEvent.created_at.desc(), SafetyEvent.id.desc()).limit(QUEUE_LIMIT)).all()
         events = [SafetyEventRead.of(event, code, []) for event, code in rows]
-        key = ("queue", context.study_id, tuple(event.id for event in events))
-        if key not in _kept():
+        total = len(events) if len(events) < QUEUE_LIMIT else (
+            session.scalar(select(func.count()).select_from(SafetyEvent).where(*unreviewed)) or 0)
+        key = (context.study_id, tuple(event.id for event in events))
+        if not _in_view("queue", key)[0]:
             audit.record(session, actor(context), "safety_events.read", study_id=context.study_id, count=len(events))
-            _kept()[key] = True
-    return events
+    _shown().now["queue"] = (key, None)
+    return SafetyQueue(events, total)
 
 
 def safety_event(context: Context, event_id: int, around: int = 3) -> SafetyEventContextRead:
     """A safety event with the turns around it (``analysis.transcripts.safety_event_context``),
     audited as ``safety_event.read``. Raises NotFound, or Gone for a de-identified record."""
     _allowed(context)
-    key = ("event", context.study_id, event_id, around)
-    if key not in _kept():
+
+    def read() -> SafetyEventContextRead:
         with session_scope(engine_for(context.database_url)) as session:
             found = transcripts.safety_event_context(session, context.study_id, event_id, around=around)
             audit.record(session, actor(context), "safety_event.read", study_id=context.study_id,
                          participant_code=found.event.participant, event_id=event_id,
                          conversation_id=found.conversation_id, turn_ids=[turn.id for turn in found.turns])
-        _kept()[key] = found
-    found_kept: SafetyEventContextRead = _kept()[key]
-    return found_kept
+        return found
+
+    return _open("event", (context.study_id, event_id, around), read)
 
 
 def review(context: Context, event_id: int, note: str) -> SafetyEventRead:
@@ -109,28 +173,28 @@ def conversations(context: Context, filters: transcripts.ConversationFilters, *,
     """A page of the study's conversations (``analysis.transcripts.list_conversations``), audited
     as ``conversations.listed``. Raises Invalid for an unknown arm or participant."""
     _allowed(context)
-    key = ("listing", context.study_id, filters, limit, offset)
-    if key not in _kept():
+
+    def read() -> ConversationPageRead:
         with session_scope(engine_for(context.database_url)) as session:
             transcripts.check_filters(session, context.study_id, filters)
             page = transcripts.list_conversations(session, context.study_id, filters, limit=limit, offset=offset)
             audit.record(session, actor(context), "conversations.listed", study_id=context.study_id,
                          filters=filters.as_audit_detail(), limit=limit, offset=offset, count=len(page.items),
                          conversation_ids=[item.id for item in page.items])
-        _kept()[key] = page
-    page_kept: ConversationPageRead = _kept()[key]
-    return page_kept
+        return page
+
+    return _open("listing", (context.study_id, filters, limit, offset), read)
 
 
 def transcript(context: Context, conversation_id: int) -> TranscriptRead:
     """One whole conversation (``analysis.transcripts.get_transcript``), audited as ``conversation.read``."""
     _allowed(context)
-    key = ("transcript", context.study_id, conversation_id)
-    if key not in _kept():
+
+    def read() -> TranscriptRead:
         with session_scope(engine_for(context.database_url)) as session:
             found = transcripts.get_transcript(session, context.study_id, conversation_id)
             audit.record(session, actor(context), "conversation.read", study_id=context.study_id,
                          participant_code=found.participant, conversation_id=found.id)
-        _kept()[key] = found
-    found_kept: TranscriptRead = _kept()[key]
-    return found_kept
+        return found
+
+    return _open("transcript", (context.study_id, conversation_id), read)

@@ -7,7 +7,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import auth, data, show
+from dashboard import auth, data, show, staff_reads
 
 
 def forest(frame: pd.DataFrame, label: str, estimate: str, low: str, high: str, facet: str | None) -> None:
@@ -25,8 +25,8 @@ def forest(frame: pd.DataFrame, label: str, estimate: str, low: str, high: str, 
 
 def render(context: auth.Context) -> None:
     st.title("Conversations → outcomes")
-    fitted = data.models(context.database_url, context.slug)
-    show.refreshed(fitted)
+    fitted = data.models(context.database_url, context.slug, staff_reads.actor(context))
+    show.fitted(fitted)
     screen = fitted.frames.get("screen.feature_screen")
     if screen is not None and not screen.empty:
         st.subheader("Feature effects")
@@ -58,7 +58,7 @@ def render(context: auth.Context) -> None:
         labelled = subgroups.assign(label=subgroups["subgroup"] + ": " + subgroups["level"].astype(str))
         forest(labelled, "label", "estimate", "ci_low", "ci_high", "outcome")
         show.table(subgroups, "Subgroup effects", file_name="subgroup-effects")
-    if screen is None and regret is None and curves is None:
+    if fitted.fit is not None and screen is None and regret is None and curves is None:
         show.empty("models the data can support")
 
 

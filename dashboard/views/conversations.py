@@ -12,6 +12,8 @@ from dashboard import auth, staff_reads
 from study.errors import DomainError
 
 PAGE = 50
+PAGE_KEY = "conversation-page"
+SEARCH_KEY = "afterward_conversation_search"  # the study and filters the page number belongs to
 ROLES = ["", "concierge", "collaborator", "coach", "standard"]
 STANCES = ["", "agree", "nudge", "challenge", "check_in", "decline", "escalate"]
 
@@ -56,9 +58,15 @@ def render(context: auth.Context) -> None:
         role = third.selectbox("Held in role", ROLES, format_func=lambda r: r or "any")
         stance = fourth.selectbox("With a stance", STANCES, format_func=lambda s: s or "any")
         st.form_submit_button("Search")
-    page = int(st.number_input("Page", min_value=1, value=1, step=1, key="conversation-page"))
     filters = ConversationFilters(participant=participant.strip().upper() or None, arm=arm.strip() or None,
                                   role=role or None, stance=stance or None)
+    # A new search, or another study, starts on its first page: the page number of the last one may
+    # be past the end of this one.
+    search = (context.study_id, filters)
+    if st.session_state.get(SEARCH_KEY) != search:
+        st.session_state[SEARCH_KEY] = search
+        st.session_state[PAGE_KEY] = 1
+    page = int(st.number_input("Page", min_value=1, step=1, key=PAGE_KEY))
     try:
         found = staff_reads.conversations(context, filters, limit=PAGE, offset=(page - 1) * PAGE)
     except DomainError as exc:

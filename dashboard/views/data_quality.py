@@ -7,28 +7,30 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from analysis.panel import DUE
 from dashboard import auth, data, show
 
-DUE = ["completed", "expired", "open", "overdue"]
 
-
-def missingness(panel: pd.DataFrame) -> pd.DataFrame:
+def missingness(surveys: pd.DataFrame) -> pd.DataFrame:
     """Per instrument and wave: surveys due (completed, expired, still open or overdue), and the
-    share of them not answered."""
-    due = panel[panel["response_status"].astype(str).isin(DUE)]
-    counts = (due.groupby(["instrument_id", "wave"], observed=True)["response_status"]
-              .value_counts().unstack(fill_value=0).reindex(columns=DUE, fill_value=0))
+    share of them not answered (from ``analysis.panel.survey_cells``)."""
+    due = surveys[(surveys["kind"] == "status") & surveys["response_status"].isin(DUE)]
+    counts = (due.groupby(["instrument_id", "wave", "response_status"])["surveys"].sum()
+              .unstack(fill_value=0).reindex(columns=list(DUE), fill_value=0))
     counts["due"] = counts.sum(axis=1)
+    counts.columns.name = None
     counts["missing_share"] = ((counts["due"] - counts["completed"]) / counts["due"]).round(3)
     return counts.reset_index().rename(columns={"instrument_id": "instrument"})
 
 
 def render(context: auth.Context) -> None:
     st.title("Data quality")
-    loaded = data.study(context.database_url, context.slug)
-    counts = data.counts(context.database_url, context.study_id)
-    show.refreshed(loaded, counts)
-    missing = missingness(loaded["panel"])
+    surveys, attrition, counts = data.together(
+        lambda: data.summary(context.database_url, context.slug, "surveys"),
+        lambda: data.summary(context.database_url, context.slug, "attrition"),
+        lambda: data.counts(context.database_url, context.slug, context.study_id, "few_items"))
+    show.refreshed(surveys, attrition, counts)
+    missing = missingness(surveys["surveys"])
     if missing.empty:
         show.empty("surveys due")
     else:
@@ -38,13 +40,14 @@ def render(context: auth.Context) -> None:
             tooltip=["instrument", "wave", "due", "completed", "expired", "missing_share"]),
             caption="Share of due surveys not answered, per instrument and wave")
         show.table(missing, "Missingness per instrument and wave", file_name="missingness")
-    survival = loaded["survival"]
-    if not survival.empty:
-        attrition = (survival.assign(outcome=survival["event_type"].astype(str))
-                     .groupby("outcome").size().rename("participants").reset_index())
-        show.table(attrition, "Attrition: how each participant's follow-up ended or stands",
-                   file_name="attrition", caption="missed_followup and withdrew are dropouts; censored: still taking "
-                                                  "part or done")
+    ended = attrition["attrition"]
+    if not ended.empty:
+        by_arm = ended.pivot_table(index="event_type", columns="arm", values="participants", aggfunc="sum",
+                                   fill_value=0)
+        by_arm["all"] = by_arm.sum(axis=1)
+        show.table(by_arm.reset_index().rename_axis(columns=None),
+                   "Attrition: how each participant's follow-up ended or stands, by arm", file_name="attrition",
+                   caption="missed_followup and withdrew are dropouts; censored: still taking part or done")
     few = counts["few_items"]
     show.table(few, "Scores resting on few items", file_name="few-items",
                caption="fewer_items: computed from fewer items than the instrument has; under_half_items: from "

@@ -23,8 +23,8 @@ def render(context: auth.Context) -> None:
             show.chart(alt.Chart(shown).mark_bar().encode(x=alt.X("participants:Q"), y="arm:N",
                                                           tooltip=["arm", "participants"]))
         return
-    loaded = data.study(context.database_url, context.slug)
-    counts = data.counts(context.database_url, context.study_id)
+    loaded = data.summary(context.database_url, context.slug, "numbers")
+    counts = data.counts(context.database_url, context.slug, context.study_id, "funnel", "withdrawals")
     show.refreshed(loaded, counts)
     numbers = loaded["numbers"]
     everyone = numbers[numbers["arm"] == "all"]

@@ -11,8 +11,11 @@ from dashboard import auth, data, show
 
 def render(context: auth.Context) -> None:
     st.title("Follow-ups")
-    tables = data.aggregates(context.database_url, context.slug, viewer=not context.participant_level)
-    reads = [tables] + ([data.counts(context.database_url, context.study_id)] if context.participant_level else [])
+    reads = data.together(
+        lambda: data.aggregates(context.database_url, context.slug, viewer=not context.participant_level),
+        *([lambda: data.counts(context.database_url, context.slug, context.study_id, "followup_status", "lateness",
+                               "deliveries", "alerts")] if context.participant_level else []))
+    tables = reads[0]
     show.refreshed(*reads)
     followups = tables["followups"]
     rates = show.numeric(followups[followups["arm"] != "all"], ["completion_rate"]).dropna(subset=["completion_rate"])

@@ -7,7 +7,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import auth, data, show
+from dashboard import auth, data, show, staff_reads
 
 
 def _viewer(context: auth.Context) -> None:
@@ -29,9 +29,9 @@ def render(context: auth.Context) -> None:
     if not context.participant_level:
         _viewer(context)
         return
-    loaded = data.study(context.database_url, context.slug)
-    fitted = data.models(context.database_url, context.slug)
-    show.refreshed(loaded, fitted)
+    scores = data.summary(context.database_url, context.slug, "regret")
+    fitted = data.models(context.database_url, context.slug, staff_reads.actor(context))
+    show.fitted(fitted)
     means = fitted.frames.get("perma.marginal_means")
     if means is not None and not means.empty:
         base = alt.Chart(means).encode(x=alt.X("wave:N", sort=None), color="group:N")
@@ -43,18 +43,14 @@ def render(context: auth.Context) -> None:
                    caption="PERMA trajectories: the mixed model's mean per wave and arm at the mean baseline, "
                            "with 95% intervals (analysis.models.perma_trajectories)")
         show.table(means, "PERMA marginal means", file_name="perma-marginal-means")
-    else:
+    elif fitted.fit is not None:
         show.empty("PERMA follow-ups to model")
-    panel, conversations = loaded["panel"], loaded["conversations"]
-    role_of = dict(zip(conversations["conversation_id"], conversations["starting_role"], strict=True))
-    regret = panel[(panel["response_status"] == "completed") & panel["regret"].notna()][
-        ["wave", "decision_conversation_id", "regret"]].copy()
-    regret["starting_role"] = regret["decision_conversation_id"].map(role_of)
-    regret = regret.dropna(subset=["starting_role"])
+    st.subheader("Regret by role")
+    show.refreshed(scores)
+    regret = scores["regret"].dropna(subset=["starting_role"])
     if regret.empty:
         show.empty("regret answers")
     else:
-        regret["regret"] = regret["regret"].astype(float)
         show.chart(alt.Chart(regret[["wave", "starting_role", "regret"]]).mark_boxplot().encode(
             x=alt.X("regret:Q", title="Decision Regret Scale (0-100)"), y=alt.Y("starting_role:N", title="role"),
             color="starting_role:N", row=alt.Row("wave:N", title=None)),

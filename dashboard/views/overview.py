@@ -35,8 +35,8 @@ def render(context: auth.Context) -> None:
         st.page_link("views/safety.py", label="Open the safety review", icon=":material/health_and_safety:")
     if alerts:
         st.warning(f"{alerts} delivery channel alert(s) are open: follow-ups may not reach participants.")
-    loaded = data.study(context.database_url, context.slug)
-    counts = data.counts(context.database_url, context.study_id)
+    loaded = data.summary(context.database_url, context.slug, "numbers")
+    counts = data.counts(context.database_url, context.slug, context.study_id, "recruitment")
     show.refreshed(loaded, counts)
     numbers = loaded["numbers"]
     show.table(numbers, "Participants by arm", file_name="participants-by-arm",

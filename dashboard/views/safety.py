@@ -16,10 +16,16 @@ NOTE_MAX = 4000  # as the API's SafetyReview
 
 def queue(context: auth.Context) -> None:
     st.subheader("Review queue")
-    events = staff_reads.safety_queue(context)
+    pending = staff_reads.safety_queue(context)
+    events = pending.events
     if not events:
         st.success("No safety event waits for review.")
         return
+    if pending.truncated:
+        st.warning(f"{pending.total} safety events wait for review; only the newest {len(events)} are listed "
+                   "here. Older ones appear as these are reviewed (the staff API lists them all).")
+    else:
+        st.caption(f"{pending.total} safety event(s) wait for review, newest first.")
     listing = pd.DataFrame([{"event": e.id, "created_at": e.created_at, "category": e.category, "source": e.source,
                              "participant": e.participant or e.marker, "conversation": e.conversation_id}
                             for e in events])
@@ -55,8 +61,9 @@ def queue(context: auth.Context) -> None:
 
 
 def calibration(context: auth.Context) -> None:
-    tables = data.aggregates(context.database_url, context.slug, viewer=False)
-    counts = data.counts(context.database_url, context.study_id)
+    tables, counts = data.together(
+        lambda: data.aggregates(context.database_url, context.slug, viewer=False),
+        lambda: data.counts(context.database_url, context.slug, context.study_id, "escalations", "model_versions"))
     show.refreshed(tables, counts)
     escalations = counts["escalations"]
     if escalations.empty:

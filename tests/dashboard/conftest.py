@@ -16,8 +16,10 @@ import streamlit as st
 from sqlalchemy.engine import Engine
 from streamlit.testing.v1 import AppTest
 
+from analysis import fits
 from analysis.simulate import simulate
-from study import clock
+from dashboard import data
+from study import audit, clock
 from study.db import make_engine, session_scope
 from study.models import StaffRole, Study
 from study.settings import get_settings
@@ -65,6 +67,13 @@ def simulated(database_template: str, tmp_path_factory: pytest.TempPathFactory) 
     simulate(engine, slug, participants=60, weeks=WEEKS, seed=11, start=START, tick_minutes=120)
     for role, email in EMAILS.items():
         make_staff(engine, slug, role, email)
+    previous = clock.set_clock(clock.FrozenClock(NOW))  # the models as fitted at the study's end
+    try:
+        fit_id = fits.request_fit(engine, slug, requested_by=audit.Actor("staff", EMAILS[StaffRole.RESEARCHER]))
+        assert fit_id is not None
+        fits.run_fit(engine, fit_id)
+    finally:
+        clock.set_clock(previous)
     yield Simulated(engine, slug, engine.url.render_as_string(hide_password=False))
     engine.dispose()
 
@@ -75,6 +84,7 @@ def dashboard_env(simulated: Simulated, monkeypatch: pytest.MonkeyPatch) -> Iter
     monkeypatch.setenv("AFTERWARD_DATABASE_URL", simulated.url)
     get_settings.cache_clear()
     st.cache_data.clear()
+    data._generations.clear()  # no test's refresh of the study holds back another's
     frozen = clock.FrozenClock(NOW)
     previous = clock.set_clock(frozen)
     yield frozen

@@ -17,7 +17,9 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 from sqlalchemy.engine import Engine
 
+from analysis import fits
 from analysis.simulate import simulate
+from study import audit
 from study.models import StaffRole
 from tests.builders import load_study, make_staff
 from tests.dashboard.conftest import PASSWORD
@@ -32,12 +34,16 @@ EMAIL = "admin@uni.example"
 
 @pytest.fixture
 def dashboard(engine: Engine, example_protocol: str, tmp_path: Path) -> Iterator[str]:
-    """``afterward dashboard`` on a free port, reading a study of 30 simulated participants."""
+    """``afterward dashboard`` on a free port, reading a study of 30 simulated participants with
+    its models fitted."""
     slug = load_study(engine, example_protocol)
     # On a thread of its own: the simulation runs an event loop, and Playwright's runs on this one.
     with ThreadPoolExecutor(1) as pool:
         pool.submit(simulate, engine, slug, participants=30, weeks=4, seed=3, tick_minutes=240).result()  # ends now
     make_staff(engine, slug, StaffRole.ADMIN, EMAIL)
+    fit_id = fits.request_fit(engine, slug, requested_by=audit.Actor("staff", EMAIL))  # the models pages show it
+    assert fit_id is not None
+    fits.run_fit(engine, fit_id)
     port = free_port()
     env = {**os.environ, "AFTERWARD_DATABASE_URL": engine.url.render_as_string(hide_password=False),
            "AFTERWARD_AUDIT_ANCHOR_PATH": str(tmp_path / "anchors.jsonl")}
