@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import pandas as pd
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import BigInteger, and_, case, cast, func, or_, select
 from sqlalchemy.engine import Connection
 
 from analysis.lexicons import count_affirmations, count_words
@@ -354,7 +354,7 @@ def conversation_cells(source: Source, study: int | str) -> pd.DataFrame:
         role = starting_role().label("starting_role")
         return read_frame(connection, scope.apply(select(
             Conversation.participant_id, Conversation.arm, role, func.count().label("conversations"),
-            *(func.coalesce(func.sum(column), 0).label(column.name)
+            *(cast(func.coalesce(func.sum(column), 0), BigInteger).label(column.name)  # PostgreSQL: not numeric
               for column in (turns.c.assistant_turns, turns.c.pushback_turns, responses.c.overrides,
                              responses.c.reconsiders)),
         ).outerjoin(turns, turns.c.conversation_id == Conversation.id)
