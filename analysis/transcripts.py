@@ -136,17 +136,21 @@ def list_conversations(session: Session, study_id: int, filters: ConversationFil
     """One page of a study's conversations, newest first, with the total matching the filters (refused by
     ``check_filters`` when nothing matches because a filter names what the study does not have).
 
-    Four queries: the total, the page (with whether each has a safety event), the stance counts
-    and the role switches of the page's conversations.
+    Five queries: the total, the page's ids, their rows (with whether each has a safety event), the
+    stance counts and the role switches of the page's conversations.
     """
     matching = _filtered(_in_study(select(Conversation.id), study_id), filters)
     total = session.scalar(select(func.count()).select_from(matching.subquery())) or 0
     if total == 0:
         check_filters(session, study_id, filters)
-    page = session.execute(
-        _filtered(_in_study(select(Conversation, Participant.code, _HAS_SAFETY_EVENT), study_id), filters)
-        .order_by(Conversation.started_at.desc(), Conversation.id.desc()).limit(limit).offset(offset)).all()
-    ids = [conversation.id for conversation, _, _ in page]
+    # The page's ids first, then their rows: ordering whole rows (and their safety-event check) of every
+    # conversation before the limit took 5 s at 200,000 conversations on SQLite; the ids take 0.1 s.
+    ids = list(session.scalars(matching.order_by(Conversation.started_at.desc(), Conversation.id.desc())
+                               .limit(limit).offset(offset)))
+    rows = {conversation.id: (conversation, code, has_event) for conversation, code, has_event in session.execute(
+        select(Conversation, Participant.code, _HAS_SAFETY_EVENT)
+        .join(Participant, Participant.id == Conversation.participant_id).where(Conversation.id.in_(ids)))}
+    page = [rows[conversation_id] for conversation_id in ids]
     stances: dict[int, list[tuple[str | None, int]]] = {}
     switches: dict[int, list[RoleSwitch]] = {}
     if ids:

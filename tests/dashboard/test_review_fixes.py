@@ -214,8 +214,9 @@ def unreviewed(simulated: Simulated) -> list[int]:
 
 @pytest.fixture
 def more_events(simulated: Simulated) -> Iterator[list[int]]:
-    """Three more unreviewed safety events, older than the study's own, on a conversation that already
-    has one (so no more participants have an event); removed afterwards, as the other tests count them."""
+    """Four more unreviewed safety events, older than the study's own, on a conversation that already
+    has one (so no more participants have an event): at least four wait, whichever tests reviewed the
+    study's own before; removed afterwards, as the other tests count them."""
     with session_scope(simulated.engine) as session:
         model = session.scalars(select(SafetyEvent).where(SafetyEvent.conversation_id.is_not(None))
                                 .order_by(SafetyEvent.created_at)).first()
@@ -223,7 +224,7 @@ def more_events(simulated: Simulated) -> Iterator[list[int]]:
         added = [SafetyEvent(study_id=model.study_id, participant_id=model.participant_id,
                              conversation_id=model.conversation_id, turn_id=model.turn_id, category=model.category,
                              source=model.source, cue=model.cue,
-                             created_at=model.created_at - dt.timedelta(minutes=n + 1)) for n in range(3)]
+                             created_at=model.created_at - dt.timedelta(minutes=n + 1)) for n in range(4)]
         session.add_all(added)
         session.flush()
         ids = [event.id for event in added]
