@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -42,6 +42,7 @@ from study.db import session_scope
 BOOTSTRAP = 200  # replicates of the immediate-vs-delayed table (the report's default is 500)
 LEASE = dt.timedelta(hours=3)  # a fit still running after this is taken as abandoned (its worker died)
 ACTION = "analysis.models_fitted"  # the audit log's action
+KEEP = 24  # finished fits kept per study (the newest; 1.4 MB each at 100,000 participants)
 MODELS = ("perma", "headline", "regret", "screen", "dropout", "subgroups")
 
 
@@ -118,8 +119,8 @@ def request_fit(engine: Engine, study: int | str, *, requested_by: audit.Actor, 
 
 
 def run_fit(engine: Engine, fit_id: int) -> StoredFit:
-    """Fit the models of a claimed fit, store their tables and audit the read (``ACTION``).
-    A failure is stored with its message and raised."""
+    """Fit the models of a claimed fit, store their tables, audit the read (``ACTION``) and keep
+    only the study's newest ``KEEP`` finished fits. A failure is stored with its message and raised."""
     with session_scope(engine, read_only=True) as session:
         claimed = session.get(ModelFit, fit_id)
         if claimed is None or claimed.status != "running":
@@ -146,6 +147,10 @@ def run_fit(engine: Engine, fit_id: int) -> StoredFit:
                      read_at=data.read_at.isoformat() if data.read_at else None, options=options,
                      fitted=[name for name in MODELS if name not in suite.not_estimated],
                      not_estimated=suite.not_estimated)
+        kept = select(ModelFit.id).where(ModelFit.study_id == study_id, ModelFit.status == "done") \
+            .order_by(ModelFit.finished_at.desc(), ModelFit.id.desc()).limit(KEEP).scalar_subquery()
+        session.execute(delete(ModelFit).where(ModelFit.study_id == study_id, ModelFit.status == "done",
+                                               ModelFit.id.not_in(kept)))
         stored = session.get(ModelFit, fit_id)
         assert stored is not None
         return StoredFit.of(stored)

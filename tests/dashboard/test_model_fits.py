@@ -107,3 +107,15 @@ def test_a_page_with_old_models_starts_a_fit_in_the_background_and_shows_it_when
     finally:  # the other tests read the fit made at the study's end
         with session_scope(simulated.engine) as session:
             session.execute(delete(ModelFit).where(ModelFit.id != before.latest_id))
+
+
+def test_only_the_newest_fits_are_kept(simulated: Simulated, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = fits.fit_status(simulated.engine, simulated.slug).latest_id
+    monkeypatch.setattr(fits, "KEEP", 1)
+    claimed = fits.request_fit(simulated.engine, simulated.slug, requested_by=RESEARCHER)
+    assert claimed is not None
+    fits.run_fit(simulated.engine, claimed)  # at the study's end, as the fit it replaces
+    with session_scope(simulated.engine, read_only=True) as session:
+        done = session.scalars(select(ModelFit.id).where(ModelFit.status == "done")).all()
+    assert done == [claimed]
+    assert before != claimed
