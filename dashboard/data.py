@@ -8,8 +8,8 @@ or from the SQL aggregates of ``dashboard.queries``. Each read returns its frame
 it was read, for the "refreshed at" line. Viewers only ever reach ``aggregates(..., viewer=True)``:
 the tables with the suppression rule applied (``analysis.aggregates``).
 
-A study's cached reads are dropped together by ``refresh`` (the sidebar's button, a review): the
-cache key carries the study's generation, so refreshing one study leaves every other as it is.
+A study's cached reads are dropped together by ``refresh`` (the sidebar's button): the cache key
+carries the study's generation, so refreshing one study leaves every other as it is.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ REFRESH_SECONDS = 30  # a study's figures are read again at most this often on r
 class Read:
     frames: dict[str, pd.DataFrame]
     refreshed_at: dt.datetime
-    notes: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.frames[name]
@@ -58,14 +57,13 @@ def generation(database_url: str, slug: str) -> int:
     return _generations.get((database_url, slug), (0, dt.datetime.min.replace(tzinfo=dt.UTC)))[0]
 
 
-def refresh(database_url: str, slug: str, *, force: bool = False) -> bool:
-    """Read the study's figures again on their next use (every session's, this study's only).
-    At most once per ``REFRESH_SECONDS`` unless ``force`` (a review changed what is shown):
-    returns whether it took effect."""
+def refresh(database_url: str, slug: str) -> bool:
+    """Read the study's figures again on their next use (every session's, this study's only), at
+    most once per ``REFRESH_SECONDS``: returns whether it took effect."""
     key = (database_url, slug)
     with _lock:
         current, at = _generations.get(key, (0, dt.datetime.min.replace(tzinfo=dt.UTC)))
-        if not force and now() - at < dt.timedelta(seconds=REFRESH_SECONDS):
+        if now() - at < dt.timedelta(seconds=REFRESH_SECONDS):
             return False
         _generations[key] = (current + 1, now())
     return True

@@ -22,9 +22,6 @@ def refreshed(*reads: data.Read) -> None:
     oldest = min(read.refreshed_at for read in reads)
     st.caption(f"Refreshed at {oldest:%Y-%m-%d %H:%M:%S} UTC · figures are cached for "
                f"{data.CACHE_SECONDS // 60} minutes (Refresh in the sidebar reads them again)")
-    for read in reads:
-        for note in read.notes:
-            st.caption(note)
 
 
 def fitted(models: data.Models) -> None:
