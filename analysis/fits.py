@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from analysis.models import StudyData
 from analysis.reading import Source, connect, resolve_study_id
-from analysis.report import ModelSuite, fit_models
+from analysis.report import MODEL_TITLES, ModelSuite, fit_models
 from analysis.tables import ModelFit
 from study import audit
 from study.clock import now
@@ -43,7 +43,6 @@ BOOTSTRAP = 200  # replicates of the immediate-vs-delayed table (the report's de
 LEASE = dt.timedelta(hours=3)  # a fit still running after this is taken as abandoned (its worker died)
 ACTION = "analysis.models_fitted"  # the audit log's action
 KEEP = 24  # finished fits kept per study (the newest; 1.4 MB each at 100,000 participants)
-MODELS = ("perma", "headline", "regret", "screen", "dropout", "subgroups")
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class StoredFit:
 def suite_tables(suite: ModelSuite) -> dict[str, pd.DataFrame]:
     """The fitted models' tables by ``<model>.<table>``, and the PERMA marginal means."""
     frames: dict[str, pd.DataFrame] = {}
-    for name in MODELS:
+    for name in MODEL_TITLES:
         fit = getattr(suite, name)
         if fit is not None:
             frames.update({f"{name}.{table}": frame for table, frame in fit.tables().items()})
@@ -145,7 +144,7 @@ def run_fit(engine: Engine, fit_id: int) -> StoredFit:
         kind, _, name = requested_by.partition(":")
         audit.record(session, audit.Actor(kind, name), ACTION, study_id=study_id, fit_id=fit_id,
                      read_at=data.read_at.isoformat() if data.read_at else None, options=options,
-                     fitted=[name for name in MODELS if name not in suite.not_estimated],
+                     fitted=[name for name in MODEL_TITLES if name not in suite.not_estimated],
                      not_estimated=suite.not_estimated)
         kept = select(ModelFit.id).where(ModelFit.study_id == study_id, ModelFit.status == "done") \
             .order_by(ModelFit.finished_at.desc(), ModelFit.id.desc()).limit(KEEP).scalar_subquery()
