@@ -195,8 +195,7 @@ def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]
     """What the monitors find in one message. ``earlier_reassurance`` gives the participant's
     earlier reassurance-seeking messages (asked for only when this one seeks reassurance); the
     evaluation harness (``evals``) passes its own conversation's."""
-    verdict = semantic.classify(content)
-    crisis = semantic.fuse(monitors.detect_crisis(content), verdict)
+    crisis, verdict = semantic.read(content)
     cue = monitors.reassurance_cue(content)
     repeats = 0
     if cue is not None:
@@ -342,8 +341,8 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
         if existing is not None:
             return _resume(session, participant, existing), existing
     # The encoder runs before the reply is claimed, so no write lock is held while it does (the
-    # verdict is kept by ``semantic.classify`` for ``_assess`` below).
-    semantic.classify(text)
+    # verdicts are kept by ``semantic.classify`` for ``_assess`` below).
+    semantic.read(text)
     at, state, seq = _claim_reply(session, participant, conversation_id, new_message=True)
     assessment = _assess(session, participant, text, None)
     turn = Turn(conversation_id=conversation_id, participant_id=participant.id, seq=seq,
