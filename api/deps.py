@@ -17,7 +17,7 @@ from fastapi import Depends, HTTPException, Path, Request, Response
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import FormData
+from starlette.datastructures import FormData, UploadFile
 
 from study import participants as participant_service
 from study import staff as staff_service
@@ -25,7 +25,7 @@ from study.db import session_scope
 from study.models import Participant, StaffAccount
 from study.security import csrf_token_valid
 from study.settings import get_settings
-from study.validation import MAX_ROW_ID, NUL_MESSAGE
+from study.validation import MAX_ROW_ID, text
 
 SESSION_COOKIE = "afterward_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -64,12 +64,20 @@ async def run_unit(request: Request, work: Callable[[Session], T]) -> T:
 
 
 async def form_data(request: Request) -> FormData:
-    """A page's form, parsed before the (sync) handler runs; the body size is limited upstream."""
+    """A page's form, parsed before the (sync) handler runs, every name and text value through
+    ``study.validation.text`` as the API's bodies are; the body size is limited upstream."""
     form = await request.form()
+    fields: list[tuple[str, str | UploadFile]] = []
     for key, value in form.multi_items():
-        if "\x00" in key or (isinstance(value, str) and "\x00" in value):
-            raise HTTPException(422, f"{key or 'a field'} {NUL_MESSAGE}")
-    return form
+        try:
+            name = text(key)
+        except ValueError as exc:  # the name itself is not echoed
+            raise HTTPException(422, f"a field name {exc}") from None
+        try:
+            fields.append((name, text(value) if isinstance(value, str) else value))
+        except ValueError as exc:
+            raise HTTPException(422, f"{name or 'a field'}: {exc}") from None
+    return FormData(fields)
 
 
 Form = Annotated[FormData, Depends(form_data)]

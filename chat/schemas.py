@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from chat.models import Conversation, Turn
 from chat.roles import RoleSpec
 from study.safety import SafetyEvent, SafetyEventReview
-from study.validation import RequestBody
+from study.validation import Line, RequestBody
 
 
 class DisclosureRead(BaseModel):
@@ -40,12 +40,12 @@ class CrisisResourcesRead(BaseModel):
 
 
 class ConversationCreate(RequestBody):
-    role: str | None = Field(default=None, max_length=40,
+    role: Line | None = Field(default=None, max_length=40,
                              description="concierge, collaborator or coach (wellbeing arms)")
 
 
 class RoleChange(RequestBody):
-    role: str = Field(max_length=40)
+    role: Line = Field(max_length=40)
 
 
 class MessageCreate(RequestBody):

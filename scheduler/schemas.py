@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from scheduler.models import ChannelAlert, FollowUp
 from scheduler.planner import FollowUpPreview, to_utc
 from study.protocol import validate_timezone
-from study.validation import EARLIEST, LATEST, RequestBody, aware_datetime
+from study.validation import EARLIEST, LATEST, Line, RequestBody, aware_datetime
 
 
 class MyFollowUpRead(BaseModel):
@@ -76,7 +76,7 @@ class SchedulePreviewQuery(RequestBody):
     making a decision at ``decision_at``. A time without an offset is a wall-clock time in ``timezone``."""
 
     enrolled_at: dt.datetime = Field(description="e.g. 2026-03-28T09:00 (local) or 2026-03-28T09:00Z")
-    timezone: str = Field(max_length=64, description="IANA time zone, e.g. Europe/London")
+    timezone: Line = Field(max_length=64, description="IANA time zone, e.g. Europe/London")
     decision_at: dt.datetime | None = Field(default=None, description="anchor of the decision follow-ups")
 
     @field_validator("timezone")

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from study.models import StudyStatus, WithdrawalLevel
 from study.protocol import Protocol, validate_timezone
 from study.recruitment import InviteListing, InviteStatus
-from study.validation import MAX_ROW_ID, AwareDatetime, EmailAddress, RequestBody
+from study.validation import MAX_ROW_ID, AwareDatetime, EmailAddress, Line, RequestBody, Secret
 
 
 class _In(RequestBody):
@@ -18,7 +18,7 @@ class _In(RequestBody):
 
 
 class EnrollmentCreate(_In):
-    invite_code: str = Field(min_length=4, max_length=64, description="The code from the invitation")
+    invite_code: Line = Field(min_length=4, max_length=64, description="The code from the invitation")
 
 
 class ConsentConfirmationRead(BaseModel):
@@ -68,9 +68,9 @@ class ConsentStatusRead(BaseModel):
 
 
 class ConsentSign(_In):
-    version: str = Field(min_length=1, max_length=40)
-    confirmations: list[str] = Field(max_length=50)
-    typed_signature: str = Field(min_length=1, max_length=200)
+    version: Line = Field(min_length=1, max_length=40)
+    confirmations: list[Line] = Field(max_length=50)
+    typed_signature: Line = Field(min_length=1, max_length=200)
 
 
 class SignedConsentRead(BaseModel):
@@ -85,7 +85,7 @@ class SignedConsentRead(BaseModel):
 
 
 class ProfileUpdate(_In):
-    timezone: str = Field(max_length=64, description="IANA time zone, e.g. Europe/Berlin")
+    timezone: Line = Field(max_length=64, description="IANA time zone, e.g. Europe/Berlin")
     contact_email: EmailAddress | None = None
 
     @field_validator("timezone")
@@ -121,11 +121,11 @@ class SignInLinkRequested(BaseModel):
 
 
 class SignInWithLink(_In):
-    token: str = Field(min_length=8, max_length=512, description="the part of the emailed link after /sign-in/link/")
+    token: Line = Field(min_length=8, max_length=512, description="the part of the emailed link after /sign-in/link/")
 
 
 class SignInWithCode(_In):
-    return_code: str = Field(min_length=4, max_length=64, description="the return code given at enrollment")
+    return_code: Line = Field(min_length=4, max_length=64, description="the return code given at enrollment")
 
 
 class SignInRead(BaseModel):
@@ -154,8 +154,8 @@ class WithdrawalRead(BaseModel):
 
 
 class StaffLogin(_In):
-    email: str = Field(min_length=3, max_length=320, description="the staff account's email")
-    password: str = Field(min_length=1, max_length=1000)
+    email: Line = Field(min_length=3, max_length=320, description="the staff account's email")
+    password: Secret = Field(min_length=1, max_length=1000)
 
 
 class TokenRead(BaseModel):
@@ -201,7 +201,7 @@ class StaffParticipantRead(BaseModel):
 class InviteCreate(_In):
     count: int = Field(default=1, ge=1, le=1000)
     max_uses: int = Field(default=1, ge=1, le=100_000)
-    label: str | None = Field(default=None, max_length=200)
+    label: Line | None = Field(default=None, max_length=200)
     expires_at: AwareDatetime | None = Field(default=None, description="with a time zone, e.g. 2026-12-31T23:59:00Z")
 
 
@@ -240,7 +240,7 @@ class InviteRead(BaseModel):
 
 
 class InviteRevoke(_In):
-    code: str | None = Field(default=None, min_length=4, max_length=64, description="the invite code")
+    code: Line | None = Field(default=None, min_length=4, max_length=64, description="the invite code")
     invite_id: int | None = Field(default=None, ge=1, le=MAX_ROW_ID, description="or its id, from the listing")
 
     @model_validator(mode="after")

@@ -32,11 +32,12 @@ from study.schemas import (
     TokenRead,
 )
 from study.studies import current_consent, current_version
+from study.validation import Line
 
 router = APIRouter(prefix="/staff", tags=["staff"])
 
 
-def study_access(slug: str, session: SessionDep, staff: CurrentStaff) -> service.StudyAccess:
+def study_access(slug: Line, session: SessionDep, staff: CurrentStaff) -> service.StudyAccess:
     return service.study_access(session, staff, slug)
 
 
