@@ -41,6 +41,7 @@ from analysis.features import conversation_cells
 from analysis.panel import PERMA, REGRET, survey_cells
 from analysis.reading import Source, concurrently, connect, read_frame, resolve_study_id
 from analysis.software import packages_line
+from analysis.spreadsheet import CSV_TEXT_NOTE, csv_text
 from chat.monitors import CrisisCategory
 from chat.roles import roles_for_arm
 from study import audit
@@ -755,7 +756,7 @@ def export_aggregates(engine: Engine, study_slug: str, out_dir: Path, *, actor: 
         built = _aggregate(connection, found.id, THRESHOLD)
     files = []
     for name, frame in built.frames.items():
-        frame.to_csv(out_dir / f"{name}.csv", index=False)
+        (out_dir / f"{name}.csv").write_text(csv_text(frame), encoding="utf-8")
         files.append(out_dir / f"{name}.csv")
     counts = {name: len(frame) for name, frame in built.frames.items()}
     title = f"{found.title} ({study_slug}): aggregate tables"
@@ -796,5 +797,5 @@ def _write_readme(path: Path, title: str, exported_at: dt.datetime, counts: dict
              *(f"| {name} | {n} | {hidden[name]} |" for name, n in counts.items()), "",
              "Every column is described in `CODEBOOK.md` and `datapackage.json` (Frictionless Data Package). "
              "Rows labelled `all` are the totals of the rows above them.", "",
-             "## Suppression rule", "", SUPPRESSION_RULE]
+             "## Suppression rule", "", SUPPRESSION_RULE, "## Text cells in spreadsheets", "", CSV_TEXT_NOTE, ""]
     path.write_text("\n".join(lines), encoding="utf-8")
