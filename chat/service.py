@@ -34,7 +34,7 @@ from chat.policy import (
     with_classifier,
 )
 from chat.roles import ROLE_SPECS, SAFETY_CONCERNS, RoleName, RoleSpec, roles_for_arm, system_prompt
-from study import audit
+from study import audit, validation
 from study.clock import now
 from study.db import is_postgres
 from study.errors import Conflict, Invalid, NotFound
@@ -540,7 +540,12 @@ def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Turn
 
 
 def review_safety_event(session: Session, event: SafetyEvent, reviewer: str, note: str) -> SafetyEventReview:
-    """Add a review to the event's history; earlier reviews stay as they were."""
+    """Add a review to the event's history; earlier reviews stay as they were. The note goes
+    through the same text validator as the API's (``study.validation.text``), whoever calls."""
+    try:
+        note = validation.text(note)
+    except ValueError as exc:
+        raise Invalid(f"the review note {exc}", code="invalid_note") from None
     review = SafetyEventReview(safety_event_id=event.id, reviewed_at=now(), reviewed_by=reviewer, note=note)
     session.add(review)
     session.flush()
