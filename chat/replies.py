@@ -76,7 +76,7 @@ class Replies:
         task = asyncio.get_running_loop().create_task(self._produce(gateway, prepared, pieces if streamed else None))
         self._in_flight[task] = prepared.conversation_id
         task.add_done_callback(self._done)
-        if self._renewer is None:
+        if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.get_running_loop().create_task(self._renew())
         return Reply(task, pieces)
 
@@ -100,6 +100,7 @@ class Replies:
         failed, or given the platform's safety reply), so none waits for this process."""
         if self._renewer is not None:
             self._renewer.cancel()
+            self._renewer = None
         tasks = dict(self._in_flight)
         for task in tasks:
             task.cancel()

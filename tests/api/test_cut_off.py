@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,9 @@ from api.app import create_app
 from api.deps import SESSION_COOKIE
 from api.routers import chat as chat_api
 from api.routers import surveys as surveys_api
+from chat import replies, service
 from chat.gateway import Gateway
+from study.clock import FrozenClock
 from study.security import csrf_token_for
 from study.settings import Settings, get_settings
 from tests.builders import ParticipantHandle, assign_survey, enroll_fully, make_invites, put_in_arm, start_chat
@@ -193,3 +196,32 @@ def test_work_a_handler_completed_is_kept_when_its_request_is_cancelled(
         assert rows(engine, "SELECT text FROM decisions") == [("Stay in Lisbon",)]
     else:
         assert rows(engine, f"SELECT status FROM survey_assignments WHERE id = {survey}") == [("completed",)]
+
+
+def test_a_reply_being_written_keeps_its_claim_past_the_first_lease(
+    engine: Engine, slug: str, frozen_clock: FrozenClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replies, "RENEW_EVERY", 0.1)
+    app = create_app(engine, Gateway(Settings(offline_llm_delay_ms=60_000)))
+    who, conversation = chatter(engine, app, slug)
+
+    def lease() -> Any:
+        return rows(engine, "SELECT reply_lease_until FROM conversations")[0][0]
+
+    async def scenario() -> None:
+        async with asgi_client(app) as client:
+            request = asyncio.create_task(client.post(f"/api/v1/me/conversations/{conversation}/messages",
+                                                      headers=who.headers, json={"content": "Should I move?"}))
+            await until(lambda: len(turns(engine)) == 1, "the message stored")
+            first = await asyncio.to_thread(lease)
+            frozen_clock.advance(service.REPLY_LEASE + dt.timedelta(seconds=1))  # past the first lease
+            await until(lambda: lease() != first, "the lease renewed")
+            refused = await client.post(f"/api/v1/me/conversations/{conversation}/messages", headers=who.headers,
+                                        json={"content": "Hello?"})
+            assert (refused.status_code, refused.json()["error"]["code"]) == (409, "reply_in_progress")
+            await app.state.replies.stop()
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+
+    asyncio.run(scenario())
+    assert [speaker for speaker, *_ in turns(engine)] == ["participant"]
