@@ -10,11 +10,13 @@ thread running an event loop, so a regression fails loudly in every test.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import Annotated, TypeVar
 
 from fastapi import Depends, HTTPException, Path, Request, Response
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
@@ -50,15 +52,28 @@ def reads_only(request: Request) -> bool:
 
 def get_session(request: Request) -> Iterator[Session]:
     """One transaction per request: committed when the handler returns, before the response is
-    sent (so a failed commit is an error response, never a silent loss)."""
+    sent (so a failed commit is an error response, never a silent loss). A request cancelled
+    meanwhile (its client gone, the server stopping) still commits what its handler did: the
+    handler runs on a thread, which a cancellation waits for, so it arrives here only once the
+    handler has returned (or before it started); rolling back would lose a participant's answer
+    or exit check that was complete."""
     with session_scope(request.app.state.engine, read_only=reads_only(request)) as session:
-        yield session
+        try:
+            yield session
+        except asyncio.CancelledError:
+            session.commit()
+            raise
 
 
 async def run_unit(request: Request, work: Callable[[Session], T]) -> T:
     """Run ``work`` in its own committed transaction on a worker thread, for handlers that await."""
+    return await run_unit_on(request.app.state.engine, work)
+
+
+async def run_unit_on(engine: Engine, work: Callable[[Session], T]) -> T:
+    """``run_unit`` for the app's own tasks, which outlive requests (``chat.replies``)."""
     def unit() -> T:
-        with session_scope(request.app.state.engine) as session:
+        with session_scope(engine) as session:
             return work(session)
     return await run_in_threadpool(unit)
 

@@ -578,7 +578,8 @@ def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> 
     return page(request, "chat.html", conversation=conversation, turns=turns, responses=responses, switches=switches,
                 answerable=chat_service.latest_pushback_id(session, conversation.id), offered=offered,
                 mode=arm.mode, resources=resources, role=ROLE_SPECS[conversation.role],  # type: ignore[index]
-                safety_concerns=SAFETY_CONCERNS, failed=request.query_params.get("failed"))
+                safety_concerns=SAFETY_CONCERNS, writing=chat_service.reply_in_flight(conversation),
+                unanswered=chat_service.unanswered(conversation, turns))
 
 
 Prepare = Callable[[Session, Participant, FormData], chat_service.PreparedTurn | None]
@@ -603,7 +604,7 @@ async def _chat_action(request: Request, conversation_id: int, form: FormData, p
         try:
             await chat_api.reply_to(request, chat_api.gateway_of(request), prepared)
         except DomainError:
-            return see_other(f"/chat/{conversation_id}?failed=1#composer")
+            return see_other(f"/chat/{conversation_id}#unanswered")  # the page offers to try again
     return see_other(f"/chat/{conversation_id}#latest")
 
 
