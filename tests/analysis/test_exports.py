@@ -27,7 +27,7 @@ from analysis.exports import ID_SPACES, ExportRefused, ExportResult, export_stud
 from analysis.features import conversation_features
 from analysis.panel import panel
 from scheduler.service import save_profile
-from study import audit, clock
+from study import audit, clock, validation
 from study.db import session_scope
 from study.models import AuditEntry, Participant, StaffRole
 from surveys import registry
@@ -551,9 +551,11 @@ def test_text_written_by_participants_never_reaches_a_csv_cell_as_a_formula(
         answers = {"answers": {"progress": 3, "note": payload}, "submission_id": f"goal-{n:04d}"}
         submitted = app_client.post(f"/api/v1/me/surveys/{survey}/submit", headers=who.headers, json=answers)
         assert submitted.status_code == 200, submitted.text
-        written["turns"].append(payload.strip())  # messages and decisions are stored stripped
-        written["decisions"].append(payload.strip())
-        written["responses_goal_progress"].append(payload)  # a survey's note as typed
+        # Stored as the text validator leaves it (a CR becomes a line break); messages and decisions stripped.
+        stored = validation.text(payload)
+        written["turns"].append(stored.strip())
+        written["decisions"].append(stored.strip())
+        written["responses_goal_progress"].append(stored)
     conversation = builders.start_chat(app_client, who, None)
     builders.say(app_client, who, conversation, "I feel hopeless and awful")  # a negative sentiment: a number below 0
     token = make_staff(engine, slug, StaffRole.RESEARCHER, "r@uni.example")

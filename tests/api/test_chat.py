@@ -246,7 +246,7 @@ def test_escalation_shows_crisis_resources_is_not_overridable_and_alerts_staff(
     viewer = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.VIEWER, 'v@example.org')}"}
     events = app_client.get(f"/api/v1/staff/studies/{slug}/safety-events", headers=researcher).json()
     assert [(e["participant"], e["category"], e["source"], e["cue"]) for e in events] == [
-        (chatter.code, "risk_to_self", "lexicon+semantic", "kill myself")]
+        (chatter.code, "risk_to_self", "lexicon+semantic", "i want to kill myself")]
     assert app_client.get(f"/api/v1/staff/studies/{slug}/safety-events", headers=viewer).status_code == 403
     summary = app_client.get(f"/api/v1/staff/studies/{slug}/summary", headers=viewer).json()
     assert summary["safety_events_unreviewed"] == "< 5"  # viewers see the count, suppressed, not the event

@@ -40,7 +40,7 @@ def test_explicit_statements_escalate_in_every_role_and_arm(engine: Engine, app_
     assert wrong == []
     assert min(sent.values()) >= len(list(cases())) // len(SEATS)
     with engine.connect() as connection:
-        events: dict[str, int] = dict(connection.execute(sa.text(
+        events: dict[str, int] = {code: count for code, count in connection.execute(sa.text(
             "SELECT p.code, count(*) FROM safety_events e JOIN participants p ON p.id = e.participant_id "
-            "GROUP BY p.code")).tuples().all())
+            "GROUP BY p.code"))}
     assert {seat: events.get(who.code, 0) for seat, who in people.items()} == sent  # each reaches the study team

@@ -64,7 +64,7 @@ def test_an_escalated_participant_who_deletes_their_data_leaves_a_de_identified_
     events = f"/api/v1/staff/studies/{slug}/safety-events"
     before = {event["participant"]: event for event in _get(app_client, events, staff)}
     event = before[who.code]
-    assert (event["cue"], event["participant_data_deleted"], event["marker"]) == ("kill myself", False, None)
+    assert (event["cue"], event["participant_data_deleted"], event["marker"]) == ("i want to kill myself", False, None)
     reviewed = app_client.post(f"{events}/{event['id']}/review", headers=staff, json={"note": "Tried to call."})
     assert reviewed.status_code == 200, reviewed.text
 
@@ -92,7 +92,7 @@ def test_an_escalated_participant_who_deletes_their_data_leaves_a_de_identified_
         assert trace not in text
     # The other participant's event is as it was.
     [kept] = [e for e in listed if e["participant"] == other.code]
-    assert (kept["cue"], kept["participant_data_deleted"]) == ("kill myself", False)
+    assert (kept["cue"], kept["participant_data_deleted"]) == ("i want to kill myself", False)
 
     # A de-identified record can still be reviewed; the queue of unreviewed events shows it until then.
     unreviewed = _get(app_client, events, staff, unreviewed="true")

@@ -236,7 +236,7 @@ def test_researcher_reads_a_whole_transcript(
                                            "decline": 0, "escalate": 1}
     [event] = transcript["safety_events"]
     assert (event["id"], event["category"], event["cue"], event["conversation_id"]) == (
-        event_id, "risk_to_self", "kill myself", conversation)
+        event_id, "risk_to_self", "i want to kill myself", conversation)
     assert [(r["reviewed_by"], r["note"]) for r in event["reviews"]] == [("r@example.org", "Called per protocol.")]
     assert transcript["has_safety_event"] is True
 
@@ -273,7 +273,7 @@ def test_a_safety_event_shows_the_turns_around_it(
     url = f"/api/v1/staff/studies/{slug}/safety-events/{event_id}"
     context = get(app_client, url, researcher)
     assert (context["event"]["id"], context["event"]["participant"], context["event"]["cue"]) == (
-        event_id, alice.code, "kill myself")
+        event_id, alice.code, "i want to kill myself")
     assert (context["conversation_id"], context["trigger_turn_id"]) == (conversation, trigger["id"])
     assert [t["seq"] for t in context["turns"]] == [5, 6, 7, 8, 9, 10, 11]
     assert context["turns"][2]["content"] == CRISIS

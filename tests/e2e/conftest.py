@@ -12,12 +12,16 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy.engine import Engine
 
 from api.app import create_app
 from study.settings import get_settings
 from tests.mail import free_port
+
+# A bound on waiting for what a page shows, not a claim about speed: with both cores busy a reply
+# took longer than Playwright's default 5 s (the state waited for still arrives; only the machine differs).
+expect.set_options(timeout=30_000)
 
 CHROMIUM = os.environ.get("AFTERWARD_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parent / "artifacts"
