@@ -31,6 +31,7 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
         redoc_url=None,
         openapi_url="/openapi.json",
     )
+    app.router.route_class = errors.DocumentedRoute  # /healthz
     app.state.engine = engine or get_engine()
     app.state.gateway = gateway  # built from settings on first use when None
     errors.install(app)
