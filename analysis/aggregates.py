@@ -1,7 +1,10 @@
 """A study's aggregate tables with disclosure control: what every staff role, viewers included,
 may see and export. Enrollment by arm and status, follow-up completion per wave and arm, PERMA
 overall well-being per wave and arm, decision regret per wave and starting role, conversations
-and pushback per arm and role, and safety events per month and category.
+and pushback per arm and role, safety events per month and category, and safety events by review
+status. Every number a viewer is shown comes from these tables as suppressed together: the
+dashboard's viewer pages, the aggregate export and the staff API's study summary for viewers
+(``api.routers.staff.viewer_summary`` picks its cells), so no surface can be subtracted from another.
 
 The numbers come from grouped SQL: ``analysis.panel.survey_cells`` (surveys by the panel's own
 status rule, with their headline scores), ``analysis.features.conversation_cells`` (conversations
@@ -20,6 +23,7 @@ is applied: a cell resting on fewer than 5 participants shows ``"< 5"``, and fur
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import math
 import re
@@ -41,6 +45,7 @@ from analysis.features import conversation_cells
 from analysis.panel import PERMA, REGRET, survey_cells
 from analysis.reading import Source, concurrently, connect, read_frame, resolve_study_id
 from analysis.software import packages_line
+from analysis.spreadsheet import CSV_TEXT_NOTE, csv_text
 from chat.monitors import CrisisCategory
 from chat.roles import roles_for_arm
 from study import audit
@@ -72,15 +77,17 @@ Every value is an aggregate; no participant code, contact detail or free text ap
 2. **No working out by subtraction: `{SUPPRESSED}`.** The counts are tied together: the parts of
    a row add up to its total, the arms (or roles, or months) add up to the `{ALL}` row, and some
    counts appear in two tables (completed PERMA follow-ups are the n of the well-being table;
-   completed regret follow-ups of an arm are the n of its roles in the regret table). A viewer
-   who knows every shown value, every such sum, that a `{below()}` count of participants lies
-   between 0 and {THRESHOLD - 1} and that a `{SUPPRESSED}` count is at least {THRESHOLD} could pin a
-   hidden count down: a margin with one hidden cell gives it away by subtraction, and a total of
-   8 over two `{below()}` cells means both are 4. So while some hidden count can be pinned down
-   this way, one more count is hidden: the smallest shown count of a sum it belongs to (the sum
-   with the fewest hidden cells first; its parts before its total). In particular no row or
-   column ever has exactly one hidden cell, and totals are hidden when they would reveal what
-   they add up. The check is exact: a hidden count counts as protected only when another table,
+   completed regret follow-ups of an arm are the n of its roles in the regret table; all safety
+   events are the total of both safety tables; a withdrawal count is the sum of its two levels).
+   The staff API's study summary for viewers and the dashboard show cells of these tables, nothing
+   else, so they add nothing to work with. A viewer who knows every shown value, every such sum,
+   that a `{below()}` count of participants lies between 0 and {THRESHOLD - 1} and that a `{SUPPRESSED}`
+   count is at least {THRESHOLD} could pin a hidden count down: a margin with one hidden cell gives it
+   away by subtraction, and a total of 8 over two `{below()}` cells means both are 4. So while some
+   hidden count can be pinned down this way, one more count is hidden: the smallest shown count of
+   a sum it belongs to (the sum with the fewest hidden cells first; its parts before its total). In
+   particular no row or column ever has exactly one hidden cell, and totals are hidden when they
+   would reveal what they add up. The check is exact: a hidden count counts as protected only when another table,
    consistent with everything shown and those bounds, gives it a different value.
 3. **Means, SDs and rates follow their counts.** One whose n, numerator or denominator is
    hidden is `{SUPPRESSED}` as well.
@@ -471,11 +478,12 @@ class _Builder:
                                  "not yet assigned to an arm are not counted).", [
             Column("arm", "string", "Study arm, or 'all'.", enum=self._arm_enum()),
             Column("enrolled", "integer", "Enrolled and taking part.", unit="participants"),
+            Column("withdrawn", "integer", "Withdrew (the sum of the next two).", unit="participants"),
             Column("withdrawn_kept_data", "integer", "Withdrew; the data collected so far are kept.",
                    unit="participants"),
             Column("withdrawn_data_deleted", "integer", "Withdrew and had their research data deleted.",
                    unit="participants"),
-            Column("participants", "integer", "All participants assigned to the arm (the sum of the three).",
+            Column("participants", "integer", "All participants assigned to the arm (enrolled + withdrawn).",
                    unit="participants"),
         ]), ["arm"])
         status = case((Participant.data_deleted_at.is_not(None), "withdrawn_data_deleted"),
@@ -488,12 +496,13 @@ class _Builder:
         rows = {arm: table.row(arm=arm) for arm in [*self.arms, ALL]}
         for arm, row in rows.items():
             values = {c: sum(n for (a, col), n in cells.items() if col == c and arm in (a, ALL)) for c in columns}
+            values = {"enrolled": values["enrolled"], "withdrawn": values["withdrawn_kept_data"]
+                      + values["withdrawn_data_deleted"], **values, "participants": sum(values.values())}
             for column, value in values.items():
                 self.count(table, row, column, Count(value, value, True))
-            total = sum(values.values())
-            self.count(table, row, "participants", Count(total, total, True))
             self.disclosure.add_sum(table.key(row, "participants"), [table.key(row, c) for c in columns])
-        self.margin(table, rows[ALL], [rows[a] for a in self.arms], [*columns, "participants"])
+            self.disclosure.add_sum(table.key(row, "withdrawn"), [table.key(row, c) for c in columns[1:]])
+        self.margin(table, rows[ALL], [rows[a] for a in self.arms], [*columns, "withdrawn", "participants"])
         return table
 
     def followups(self) -> _Table:
@@ -621,26 +630,40 @@ class _Builder:
         table.derived[table.key(row, "pushback_rate")] = Derived(pushbacks / turns if turns else None,
                                                                  (keys[0], keys[1]), 3)
 
+    def _events(self, **keys: Any) -> dict[tuple[str, ...], Count]:
+        """The study's safety events counted in SQL per value of every subset of ``keys`` (a key
+        left out reads 'all'), keyed by the values in the order of ``keys``. De-identified records
+        (the participant withdrew and deleted data) count too; they are taken as one participant
+        between them, the fewest they can be, so the disclosure rule errs towards suppressing."""
+        who = func.coalesce(SafetyEvent.participant_id, -1)
+        queries = []
+        for kept in itertools.product((True, False), repeat=len(keys)):
+            labels = [(key if keep else literal(ALL)).label(name) for (name, key), keep in zip(keys.items(), kept,
+                                                                                               strict=True)]
+            queries.append(select(*labels, func.count().label("events"), func.count(who.distinct()).label("who"))
+                           .where(SafetyEvent.study_id == self.study_id)
+                           .group_by(*(key for key, keep in zip(keys.values(), kept, strict=True) if keep)))
+        frame = read_frame(self.connection, union_all(*queries))
+        return {tuple(row[:-2]): Count(int(row[-2]), int(row[-1]), False) for row in frame.itertuples(index=False)}
+
+    def _event_grid(self, table: _Table, cells: dict[tuple[str, ...], Count], rows: dict[str, int],
+                    parts: list[str]) -> None:
+        """A table of safety-event counts (``_events``, by row label and column): each row's parts
+        and their total, the 'all' row the sum of the others."""
+        none = Count(0, 0, False)
+        for label, row in rows.items():
+            for column in parts:
+                self.count(table, row, column, cells.get((label, column), none))
+            self.count(table, row, "total", cells.get((label, ALL), none))
+            self.disclosure.add_sum(table.key(row, "total"), [table.key(row, c) for c in parts])
+        self.margin(table, rows[ALL], [row for label, row in rows.items() if label != ALL], [*parts, "total"])
+
     def safety_events(self) -> _Table:
-        # Counted in SQL per month and category, per month, per category and in all. De-identified
-        # records (the participant withdrew and deleted data) count too; they are taken as one
-        # participant between them, the fewest they can be, so the disclosure rule errs towards
-        # suppressing.
         month = (func.to_char(func.timezone("UTC", SafetyEvent.created_at), "YYYY-MM")
                  if self.connection.dialect.name == "postgresql"
-                 else func.substr(SafetyEvent.created_at, 1, 7)).label("month")  # SQLite: UTC text
-        who = func.coalesce(SafetyEvent.participant_id, -1)
-
-        def grouped(*keys: Any) -> Any:
-            labelled = {"month": literal(ALL), "category": literal(ALL), **{key.name: key for key in keys}}
-            return select(*(column.label(name) for name, column in labelled.items()),
-                          func.count().label("events"), func.count(who.distinct()).label("participants")) \
-                .where(SafetyEvent.study_id == self.study_id).group_by(*keys)
-
-        events = read_frame(self.connection, union_all(grouped(month, SafetyEvent.category), grouped(month),
-                                                       grouped(SafetyEvent.category), grouped()))
-        cells = {(m, c): Count(int(n), int(p), False) for m, c, n, p in events.itertuples(index=False)}
-        categories = _in_order(list(get_args(CrisisCategory)), events["category"][events["category"] != ALL])
+                 else func.substr(SafetyEvent.created_at, 1, 7))  # SQLite: UTC text
+        cells = self._events(month=month, category=SafetyEvent.category)
+        categories = _in_order(list(get_args(CrisisCategory)), [c for _, c in cells if c != ALL])
         table = _Table(TableSpec("safety_events", "Safety events (escalations recorded for staff review) per month "
                                  "(UTC) and category, from the month the study was created to the current one.", [
             Column("month", "string", "Calendar month, YYYY-MM (UTC), or 'all'."),
@@ -649,16 +672,28 @@ class _Builder:
         ]), ["month"])
         created = self.connection.scalar(select(Study.created_at).where(Study.id == self.study_id))
         first, last = sorted([f"{created:%Y-%m}", f"{now():%Y-%m}"])
-        months = _in_order([str(m) for m in pd.period_range(first, last, freq="M")],
-                           events["month"][events["month"] != ALL])
-        rows = {label: table.row(month=label) for label in [*months, ALL]}
-        none = Count(0, 0, False)
-        for label, row in rows.items():
-            for category in categories:
-                self.count(table, row, category, cells.get((label, category), none))
-            self.count(table, row, "total", cells.get((label, ALL), none))
-            self.disclosure.add_sum(table.key(row, "total"), [table.key(row, c) for c in categories])
-        self.margin(table, rows[ALL], [rows[m] for m in months], [*categories, "total"])
+        months = _in_order([str(m) for m in pd.period_range(first, last, freq="M")], [m for m, _ in cells if m != ALL])
+        self._event_grid(table, cells, {label: table.row(month=label) for label in [*months, ALL]}, categories)
+        return table
+
+    def safety_reviews(self, events: _Table) -> _Table:
+        table = _Table(TableSpec("safety_reviews", "Safety events by whether staff have reviewed them, and whether "
+                                 "the participant has since deleted their research data (the record is then "
+                                 "de-identified).", [
+            Column("review_status", "string", "'reviewed', 'unreviewed' or 'all'.",
+                   enum={"reviewed": "reviewed by staff", "unreviewed": "not reviewed yet", ALL: "all events"}),
+            Column("data_kept", "integer", "Events of participants whose research data are kept.", unit="events"),
+            Column("data_deleted", "integer", "De-identified records: the participant withdrew and deleted their "
+                   "research data.", unit="events"),
+            Column("total", "integer", "All safety events (the sum of the two).", unit="events"),
+        ]), ["review_status"])
+        cells = self._events(
+            review_status=case((SafetyEvent.reviewed_at.is_(None), "unreviewed"), else_="reviewed"),
+            data=case((SafetyEvent.participant_data_deleted.is_(True), "data_deleted"), else_="data_kept"))
+        rows = {status: table.row(review_status=status) for status in ("reviewed", "unreviewed", ALL)}
+        self._event_grid(table, cells, rows, ["data_kept", "data_deleted"])
+        every = next(i for i, labels in enumerate(events.rows) if labels["month"] == ALL)
+        self.link(events.key(every, "total"), [table.key(rows[ALL], "total")])  # the same events
         return table
 
     # Helpers
@@ -717,6 +752,7 @@ def _aggregate(connection: Connection, study_id: int, threshold: int) -> _Aggreg
     followups = build.followups()
     tables = [build.enrollment(), followups, build.wellbeing(followups), build.regret(followups),
               build.conversation_table(), build.safety_events()]
+    tables.append(build.safety_reviews(tables[-1]))
     status = build.disclosure.protect()
     frames = {table.name: _render(table, build.disclosure, status) for table in tables}
     markers = (below(threshold), SUPPRESSED)
@@ -755,7 +791,7 @@ def export_aggregates(engine: Engine, study_slug: str, out_dir: Path, *, actor: 
         built = _aggregate(connection, found.id, THRESHOLD)
     files = []
     for name, frame in built.frames.items():
-        frame.to_csv(out_dir / f"{name}.csv", index=False)
+        (out_dir / f"{name}.csv").write_text(csv_text(frame), encoding="utf-8")
         files.append(out_dir / f"{name}.csv")
     counts = {name: len(frame) for name, frame in built.frames.items()}
     title = f"{found.title} ({study_slug}): aggregate tables"
@@ -796,5 +832,5 @@ def _write_readme(path: Path, title: str, exported_at: dt.datetime, counts: dict
              *(f"| {name} | {n} | {hidden[name]} |" for name, n in counts.items()), "",
              "Every column is described in `CODEBOOK.md` and `datapackage.json` (Frictionless Data Package). "
              "Rows labelled `all` are the totals of the rows above them.", "",
-             "## Suppression rule", "", SUPPRESSION_RULE]
+             "## Suppression rule", "", SUPPRESSION_RULE, "## Text cells in spreadsheets", "", CSV_TEXT_NOTE, ""]
     path.write_text("\n".join(lines), encoding="utf-8")

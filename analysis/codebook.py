@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from analysis.spreadsheet import neutralize
+
 ColumnType = Literal["integer", "number", "string", "boolean", "datetime"]
 BOOLEAN_LABELS = {0: "false", 1: "true"}
 
@@ -83,6 +85,9 @@ def _field(column: Column, export_format: str) -> dict[str, Any]:
     if export_format == "parquet" and column.type == "integer":
         # A missing integer is read back through pandas as NaN, which frictionless sees as "nan".
         spec["missingValues"] = ["", "nan"]
+    if export_format == "csv" and column.type == "string" and "constraints" in spec:
+        # The allowed values as the CSV file holds them (analysis.spreadsheet).
+        spec["constraints"]["enum"] = [neutralize(value) for value in spec["constraints"]["enum"]]
     return spec
 
 

@@ -3,7 +3,11 @@ plus ``datapackage.json`` (Frictionless), ``CODEBOOK.md`` and ``README.md``.
 
 Rows are read in chunks (server-side cursors on PostgreSQL) and CSV and Parquet are written chunk
 by chunk, so memory stays flat as a study grows; SPSS and Stata files are written whole per table
-(pyreadstat cannot append). Contact details are never read. Every export is audited.
+(pyreadstat cannot append). Contact details are never read. Every export is audited. Text cells
+of the CSV files are neutralized against formula injection (``analysis.spreadsheet``).
+
+A de-identified export (``shift_dates``) also renames every participant and id for this export
+alone and writes the rows in an order that tells nothing of who enrolled when (``_Deidentified``).
 
     >>> from analysis.exports import export_study
     >>> export_study(engine, "wellbeing-pilot", Path("out"), format="parquet", actor=Actor.system("cli"))
@@ -12,21 +16,24 @@ by chunk, so memory stays flat as a study grows; SPSS and Stata files are writte
 from __future__ import annotations
 
 import datetime as dt
+import pickle
 import random
 import re
-import secrets
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pyreadstat
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
@@ -43,6 +50,7 @@ from analysis.features import FEATURES
 from analysis.panel import PANEL_COLUMNS, iter_conversations_and_panel
 from analysis.reading import stream_frames
 from analysis.software import packages_line
+from analysis.spreadsheet import CSV_TEXT_NOTE, neutralized
 from chat.models import Decision, Turn
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
@@ -512,6 +520,128 @@ def _shift(chunk: pd.DataFrame, spec: TableSpec, offsets: dict[str, int], rng: r
     return chunk
 
 
+# De-identified exports: participants and ids renamed for one export, rows in a random order.
+
+# Every id column and the table whose ids it holds (tests check that no integer *_id column is
+# missing). An id keeps its table's new name wherever it appears, so the tables still join.
+ID_SPACES: dict[str, str] = {
+    "turn_id": "turns", "conversation_id": "conversations", "context_conversation_id": "conversations",
+    "decision_conversation_id": "conversations", "decision_id": "decisions", "context_decision_id": "decisions",
+    "followup_id": "followups", "response_id": "responses", "safety_event_id": "safety_events"}
+ANCHOR = re.compile(r"^decision:(\d+)$")  # an anchor_key naming a decision's id
+PSEUDONYM = "D"  # de-identified participant codes: D0001, D0002, ... (real codes start with P)
+
+
+class _Permutation:
+    """A keyed pseudorandom permutation of the ids 1 .. 2**32 - 1 (database ids are below 2**31):
+    a four-round Feistel network on two 16-bit halves with AES-128 as its round function
+    (Luby-Rackoff), the id space's number in every block, so each table's ids move independently;
+    cycle-walking keeps 0 out. AES in ECB mode is used here as a block-by-block pseudorandom
+    function, never to encrypt a message."""
+
+    ROUNDS, HALF = 4, 16
+    MASK = (1 << HALF) - 1
+
+    def __init__(self, key: bytes) -> None:
+        self.cipher = Cipher(algorithms.AES(key), modes.ECB())
+
+    def _round(self, space: int, number: int, half: np.ndarray) -> np.ndarray:
+        blocks = np.zeros((len(half), 16), dtype=np.uint8)
+        blocks[:, 0], blocks[:, 1] = space, number
+        blocks[:, 2], blocks[:, 3] = half >> 8, half & 0xFF
+        encryptor = self.cipher.encryptor()
+        out = np.frombuffer(encryptor.update(blocks.tobytes()) + encryptor.finalize(), dtype=np.uint8)
+        out = out.reshape(-1, 16).astype(np.int64)
+        return (out[:, 0] << 8) | out[:, 1]
+
+    def _once(self, space: int, values: np.ndarray) -> np.ndarray:
+        left, right = values >> self.HALF, values & self.MASK
+        for number in range(self.ROUNDS):
+            left, right = right, left ^ self._round(space, number, right)
+        return (left << self.HALF) | right
+
+    def __call__(self, space: int, values: np.ndarray) -> np.ndarray:
+        out = self._once(space, values)
+        while (zero := out == 0).any():
+            out[zero] = self._once(space, out[zero])
+        return out
+
+
+class _Deidentified:
+    """One de-identified export's new names. The study's participants are put in a random order
+    and named ``D0001``, ``D0002``, ... in it; every id goes through a keyed permutation (key
+    drawn for this export, kept only in memory), the same one in every table; rows are written
+    in the participants' random order (``_Shuffled``)."""
+
+    def __init__(self, connection: Connection, study_id: int, rng: random.Random) -> None:
+        codes = list(connection.scalars(select(Participant.code).where(Participant.study_id == study_id)))
+        rng.shuffle(codes)
+        width = max(4, len(str(len(codes))))
+        self.pseudonyms = {code: f"{PSEUDONYM}{i + 1:0{width}d}" for i, code in enumerate(codes)}
+        self.ranks = {pseudonym: i for i, pseudonym in enumerate(self.pseudonyms.values())}
+        self.permutation = _Permutation(rng.randbytes(16))
+        self.spaces = {table: i for i, table in enumerate(sorted(set(ID_SPACES.values())))}
+        self.rng = rng
+
+    def ids(self, values: pd.Series, table: str) -> pd.Series:
+        out = values.copy()
+        present = values.notna().to_numpy()
+        out[present] = self.permutation(self.spaces[table], values[present].to_numpy("int64"))
+        return out
+
+    def rename(self, frame: pd.DataFrame) -> pd.DataFrame:
+        for name in frame.columns:
+            if name == "participant_code":
+                frame[name] = frame[name].map(self.pseudonyms, na_action="ignore").astype("string")
+            elif name in ID_SPACES:
+                frame[name] = self.ids(frame[name], ID_SPACES[name])
+            elif name == "anchor_key":
+                anchors = frame[name].str.extract(ANCHOR, expand=False)
+                decisions = self.ids(pd.to_numeric(anchors).astype("Int64"), "decisions")
+                frame[name] = frame[name].where(anchors.isna(), "decision:" + decisions.astype("string"))
+        return frame
+
+
+class _Shuffled:
+    """Writes a de-identified table in the participants' random order (each participant's rows in
+    the order read: their own sequence, which their shifted dates keep anyway), rows without a
+    participant (de-identified safety records) last, in a random order. Rows wait in temporary
+    files, one per bucket of ``bucket_size`` participants, so memory holds one bucket at a time."""
+
+    def __init__(self, writer: _Writer, names: _Deidentified, folder: Path, bucket_size: int) -> None:
+        self.writer, self.names, self.bucket_size = writer, names, bucket_size
+        self.folder = folder / writer.path.stem
+        self.folder.mkdir()
+        self.read = 0
+
+    @property
+    def rows(self) -> int:
+        return self.writer.rows
+
+    def write(self, frame: pd.DataFrame) -> None:
+        nobody = len(self.names.ranks)
+        ranks = frame["participant_code"].map(self.names.ranks, na_action="ignore").fillna(nobody).astype("int64")
+        order = np.arange(self.read, self.read + len(frame))
+        self.read += len(frame)
+        unknown = (ranks == nobody).to_numpy()
+        order[unknown] = [self.names.rng.getrandbits(62) for _ in range(int(unknown.sum()))]
+        keyed = frame.assign(_rank=ranks.to_numpy(), _order=order)
+        for bucket, part in keyed.groupby(keyed["_rank"] // self.bucket_size):
+            with (self.folder / f"{bucket:09d}.pickle").open("ab") as handle:
+                pickle.dump(part, handle)  # our own temporary file, read back below
+
+    def close(self) -> None:
+        for path in sorted(self.folder.iterdir()):
+            parts = []
+            with path.open("rb") as handle:
+                while handle.peek(1):
+                    parts.append(pickle.load(handle))  # written by write() above
+            bucket = pd.concat(parts).sort_values(["_rank", "_order"], kind="stable")
+            self.writer.write(bucket.drop(columns=["_rank", "_order"]).reset_index(drop=True))
+            path.unlink()
+        self.writer.close()
+
+
 # Writers
 
 
@@ -543,6 +673,8 @@ class _Writer:
         if self.arrow is None:
             self.parts.append(chunk)
             return
+        if self.format == "csv":
+            chunk = neutralized(chunk)
         table = pa.Table.from_pandas(chunk, schema=self.schema, preserve_index=False)
         if self.format == "csv":
             table = pa.Table.from_arrays(
@@ -635,24 +767,28 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
                  shift_seed: int | None = None,
                  audit_in: Session | None = None) -> ExportResult:
     """Write every table of the study in ``format`` to ``out_dir`` with its codebook and README,
-    and audit it. ``shift_seed`` fixes the date offsets (tests); by default they are random and
-    kept only in memory. ``audit_in``: record the audit entry in this session instead of a
-    transaction of its own."""
+    and audit it. ``shift_dates`` makes it a de-identified export: dates shifted per participant,
+    participants and ids renamed for this export, rows in a random order. ``shift_seed`` fixes
+    the random draws (tests); by default they come from the operating system and are kept only
+    in memory. ``audit_in``: record the audit entry in this session instead of a transaction of
+    its own."""
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; one of {', '.join(FORMATS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     exported_at = dt.datetime.now(dt.UTC)
     options = {"turns": turns, "shift_dates": shift_dates, "drop_free_text": drop_free_text}
-    rng = random.Random(shift_seed if shift_seed is not None else secrets.randbits(64))
+    rng = random.Random(shift_seed) if shift_seed is not None else random.SystemRandom()
     offsets: dict[str, int] = {}
     specs: list[TableSpec] = []
     counts: dict[str, int] = {}
     files: list[Path] = []
     # Read in one read-only transaction (a consistent snapshot; on SQLite no write lock is held
     # while a large study is read).
-    with engine.execution_options(**{READ_ONLY: True}).connect() as connection:
+    with (engine.execution_options(**{READ_ONLY: True}).connect() as connection,
+          tempfile.TemporaryDirectory(prefix="afterward-deidentified-") as scratch):
         study = open_study(connection, study_slug, actor)
         build = _Builder(connection, study, chunk_rows, chunk_participants)
+        names = _Deidentified(connection, study.id, rng) if shift_dates else None
         instruments = connection.scalars(build.scoped(select(SurveyResponse.instrument_id).distinct(),
                                                       SurveyResponse.participant_id)
                                          .order_by(SurveyResponse.instrument_id)).all()
@@ -664,14 +800,17 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
             for spec in group:
                 if drop_free_text:
                     spec.columns = [c for c in spec.columns if not c.free_text]
-                written, names = _stata_names(spec) if format == "stata" else (spec, {})
+                written, short = _stata_names(spec) if format == "stata" else (spec, {})
                 path = out_dir / file_name(spec.name, format)
-                outputs.append((spec, written, names, _Writer(path, written, format), path))
+                plain = _Writer(path, written, format)
+                writer = plain if names is None else _Shuffled(plain, names, Path(scratch), chunk_participants)
+                outputs.append((spec, written, short, writer, path))
             for parts in chunks(connection):
-                for (spec, _, names, writer, _), chunk in zip(outputs, parts, strict=True):
+                for (spec, _, short, writer, _), chunk in zip(outputs, parts, strict=True):
                     frame = _normalize(chunk, spec)
-                    frame = _shift(frame, spec, offsets, rng) if shift_dates else frame
-                    writer.write(frame.rename(columns=names))
+                    if names is not None:
+                        frame = names.rename(_shift(frame, spec, offsets, rng))
+                    writer.write(frame.rename(columns=short))
             for spec, written, _, writer, path in outputs:
                 writer.close()
                 specs.append(written)
@@ -714,10 +853,22 @@ def _write_readme(path: Path, title: str, protocols: Any, exported_at: dt.dateti
              f"numbers (`{PHONE_PATTERN.pattern}` with at least {PHONE_MIN_DIGITS} digits) become `[phone]`.",
              ]
     if options["shift_dates"]:
-        lines.append(f"- Dates are shifted: every date and time of a participant moves back by the same "
-                     f"random whole number of days (1 to {SHIFT_MAX_DAYS}), different per participant and "
-                     "stored nowhere; intervals within a participant are kept, calendar dates are not.")
+        lines += [f"- Dates are shifted: every date and time of a participant moves back by the same "
+                  f"random whole number of days (1 to {SHIFT_MAX_DAYS}), different per participant and "
+                  "stored nowhere; intervals within a participant are kept, calendar dates are not.",
+                  f"- Participants and ids are renamed for this export alone, so neither tells who enrolled "
+                  f"when, nor links to another export: participants are put in a random order and named "
+                  f"`{PSEUDONYM}0001`, `{PSEUDONYM}0002`, ... in it (not their study codes); every id "
+                  f"({', '.join(f'`{c}`' for c in ID_SPACES)}, and the id in `decision:<id>` anchors) is "
+                  "replaced by a random-looking number from 1 to 4294967295 (a keyed pseudorandom "
+                  "permutation, its key drawn for this export and kept nowhere). An id has the same new "
+                  "number in every table, so the tables join as before.",
+                  "- Rows are in the participants' random order (each participant's rows in their own "
+                  "order), de-identified safety records last in a random order: the order of the rows "
+                  "says nothing of when anyone enrolled."]
     if options["drop_free_text"]:
         lines.append("- Free-text columns (turn content and rationales, decision text, free-text answers) "
                      "are dropped.")
+    if export_format == "csv":
+        lines += ["", "## Text cells in spreadsheets", "", CSV_TEXT_NOTE]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -2,28 +2,56 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
 from api import docs, errors, pages
+from api.deps import run_unit_on
 from api.edge import Edge
 from api.routers import chat, exports, followups, participants, recruitment, sign_in, staff, surveys, transcripts
 from chat.gateway import Gateway
+from chat.replies import Replies
 from study import wiring
 from study.db import get_engine, session_scope
 from study.settings import get_settings
 
+log = logging.getLogger("afterward.api")
+
 API_PREFIX = "/api/v1"
 FAVICON = Path(__file__).resolve().parent / "static" / "favicon.ico"  # pages link /static/favicon.ico
+T = TypeVar("T")
 
 
 def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> FastAPI:
     wiring.wire()  # what withdrawal and completion must do, registered before the first request
+    database = engine or get_engine()
+
+    async def run(work: Callable[[Session], T]) -> T:
+        return await run_unit_on(database, work)
+    replies = Replies(run)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Replies a process that died left unfinished are released before this one serves; its own
+        # unfinished ones when it stops (after uvicorn's grace period for open requests).
+        try:
+            await replies.take_over_abandoned()
+        except Exception:  # the database may not answer yet: requests take such claims over as they meet them
+            log.exception("could not look for abandoned reply claims at start-up")
+        yield
+        await replies.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="Afterward",
         version="0.1.0",
         summary="Longitudinal well-being studies of LLM chat",
@@ -32,8 +60,9 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
         openapi_url="/openapi.json",
     )
     app.router.route_class = errors.DocumentedRoute  # /healthz
-    app.state.engine = engine or get_engine()
+    app.state.engine = database
     app.state.gateway = gateway  # built from settings on first use when None
+    app.state.replies = replies  # replies in flight, stored whether or not anyone still waits
     errors.install(app)
     app.include_router(participants.router, prefix=API_PREFIX)
     app.include_router(sign_in.router, prefix=API_PREFIX)

@@ -498,8 +498,9 @@ def export(
     format: Annotated[str, typer.Option("--format", help="csv | parquet | spss | stata | trajectories | aggregates")],
     out: Annotated[Path, typer.Option("--out", file_okay=False, help="Directory to write into")],
     turns: Annotated[bool, typer.Option("--turns", help="Include every message (scrubbed of emails, phones)")] = False,
-    shift_dates: Annotated[bool, typer.Option("--shift-dates", help="Move each participant's dates by a "
-                                              "random number of days, stored nowhere")] = False,
+    shift_dates: Annotated[bool, typer.Option("--shift-dates", help="De-identify: move each participant's dates "
+                                              "by a random number of days, stored nowhere; rename participants "
+                                              "and ids for this export; rows in a random order")] = False,
     drop_free_text: Annotated[bool, typer.Option("--drop-free-text", help="Leave out free-text columns")] = False,
     as_staff: Annotated[str | None, typer.Option("--as", help="Staff email to audit the export under "
                                                  "(researcher or admin of the study; any role for "

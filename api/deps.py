@@ -10,14 +10,16 @@ thread running an event loop, so a regression fails loudly in every test.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import Annotated, TypeVar
 
 from fastapi import Depends, HTTPException, Path, Request, Response
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import FormData
+from starlette.datastructures import FormData, UploadFile
 
 from api.errors import SAFE_METHODS, refuses
 from study import participants as participant_service
@@ -26,7 +28,7 @@ from study.db import session_scope
 from study.models import Participant, StaffAccount
 from study.security import csrf_token_valid
 from study.settings import get_settings
-from study.validation import MAX_ROW_ID, NUL_MESSAGE
+from study.validation import MAX_ROW_ID, text
 
 SESSION_COOKIE = "afterward_session"
 CSRF_HEADER = "X-CSRF-Token"
@@ -50,26 +52,47 @@ def reads_only(request: Request) -> bool:
 
 def get_session(request: Request) -> Iterator[Session]:
     """One transaction per request: committed when the handler returns, before the response is
-    sent (so a failed commit is an error response, never a silent loss)."""
+    sent (so a failed commit is an error response, never a silent loss). A request cancelled
+    meanwhile (its client gone, the server stopping) still commits what its handler did: the
+    handler runs on a thread, which a cancellation waits for, so it arrives here only once the
+    handler has returned (or before it started); rolling back would lose a participant's answer
+    or exit check that was complete."""
     with session_scope(request.app.state.engine, read_only=reads_only(request)) as session:
-        yield session
+        try:
+            yield session
+        except asyncio.CancelledError:
+            session.commit()
+            raise
 
 
 async def run_unit(request: Request, work: Callable[[Session], T]) -> T:
     """Run ``work`` in its own committed transaction on a worker thread, for handlers that await."""
+    return await run_unit_on(request.app.state.engine, work)
+
+
+async def run_unit_on(engine: Engine, work: Callable[[Session], T]) -> T:
+    """``run_unit`` for the app's own tasks, which outlive requests (``chat.replies``)."""
     def unit() -> T:
-        with session_scope(request.app.state.engine) as session:
+        with session_scope(engine) as session:
             return work(session)
     return await run_in_threadpool(unit)
 
 
 async def form_data(request: Request) -> FormData:
-    """A page's form, parsed before the (sync) handler runs; the body size is limited upstream."""
+    """A page's form, parsed before the (sync) handler runs, every name and text value through
+    ``study.validation.text`` as the API's bodies are; the body size is limited upstream."""
     form = await request.form()
+    fields: list[tuple[str, str | UploadFile]] = []
     for key, value in form.multi_items():
-        if "\x00" in key or (isinstance(value, str) and "\x00" in value):
-            raise HTTPException(422, f"{key or 'a field'} {NUL_MESSAGE}")
-    return form
+        try:
+            name = text(key)
+        except ValueError as exc:  # the name itself is not echoed
+            raise HTTPException(422, f"a field name {exc}") from None
+        try:
+            fields.append((name, text(value) if isinstance(value, str) else value))
+        except ValueError as exc:
+            raise HTTPException(422, f"{name or 'a field'}: {exc}") from None
+    return FormData(fields)
 
 
 Form = Annotated[FormData, Depends(form_data)]

@@ -51,7 +51,7 @@ from study.schemas import (
 )
 from study.security import csrf_token_for, csrf_token_valid
 from study.studies import current_protocol, protocol_for_consent
-from study.validation import form_int
+from study.validation import form_int, line
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
 from surveys.schemas import SUBMISSION_ID_PATTERN
@@ -82,6 +82,14 @@ def page(request: Request, name: str, status_code: int = 200, **context: Any) ->
 def is_page(request: Request) -> bool:
     """A participant page (HTML), as opposed to the API and the operational routes (JSON)."""
     return not request.url.path.startswith(("/api/", "/healthz", "/docs", "/redoc", "/openapi.json", "/static/"))
+
+
+def _prefill(raw: str) -> str:
+    """A value from the address shown back in a form field: as the validator would accept it, or nothing."""
+    try:
+        return line(raw)[:64]
+    except ValueError:
+        return ""
 
 
 def see_other(to: str) -> RedirectResponse:
@@ -215,7 +223,7 @@ def home(request: Request, session: SessionDep) -> Response:
     if participant is None:
         pre = request.cookies.get(PRE_COOKIE) or secrets.token_urlsafe(24)
         response = page(request, "join.html", pre=pre, expired="expired" in request.query_params,
-                        code=request.query_params.get("code", ""))
+                        code=_prefill(request.query_params.get("code", "")))
         response.set_cookie(PRE_COOKIE, pre, httponly=True, samesite="strict", path="/")
         return response
     step = _next_step(session, participant)
@@ -571,7 +579,8 @@ def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> 
     return page(request, "chat.html", conversation=conversation, turns=turns, responses=responses, switches=switches,
                 answerable=chat_service.latest_pushback_id(session, conversation.id), offered=offered,
                 mode=arm.mode, resources=resources, role=ROLE_SPECS[conversation.role],  # type: ignore[index]
-                safety_concerns=SAFETY_CONCERNS, failed=request.query_params.get("failed"))
+                safety_concerns=SAFETY_CONCERNS, writing=chat_service.reply_in_flight(conversation),
+                unanswered=chat_service.unanswered(conversation, turns))
 
 
 Prepare = Callable[[Session, Participant, FormData], chat_service.PreparedTurn | None]
@@ -596,7 +605,7 @@ async def _chat_action(request: Request, conversation_id: int, form: FormData, p
         try:
             await chat_api.reply_to(request, chat_api.gateway_of(request), prepared)
         except DomainError:
-            return see_other(f"/chat/{conversation_id}?failed=1#composer")
+            return see_other(f"/chat/{conversation_id}#unanswered")  # the page offers to try again
     return see_other(f"/chat/{conversation_id}#latest")
 
 

@@ -66,7 +66,7 @@ def detectors(texts: list[str], llm: dict[str, tuple[str, bool] | None] | None) 
     found = {
         "lexicon": {t: lexical[t] is not None for t in texts},
         "semantic": {t: verdicts[t].flagged for t in texts},
-        "fusion": {t: semantic.fuse(lexical[t], verdicts[t]) is not None for t in texts},
+        "fusion": {t: semantic.detect(t) is not None for t in texts},
     }
     if llm is not None:
         found["llm"] = {t: (llm[t] or ("none", False))[0] != "none" for t in texts}

@@ -99,6 +99,11 @@ class Gateway:
         self.router = _routers[key]
         self._known = {d["model_name"] for d in self.router.registry().all()}
 
+    @property
+    def call_limit(self) -> float:
+        """The longest one call waits for the model to start answering: every try, and a second."""
+        return self.timeout * (1 + self.router.num_retries) + 1
+
     def _deployment(self, name: str) -> dict[str, Any]:
         params: dict[str, Any] = {"model": name, "timeout": self.timeout}
         if self._api_base and not name.startswith(f"{PROVIDER}/"):
@@ -130,7 +135,7 @@ class Gateway:
         try:
             response = await asyncio.wait_for(
                 self.router.acompletion(model=model, messages=cast(Any, messages), **kwargs),
-                timeout=self.timeout * (1 + self.router.num_retries) + 1)
+                timeout=self.call_limit)
         except Exception as exc:
             raise self._error(exc, model) from exc
         return self._completion(response, model, started)
@@ -146,7 +151,7 @@ class Gateway:
             response = await asyncio.wait_for(
                 self.router.acompletion(model=model, messages=cast(Any, messages), stream=True,
                                         stream_options={"include_usage": True}),
-                timeout=self.timeout * (1 + self.router.num_retries) + 1)
+                timeout=self.call_limit)
             iterator = cast(Any, response).__aiter__()
             while True:
                 try:

@@ -37,9 +37,14 @@ class Conversation(ParticipantResearchData, Base):
     turn_count: Mapped[int] = mapped_column(Integer, default=0)
     # The reply state's one home: set when a reply starts being produced (a new message, a retry
     # or an override), cleared when its outcome is stored; the guard against two replies at once
-    # (chat.service._claim_reply). Counts of pushbacks per concern and overridden concerns are kept
-    # here too, changed in SQL under the row's lock, so a turn needs no extra queries.
+    # (chat.service._claim_reply). The claim's owner (study.processes) and its lease, renewed while
+    # the owner works on it, tell a reply still being written from one whose process is gone;
+    # both are read only while awaiting_reply_since is set. Counts of pushbacks per concern and
+    # overridden concerns are kept here too, changed in SQL under the row's lock, so a turn needs
+    # no extra queries.
     awaiting_reply_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    reply_claimed_by: Mapped[str | None] = mapped_column(String(120))
+    reply_lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     concern_counts: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
     overridden_concerns: Mapped[list[str]] = mapped_column(JSON, default=list)
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)

@@ -57,6 +57,8 @@ _IDIOMS = _any(
     r"\b(?:beat|beating) (?:him|her|them|me|you|my \w+) (?:at|in) \w+",
     r"\b(?:attack|attacking) (?:the|this) (?:problem|task|backlog|day)\b",
     r"\bwhen i die\b.*\b(?:will|estate|pension|insurance)\b",
+    r"\bhang(?:ing)? (?:\w+ )?out to dry\b",
+    r"\b(?:ate|eaten|eat|eating) (?:so|too) much\b[^.!?]{0,40}\b(?:want to|could|gonna|going to) die\b",
 )
 
 _SELF_ACUTE = _any(
@@ -91,11 +93,12 @@ _SELF_CONCERN = _any(
     r"\bhaven't (?:eaten|slept) in (?:days|a week)\b", r"\bempty inside\b", r"\bfalling apart\b",
     r"\b(?:want|wanted) to disappear\b", r"\bhate myself\b",
 )
+_PEOPLE = (r"(?:wife|husband|partner|boss|dad|father|mom|mother|son|daughter|brother|sister|neighbou?r|coworker|"
+           r"colleague|ex|roommate|kid|kids|child|teacher|family|classmates?|manager|landlord|girlfriend|boyfriend|"
+           r"stepdad|stepmom)")
 _OTHERS_ACUTE = _any(
     r"\b(?:kill|murder|stab|shoot|strangle|poison|hurt|beat up|attack|choke|punch|hit|slap|kick)(?! up\b) "
-    r"(?:him|her|them|you|someone|somebody|people|everyone|my (?:\w+ ){0,2}?(?:wife|husband|partner|boss|dad|father|"
-    r"mom|mother|son|daughter|brother|sister|neighbou?r|coworker|colleague|ex|roommate|kid|kids|child|teacher|"
-    r"family|classmates?|manager|landlord|girlfriend|boyfriend|stepdad|stepmom))\b(?! (?:up|at \w+)\b)",
+    rf"(?:him|her|them|you|someone|somebody|people|everyone|my (?:\w+ ){{0,2}}?{_PEOPLE})\b(?! (?:up|at \w+)\b)",
     r"\bi know where (?:he|she|they) (?:sleeps?|lives?)\b",
     r"\b(?:find|found|find out) (?:out )?where (?:he|she|they) (?:lives?|sleeps?|works?)\b.{0,30}\b(?:show up|go there|wait for)\b",
     r"\b(?:run|ran|running) (?:him|her|them) (?:over|down)\b",
@@ -155,17 +158,78 @@ _FROM_OTHERS_CONCERN = _any(
 )
 
 
+# Explicit statements: the writer says, in the first person and the present, that they will or want
+# to end their life, hurt themselves or someone else, or that someone is hurting or about to kill
+# them. ``detect_crisis`` marks them ``explicit``: ``chat.semantic`` lets no other text in the
+# message explain one away, unless the statement's own sentence hedges it with a condition or a
+# mark of hyperbole ("if this meeting runs over I'll shoot myself lol"), where the message around
+# it decides as for any other cue.
+_SELF_ACT = (r"(?:kill(?:ing)? my ?self|end(?:ing)? (?:my|it) (?:own )?life|end(?:ing)? it all|tak(?:e|ing) my (?:own )?life|"
+             r"commit(?:ting)? suicide|hang(?:ing)? my ?self|shoot(?:ing)? my ?self|overdos(?:e|ing)|cut(?:ting)? my ?self|"
+             r"hurt(?:ing)? my ?self|jump(?:ing)? (?:off|from|in front of))")
+_INTENT = (r"(?:going to|gonna|about to|planning to|planning on|ready to|want to|wanna|need to|have to|will|"
+           r"decided to|intend to)")
+_I_INTEND = rf"\b(?:i'll|i(?:'m| am|m|'ve| have)? (?:\w+ ){{0,3}}?{_INTENT})"
+_SELF_EXPLICIT = _any(
+    rf"{_I_INTEND} (?:\w+ ){{0,2}}?{_SELF_ACT}",
+    r"\bi (?:\w+ )?(?:want|wanna|wish|need) (?:to )?(?:die|be dead|not be alive|not wake up)\b",
+    r"\bi wish i (?:was|were) dead\b",
+    r"\bi(?:'m| am|m) (?:\w+ ){0,2}?suicidal\b",
+    rf"\bi(?:'m| am|m) (?:\w+ ){{0,2}}?(?:thinking|considering) (?:about |of )?(?:suicide|{_SELF_ACT})",
+)
+_WEAPON = r"(?:gun|knife|rifle|pistol|shotgun|weapon|ammo|bullets|poison)"
+_VICTIM = rf"(?:him|her|them|someone|somebody|people|everyone|my (?:\w+ )?{_PEOPLE})\b"
+# "I'm going to kill my roommate, he left the pan on the hob" is how people vent: intent to kill
+# someone is explicit only with a weapon in the same sentence, or as shooting or stabbing.
+_OTHERS_EXPLICIT = _any(
+    rf"{_I_INTEND} (?:\w+ ){{0,2}}?(?:shoot|stab) {_VICTIM}",
+    rf"{_I_INTEND} (?:\w+ ){{0,2}}?(?:kill|murder|hurt|strangle) {_VICTIM}[^.!?]{{0,60}}\b{_WEAPON}",
+    rf"{_I_INTEND} (?:\w+ ){{0,2}}?(?:shoot up|bomb) (?:the|my)\b",
+)
+# Violence going on now ("he's going to kill me" is as often about a scratched car: not explicit).
+_FROM_OTHERS_EXPLICIT = _any(
+    rf"\b{_WHO}(?: is|'s| are|'re| keeps) (?:\w+ )?(?:hitting|beating|choking|strangling|hurting|attacking|"
+    rf"threatening to (?:kill|hurt)) me\b",
+)
+# Words that make a statement not one of present intent: negation, the past.
+_NOT_PRESENT = re.compile(r"\b(?:never|no longer|used to|had|would have)\b|n't\b|\bnt\b|\bnot (?!be alive|wake up)"
+                          r"|\b(?:was|were)\b(?! dead\b)")
+# A condition or a mark of hyperbole in the statement's own sentence ("if ...", "lol", "ugh").
+_CONDITION = re.compile(r"\b(?:if|unless|or else|lol|lmao|jk|haha\w*|ugh|omg)\b|[\U0001F602\U0001F480\U0001F643\U0001F644\U0001F923]")
+
+
 @dataclass(frozen=True)
 class CrisisFinding:
     category: CrisisCategory
     acute: bool
     cue: str
     source: str = "lexicon"
+    explicit: bool = False  # a first-person, present statement of acute danger (see ``_SELF_EXPLICIT``)
+
+
+def _explicit(cleaned: str) -> CrisisFinding | None:
+    for pattern, category in ((_SELF_EXPLICIT, "risk_to_self"), (_FROM_OTHERS_EXPLICIT, "risk_from_others"),
+                              (_OTHERS_EXPLICIT, "harm_to_others")):
+        for match in pattern.finditer(cleaned):
+            if not _NOT_PRESENT.search(match.group(0)):
+                return CrisisFinding(category=category, acute=True, cue=match.group(0),  # type: ignore[arg-type]
+                                     explicit=True)
+    return None
+
+
+def conditional(sentence: str) -> bool:
+    """Whether a sentence states something under a condition or marked as hyperbole ("if ...",
+    "unless ...", "lol")."""
+    return _CONDITION.search(normalize(sentence)) is not None
 
 
 def detect_crisis(text: str) -> CrisisFinding | None:
-    """The most serious crisis cue in a message, or None. Acute findings escalate at once."""
+    """The most serious crisis cue in a message, or None. Acute findings escalate at once; an
+    explicit statement is found first, wherever it is in the message."""
     cleaned = _IDIOMS.sub(" ", normalize(text))
+    found = _explicit(cleaned)
+    if found is not None:
+        return found
     for pattern, category, acute in (
         (_SELF_ACUTE, "risk_to_self", True), (_FROM_OTHERS_ACUTE, "risk_from_others", True),
         (_OTHERS_ACUTE, "harm_to_others", True), (_OTHERS_CONCERN, "harm_to_others", False),

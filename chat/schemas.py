@@ -8,8 +8,9 @@ from pydantic import BaseModel, Field, StrictBool
 
 from chat.models import Conversation, Turn
 from chat.roles import RoleSpec
+from chat.service import reply_in_flight
 from study.safety import SafetyEvent, SafetyEventReview
-from study.validation import NOT_BLANK_PATTERN, RequestBody
+from study.validation import NOT_BLANK_PATTERN, Line, RequestBody
 
 
 class DisclosureRead(BaseModel):
@@ -40,12 +41,12 @@ class CrisisResourcesRead(BaseModel):
 
 
 class ConversationCreate(RequestBody):
-    role: str | None = Field(default=None, max_length=40,
+    role: Line | None = Field(default=None, max_length=40,
                              description="concierge, collaborator or coach (wellbeing arms)")
 
 
 class RoleChange(RequestBody):
-    role: str = Field(max_length=40)
+    role: Line = Field(max_length=40)
 
 
 class MessageCreate(RequestBody):
@@ -101,11 +102,13 @@ class ConversationRead(BaseModel):
     started_at: dt.datetime
     ended_at: dt.datetime | None
     turn_count: int
+    awaiting_reply: bool = Field(default=False, description="a reply is being written now, and is stored even if "
+                                 "nobody waits for it: read the conversation again in a moment")
 
     @classmethod
     def of(cls, c: Conversation) -> ConversationRead:
         return cls(id=c.id, role=c.role, mode=c.mode, status=c.status, started_at=c.started_at,
-                   ended_at=c.ended_at, turn_count=c.turn_count)
+                   ended_at=c.ended_at, turn_count=c.turn_count, awaiting_reply=reply_in_flight(c))
 
 
 class ConversationDetail(ConversationRead):

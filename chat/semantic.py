@@ -20,7 +20,16 @@ control; revenge, which is declined) always stand. Its acute cues ("suicide", "o
 ...") stand when the classifier's score is at least ``lexicon_threshold`` (lower than
 ``threshold``): on the first held-out round the lexicon flagged 19% of the benign messages, mostly
 through those words in idioms, hyperbole, the news or stories about the past or someone else, and
-found 14% of the crisis ones. Both thresholds are chosen in
+found 14% of the crisis ones. That veto reads the whole message, so it must never silence an
+explicit statement (``CrisisFinding.explicit``: "I want to kill myself", "he is choking me right
+now") because other text surrounds it: a recipe, code or a story after it lowers the whole
+message's score without changing what was said. An explicit statement therefore always stands,
+unless its own sentence hedges it with a condition or a mark of hyperbole ("if I have to sit
+through one more meeting I'll shoot myself lol", ``statement_stands``): then the whole message
+decides, as for the other acute cues. (Judging a hedged statement on its sentence alone was
+tried: without the message around it the classifier cannot tell "ugh i want to die" about an
+embarrassing wave from the real thing, and the past from the present, so it flagged 3-8 more of
+each held-out round's 200 benign messages.) Both thresholds are chosen in
 training on cross-validated scores (see the head's metadata). The optional LLM classifier is
 added after this (``chat.policy.with_classifier``) and can only raise findings.
 """
@@ -41,12 +50,15 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from chat.encoder import encoder
-from chat.monitors import CrisisFinding, detect_crisis
+from chat.monitors import CrisisFinding, conditional, detect_crisis, normalize
 
 HEAD_PATH = Path(__file__).parent / "crisis_data" / "head.npz"
 WINDOW_TOKENS = 64  # a window is consecutive sentences up to about this many tokens
 CATEGORIES = ("none", "risk_to_self", "harm_to_others", "risk_from_others")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+# Where one statement ends and other text begins: a sentence's end, a line break, markup, a code
+# fence, a semicolon or a colon before what follows ("... tonight, here is my code: print(1)").
+_STATEMENT_END = re.compile(r"(?<=[.!?\u2026])[\"')\]\u201d\u2019]*\s+|\n+|<[^>]*>|```|;\s*|:\s+")
 
 
 @dataclass(frozen=True)
@@ -169,21 +181,48 @@ def classify(text: str) -> SemanticVerdict:
     return verdict
 
 
-def fuse(lexical: CrisisFinding | None, semantic: SemanticVerdict) -> CrisisFinding | None:
+def statement_of(text: str, cue: str) -> str | None:
+    """The statement (sentence, line or text between markup) of ``text`` that carries ``cue`` (as
+    ``detect_crisis`` reports it, normalized), or None when the cue spans several."""
+    wanted = normalize(cue)
+    parts = (p.strip() for p in _STATEMENT_END.split(text))
+    return next((part for part in parts if part and wanted in normalize(part)), None)
+
+
+def statement_stands(text: str, lexical: CrisisFinding) -> bool:
+    """Whether an explicit statement stands whatever the rest of ``text`` says: unless its own
+    sentence hedges it with a condition or a mark of hyperbole (``chat.monitors.conditional``)."""
+    statement = statement_of(text, lexical.cue)
+    return statement is None or not conditional(statement)
+
+
+def fuse(lexical: CrisisFinding | None, semantic: SemanticVerdict, *,
+         statement_stands: bool = False) -> CrisisFinding | None:
     """One finding from the lexicon's and the classifier's (see the module's docstring): the
     lexicon's category and cue win when both stand (its cues are precise about what was said), and
-    the finding is acute when either says so."""
+    the finding is acute when either says so. ``statement_stands``: the lexicon's cue is an explicit
+    statement that the rest of the message cannot explain away (``statement_stands()``)."""
     if not semantic.flagged:
-        if lexical is None or semantic.supports_lexicon or not lexical.acute:
+        if lexical is None or semantic.supports_lexicon or not lexical.acute or statement_stands:
             return lexical
         return None  # an acute cue in a message the classifier scores as clearly benign
     if lexical is None:  # (flagged implies the lexicon stands: threshold >= lexicon_threshold)
         return CrisisFinding(category=semantic.category, acute=semantic.acute,  # type: ignore[arg-type]
                              cue=f"semantic classifier (score {semantic.score:.2f})", source="semantic")
     return CrisisFinding(category=lexical.category, acute=lexical.acute or semantic.acute, cue=lexical.cue,
-                         source="lexicon+semantic")
+                         source="lexicon+semantic", explicit=lexical.explicit)
+
+
+def read(text: str) -> tuple[CrisisFinding | None, SemanticVerdict]:
+    """The crisis finding for a participant message (the lexicon fused with the classifier) and the
+    classifier's verdict on the whole message."""
+    lexical = detect_crisis(text)
+    verdict = classify(text)
+    explicit = (lexical is not None and lexical.explicit and not verdict.supports_lexicon
+                and statement_stands(text, lexical))
+    return fuse(lexical, verdict, statement_stands=explicit), verdict
 
 
 def detect(text: str) -> CrisisFinding | None:
     """The crisis finding for a participant message: the lexicon fused with the classifier."""
-    return fuse(detect_crisis(text), classify(text))
+    return read(text)[0]

@@ -5,13 +5,16 @@ is two of them around the LLM call, so no transaction is held while the model th
    runs the monitors and returns a ``PreparedTurn`` with everything the call needs;
 2. the caller asks the gateway;
 3. ``record_reply`` (or ``record_failure``) stores the outcome.
+
+In the API, steps 2 and 3 run on a task of their own (``chat.replies``), so a reply is stored
+whether or not the participant is still connected.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -34,11 +37,12 @@ from chat.policy import (
     with_classifier,
 )
 from chat.roles import ROLE_SPECS, SAFETY_CONCERNS, RoleName, RoleSpec, roles_for_arm, system_prompt
-from study import audit
+from study import audit, validation
 from study.clock import now
 from study.db import is_postgres
 from study.errors import Conflict, Invalid, NotFound
 from study.models import Participant, ParticipantStatus, WithdrawalLevel
+from study.processes import is_gone, this_process
 from study.protocol import Arm
 from study.safety import SafetyEvent, SafetyEventReview
 from study.settings import get_settings
@@ -47,7 +51,9 @@ from study.wiring import Lifecycle
 
 HISTORY_TURNS = 20  # turns of the conversation sent to the model
 REASSURANCE_LOOKBACK = dt.timedelta(days=30)
-STUCK_AFTER = dt.timedelta(minutes=2)  # a reply awaited longer than this is given up: a new claim may start
+# A reply's claim holds this long unless its owner renews it (chat.replies does every few seconds
+# while it works): a claim left by a process that died on another machine is taken over after it.
+REPLY_LEASE = dt.timedelta(seconds=20)
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ class PreparedTurn:
     crisis_source: str | None = None
     features: dict[str, object] = field(default_factory=dict)
     # When this reply was claimed (the conversation's awaiting_reply_since): storing the outcome
-    # releases the claim only if it is still this one, not a newer one taken after it got stuck.
+    # releases the claim only if it is still this one, not a newer one taken after it was abandoned.
     claimed_at: dt.datetime | None = None
 
 
@@ -151,6 +157,16 @@ def role_switches(session: Session, conversation: Conversation) -> list[RoleSwit
                                 .order_by(RoleSwitch.id)))
 
 
+def unanswered(conversation: Conversation, turns: Sequence[Turn]) -> Turn | None:
+    """The message a participant coming back can ask to be answered again (``prepare_retry``): the
+    open conversation's last message, when it has no reply and none is being written."""
+    last = next((turn for turn in reversed(turns) if turn.speaker == "participant"), None)
+    if (conversation.status != "active" or last is None or last.reply_status == "answered"
+            or reply_in_flight(conversation)):
+        return None
+    return last
+
+
 def list_conversations(session: Session, participant: Participant) -> list[Conversation]:
     return list(session.scalars(select(Conversation).where(Conversation.participant_id == participant.id)
                                 .order_by(Conversation.started_at.desc(), Conversation.id.desc())))
@@ -195,8 +211,7 @@ def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]
     """What the monitors find in one message. ``earlier_reassurance`` gives the participant's
     earlier reassurance-seeking messages (asked for only when this one seeks reassurance); the
     evaluation harness (``evals``) passes its own conversation's."""
-    verdict = semantic.classify(content)
-    crisis = semantic.fuse(monitors.detect_crisis(content), verdict)
+    crisis, verdict = semantic.read(content)
     cue = monitors.reassurance_cue(content)
     repeats = 0
     if cue is not None:
@@ -271,6 +286,11 @@ def reassess(session: Session, prepared: PreparedTurn, verdict: tuple[str, bool]
 # time) and only a conditional UPDATE of one row can enforce it atomically: PostgreSQL re-checks
 # the condition on the row a concurrent claim just committed, SQLite serializes writers. A turn's
 # ``reply_status`` records only how its reply ended (answered | failed; NULL until then).
+#
+# A claim records its owner (``study.processes``) and a lease the owner renews while it works. A
+# claim nobody will finish (its owner is gone, or its lease ran out) is abandoned: the next claim
+# takes it over first, and an API process does so for every one it finds when it starts. A live
+# owner's claim, a sibling worker's included, is never taken.
 
 
 class ReplyInProgress(Conflict):
@@ -278,25 +298,29 @@ class ReplyInProgress(Conflict):
     retry_after_seconds = 5
 
 
+_STATE = (Conversation.id, Conversation.participant_id, Conversation.role, Conversation.arm,
+          Conversation.concern_counts, Conversation.overridden_concerns)  # the columns of ConversationState
+
+
 def _claim_reply(session: Session, participant: Participant, conversation_id: int, *,
                  new_message: bool) -> tuple[dt.datetime, ConversationState, int]:
     """The one statement that starts a reply (new message, retry or override alike): the
-    conversation must be the participant's, open, and not awaiting a reply (unless that one is
-    stuck). A new message also takes the next sequence number. Returns the claim's time, the
-    conversation's state and its turn count; refuses with a retryable 409 while a reply is awaited."""
+    conversation must be the participant's, open, and not awaiting a reply (an abandoned claim is
+    taken over first). A new message also takes the next sequence number. Returns the claim's
+    time, the conversation's state and its turn count; refuses with a retryable 409 while a reply
+    is being written."""
     at = now()
-    values: dict[str, Any] = {"awaiting_reply_since": at}
+    values: dict[str, Any] = {"awaiting_reply_since": at, "reply_claimed_by": this_process(),
+                              "reply_lease_until": at + REPLY_LEASE}
     if new_message:
         values["turn_count"] = Conversation.turn_count + 1
-    claimed = session.execute(
-        update(Conversation).where(
-            Conversation.id == conversation_id, Conversation.participant_id == participant.id,
-            Conversation.status == "active", or_(Conversation.awaiting_reply_since.is_(None),
-                                                 Conversation.awaiting_reply_since <= at - STUCK_AFTER))
-        .values(values)
-        .returning(Conversation.turn_count, Conversation.id, Conversation.participant_id, Conversation.role,
-                   Conversation.arm, Conversation.concern_counts, Conversation.overridden_concerns)
-        .execution_options(synchronize_session=False)).first()
+    claim = (update(Conversation).where(
+        Conversation.id == conversation_id, Conversation.participant_id == participant.id,
+        Conversation.status == "active", Conversation.awaiting_reply_since.is_(None))
+        .values(values).returning(Conversation.turn_count, *_STATE).execution_options(synchronize_session=False))
+    claimed = session.execute(claim).first()
+    if claimed is None and take_over_abandoned(session, conversation_id, participant_id=participant.id):
+        claimed = session.execute(claim).first()
     if claimed is None:
         _require_active(get_conversation(session, participant, conversation_id))  # not yours / ended
         raise ReplyInProgress("the assistant is still answering your previous message; wait a moment for it, "
@@ -304,9 +328,97 @@ def _claim_reply(session: Session, participant: Participant, conversation_id: in
     return at, ConversationState(*claimed[1:]), claimed.turn_count
 
 
+def _expired(lease_until: dt.datetime | None, at: dt.datetime) -> bool:
+    return lease_until is None or lease_until <= at  # no lease: a claim made before leases existed
+
+
+def _abandoned(owner: str | None, lease_until: dt.datetime | None, at: dt.datetime) -> bool:
+    return _expired(lease_until, at) or is_gone(owner)
+
+
+def reply_in_flight(conversation: Conversation) -> bool:
+    """Whether a reply to the conversation is being written now (an abandoned claim is not)."""
+    return conversation.awaiting_reply_since is not None and not _abandoned(
+        conversation.reply_claimed_by, conversation.reply_lease_until, now())
+
+
+def abandoned_claims(session: Session) -> list[int]:
+    """The conversations whose reply claim nobody will finish (see ``take_over_abandoned``)."""
+    at = now()
+    rows = session.execute(select(Conversation.id, Conversation.reply_claimed_by, Conversation.reply_lease_until)
+                           .where(Conversation.awaiting_reply_since.is_not(None)))
+    return [conversation_id for conversation_id, owner, lease in rows if _abandoned(owner, lease, at)]
+
+
+def take_over_abandoned(session: Session, conversation_id: int, *, participant_id: int | None = None) -> bool:
+    """Release the conversation's reply claim if nobody will finish it: its owner is gone, or its
+    lease ran out. Returns whether a claim was released (see ``_abandon``)."""
+    at = now()
+    query = select(Conversation.awaiting_reply_since, Conversation.reply_claimed_by,
+                   Conversation.reply_lease_until).where(Conversation.id == conversation_id)
+    if participant_id is not None:
+        query = query.where(Conversation.participant_id == participant_id)
+    held = session.execute(query).first()
+    if held is None or held.awaiting_reply_since is None:
+        return False
+    gone = is_gone(held.reply_claimed_by)
+    if not gone and not _expired(held.reply_lease_until, at):
+        return False
+    # Only while it is still abandoned: a live owner may have renewed its lease since the read.
+    still = or_(Conversation.reply_lease_until.is_(None), Conversation.reply_lease_until <= at,
+                *([Conversation.reply_claimed_by == held.reply_claimed_by] if gone else []))
+    reason = "the server writing the reply stopped" if gone else "the server writing the reply stopped answering"
+    return _abandon(session, conversation_id, held.awaiting_reply_since, still, reason)
+
+
+def release_own_claims(session: Session, conversation_ids: Collection[int]) -> None:
+    """Release this process's claims on these conversations (it is stopping; see ``_abandon``)."""
+    for conversation_id in conversation_ids:
+        claimed_at = session.scalar(select(Conversation.awaiting_reply_since).where(
+            Conversation.id == conversation_id, Conversation.reply_claimed_by == this_process()))
+        if claimed_at is not None:
+            _abandon(session, conversation_id, claimed_at, Conversation.reply_claimed_by == this_process(),
+                     "the server stopped before the reply was ready")
+
+
+def _abandon(session: Session, conversation_id: int, claimed_at: dt.datetime, still: Any, reason: str) -> bool:
+    """Release a claim nobody will finish, if it is still the claim of ``claimed_at`` and ``still``
+    holds (under the row's lock: two requests may meet it at once). The message it was for is
+    marked failed, so it can be retried (retry, or a resend of its client_message_id); a safety
+    escalation gets the platform's safety reply at once, as when the model fails (``record_failure``)."""
+    taken = session.execute(
+        update(Conversation).where(Conversation.id == conversation_id,
+                                   Conversation.awaiting_reply_since == claimed_at, still)
+        .values(reply_claimed_by=this_process(), reply_lease_until=now() + REPLY_LEASE)
+        .returning(*_STATE).execution_options(synchronize_session=False)).first()
+    if taken is None:
+        return False
+    turn = session.scalar(select(Turn).where(Turn.conversation_id == conversation_id, Turn.speaker == "participant",
+                                             Turn.reply_status.is_(None)).order_by(Turn.seq.desc()).limit(1))
+    if turn is None:  # nothing left to answer: only the claim to release
+        session.execute(update(Conversation).where(Conversation.id == conversation_id)
+                        .values(awaiting_reply_since=None).execution_options(synchronize_session=False))
+        return True
+    participant = session.get(Participant, turn.participant_id)
+    assert participant is not None
+    prepared = _prepare(session, ConversationState(*taken), turn, _assess(session, participant, turn.content, turn.id),
+                        overridden=_overridden(session, turn), claimed_at=claimed_at)
+    record_failure(session, prepared, f"abandoned: {reason}")
+    return True
+
+
+def renew_claims(session: Session, conversation_ids: Collection[int]) -> None:
+    """Another lease for this process's claims on these conversations (their replies are being
+    written); a claim taken over meanwhile is not this process's any more, and stays as it is."""
+    session.execute(update(Conversation).where(
+        Conversation.id.in_(conversation_ids), Conversation.reply_claimed_by == this_process(),
+        Conversation.awaiting_reply_since.is_not(None)).values(reply_lease_until=now() + REPLY_LEASE)
+        .execution_options(synchronize_session=False))
+
+
 def _release(prepared: PreparedTurn) -> Any:
     """SQL for awaiting_reply_since once this reply's outcome is stored: cleared if the claim is
-    still this reply's; a newer claim (taken when this one got stuck) stays in force."""
+    still this reply's; a newer claim (taken over when this one was abandoned) stays in force."""
     if prepared.claimed_at is None:
         return None
     return case((Conversation.awaiting_reply_since == prepared.claimed_at, null()),
@@ -342,8 +454,8 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
         if existing is not None:
             return _resume(session, participant, existing), existing
     # The encoder runs before the reply is claimed, so no write lock is held while it does (the
-    # verdict is kept by ``semantic.classify`` for ``_assess`` below).
-    semantic.classify(text)
+    # verdicts are kept by ``semantic.classify`` for ``_assess`` below).
+    semantic.read(text)
     at, state, seq = _claim_reply(session, participant, conversation_id, new_message=True)
     assessment = _assess(session, participant, text, None)
     turn = Turn(conversation_id=conversation_id, participant_id=participant.id, seq=seq,
@@ -385,9 +497,13 @@ def _retry(session: Session, participant: Participant, turn: Turn) -> PreparedTu
     if not reopened:
         raise Conflict("this message has been answered meanwhile; reload the conversation", code="nothing_to_retry")
     assessment = _assess(session, participant, turn.content, turn.id)
-    overridden = session.scalar(select(PushbackResponse.id).join(Turn, Turn.id == PushbackResponse.turn_id).where(
+    return _prepare(session, state, turn, assessment, overridden=_overridden(session, turn), claimed_at=at)
+
+
+def _overridden(session: Session, turn: Turn) -> bool:
+    """Whether the participant said "go ahead anyway" to a note answering ``turn``."""
+    return session.scalar(select(PushbackResponse.id).join(Turn, Turn.id == PushbackResponse.turn_id).where(
         Turn.reply_to_id == turn.id, PushbackResponse.action == "override")) is not None
-    return _prepare(session, state, turn, assessment, overridden=overridden, claimed_at=at)
 
 
 def _pushback_turn(session: Session, participant: Participant, conversation: Conversation, turn_id: int) -> Turn:
@@ -541,7 +657,12 @@ def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Turn
 
 
 def review_safety_event(session: Session, event: SafetyEvent, reviewer: str, note: str) -> SafetyEventReview:
-    """Add a review to the event's history; earlier reviews stay as they were."""
+    """Add a review to the event's history; earlier reviews stay as they were. The note goes
+    through the same text validator as the API's (``study.validation.text``), whoever calls."""
+    try:
+        note = validation.text(note)
+    except ValueError as exc:
+        raise Invalid(f"the review note {exc}", code="invalid_note") from None
     review = SafetyEventReview(safety_event_id=event.id, reviewed_at=now(), reviewed_by=reviewer, note=note)
     session.add(review)
     session.flush()

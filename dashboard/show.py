@@ -9,10 +9,12 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from analysis import spreadsheet
 from analysis.aggregates import SUPPRESSED, below
 from dashboard import data
 
 HIDDEN = (below(), SUPPRESSED)
+DOWNLOAD_HELP = f"Safe to open in a spreadsheet: {spreadsheet.RULE}; numbers are as shown. To undo, {spreadsheet.UNDO}."
 
 
 def refreshed(*reads: data.Read) -> None:
@@ -47,7 +49,8 @@ def _key(title: str) -> str:
 
 
 def table(frame: pd.DataFrame, title: str, *, file_name: str | None = None, caption: str | None = None) -> None:
-    """A table with its CSV download. Hidden cells (``"< 5"``, ``"suppressed"``) are shown as such."""
+    """A table with its CSV download (text cells neutralized against formula injection,
+    ``analysis.spreadsheet``). Hidden cells (``"< 5"``, ``"suppressed"``) are shown as such."""
     st.markdown(f"**{title}**")
     if caption:
         st.caption(caption)
@@ -57,8 +60,8 @@ def table(frame: pd.DataFrame, title: str, *, file_name: str | None = None, capt
             shown[column] = shown[column].map(lambda v: "" if v is None else str(v))
     st.dataframe(shown, hide_index=True, width="stretch")
     name = file_name or _key(title)
-    st.download_button(f"Download {title} (CSV)", frame.to_csv(index=False).encode("utf-8"),
-                       file_name=f"{name}.csv", mime="text/csv", key=f"csv-{name}")
+    st.download_button(f"Download {title} (CSV)", spreadsheet.csv_text(frame).encode("utf-8"), file_name=f"{name}.csv",
+                       mime="text/csv", key=f"csv-{name}", help=DOWNLOAD_HELP)
 
 
 def numeric(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, WithJsonSchema, field_validator, model_va
 from scheduler.models import ChannelAlert, FollowUp
 from scheduler.planner import FollowUpPreview, to_utc
 from study.protocol import TIME_ZONE_SCHEMA, validate_timezone
-from study.validation import EARLIEST, LATEST, LOCAL_DATETIME_PATTERN, RequestBody, aware_datetime
+from study.validation import EARLIEST, LATEST, LOCAL_DATETIME_PATTERN, Line, RequestBody, aware_datetime
 
 
 class MyFollowUpRead(BaseModel):
@@ -81,7 +81,7 @@ class SchedulePreviewQuery(RequestBody):
     making a decision at ``decision_at``. A time without an offset is a wall-clock time in ``timezone``."""
 
     enrolled_at: LocalOrAware = Field(description="e.g. 2026-03-28T09:00 (local) or 2026-03-28T09:00Z")
-    timezone: str = Field(max_length=64, json_schema_extra=TIME_ZONE_SCHEMA,
+    timezone: Line = Field(max_length=64, json_schema_extra=TIME_ZONE_SCHEMA,
                           description="IANA time zone, e.g. Europe/London")
     decision_at: LocalOrAware | None = Field(default=None, description="anchor of the decision follow-ups")
 

@@ -11,7 +11,19 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, 
 from study.models import StudyStatus, WithdrawalLevel
 from study.protocol import TIME_ZONE_SCHEMA, Protocol, validate_timezone
 from study.recruitment import InviteListing, InviteStatus
-from study.validation import MAX_ROW_ID, TEXT_CHAR, TEXT_REFUSED, AwareDatetime, EmailAddress, RequestBody
+from study.validation import (
+    LINE_CHAR,
+    LINE_PATTERN,
+    MAX_ROW_ID,
+    SPACE,
+    TEXT_CHAR,
+    VISIBLE,
+    AwareDatetime,
+    EmailAddress,
+    Line,
+    RequestBody,
+    Secret,
+)
 
 
 class _In(RequestBody):
@@ -21,22 +33,21 @@ class _In(RequestBody):
 def trimmed(min_length: int, max_length: int) -> Callable[[dict[str, Any]], None]:
     """The schema of a string of ``_In``, whose surrounding whitespace is removed before its length
     is checked: a pattern of ``min_length`` to ``max_length`` characters besides that whitespace, in
-    place of the lengths (which would count the whitespace)."""
-    visible = f"[^\\s{TEXT_REFUSED}]"
-    inside = (f"({TEXT_CHAR}{{0,{max_length - 2}}}{visible})?" if min_length <= 1
-              else f"{TEXT_CHAR}{{{min_length - 2},{max_length - 2}}}{visible}")
-
+    place of the lengths (which would count the whitespace). A ``Line`` stays one line inside."""
     def state(schema: dict[str, Any]) -> None:
         for string in [schema, *schema.get("anyOf", [])]:
             if string.get("type") == "string":
+                char = LINE_CHAR if string.get("pattern") == LINE_PATTERN else TEXT_CHAR
+                inside = (f"({char}{{0,{max_length - 2}}}{VISIBLE})?" if min_length <= 1
+                          else f"{char}{{{min_length - 2},{max_length - 2}}}{VISIBLE}")
                 string.pop("minLength", None)
                 string.pop("maxLength", None)
-                string["pattern"] = f"^\\s*{visible}{inside}\\s*$"
+                string["pattern"] = f"^{SPACE}*{VISIBLE}{inside}{SPACE}*$"
     return state
 
 
 class EnrollmentCreate(_In):
-    invite_code: str = Field(min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
+    invite_code: Line = Field(min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
                              description="The code from the invitation")
 
 
@@ -87,9 +98,9 @@ class ConsentStatusRead(BaseModel):
 
 
 class ConsentSign(_In):
-    version: str = Field(min_length=1, max_length=40, json_schema_extra=trimmed(1, 40))
-    confirmations: list[str] = Field(max_length=50)
-    typed_signature: str = Field(min_length=1, max_length=200, json_schema_extra=trimmed(1, 200))
+    version: Line = Field(min_length=1, max_length=40, json_schema_extra=trimmed(1, 40))
+    confirmations: list[Line] = Field(max_length=50)
+    typed_signature: Line = Field(min_length=1, max_length=200, json_schema_extra=trimmed(1, 200))
 
 
 class SignedConsentRead(BaseModel):
@@ -104,7 +115,7 @@ class SignedConsentRead(BaseModel):
 
 
 class ProfileUpdate(_In):
-    timezone: str = Field(max_length=64, json_schema_extra=TIME_ZONE_SCHEMA,
+    timezone: Line = Field(max_length=64, json_schema_extra=TIME_ZONE_SCHEMA,
                           description="IANA time zone, e.g. Europe/Berlin")
     contact_email: EmailAddress | None = None
 
@@ -141,12 +152,12 @@ class SignInLinkRequested(BaseModel):
 
 
 class SignInWithLink(_In):
-    token: str = Field(min_length=8, max_length=512, json_schema_extra=trimmed(8, 512),
+    token: Line = Field(min_length=8, max_length=512, json_schema_extra=trimmed(8, 512),
                        description="the part of the emailed link after /sign-in/link/")
 
 
 class SignInWithCode(_In):
-    return_code: str = Field(min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
+    return_code: Line = Field(min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
                              description="the return code given at enrollment")
 
 
@@ -176,9 +187,9 @@ class WithdrawalRead(BaseModel):
 
 
 class StaffLogin(_In):
-    email: str = Field(min_length=3, max_length=320, json_schema_extra=trimmed(3, 320),
+    email: Line = Field(min_length=3, max_length=320, json_schema_extra=trimmed(3, 320),
                        description="the staff account's email")
-    password: str = Field(min_length=1, max_length=1000, json_schema_extra=trimmed(1, 1000))
+    password: Secret = Field(min_length=1, max_length=1000, json_schema_extra=trimmed(1, 1000))
 
 
 class TokenRead(BaseModel):
@@ -224,7 +235,7 @@ class StaffParticipantRead(BaseModel):
 class InviteCreate(_In):
     count: int = Field(default=1, ge=1, le=1000)
     max_uses: int = Field(default=1, ge=1, le=100_000)
-    label: str | None = Field(default=None, max_length=200)
+    label: Line | None = Field(default=None, max_length=200)
     expires_at: AwareDatetime | None = Field(default=None, description="with a time zone, e.g. 2026-12-31T23:59:00Z")
 
 
@@ -266,7 +277,7 @@ class InviteRevoke(_In):
     schema_rules = {"oneOf": [  # one of the two, as _one_of says
         {"required": ["code"], "properties": {"code": {"type": "string"}, "invite_id": {"type": "null"}}},
         {"required": ["invite_id"], "properties": {"code": {"type": "null"}, "invite_id": {"type": "integer"}}}]}
-    code: str | None = Field(default=None, min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
+    code: Line | None = Field(default=None, min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
                              description="the invite code")
     invite_id: int | None = Field(default=None, ge=1, le=MAX_ROW_ID, description="or its id, from the listing")
 

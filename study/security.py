@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from functools import cache
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -41,9 +42,18 @@ def hash_password(password: str) -> str:
     return _passwords.hash(password)
 
 
-def verify_password(password_hash: str, password: str) -> bool:
+@cache
+def _unknown_account_hash() -> str:
+    # A hash no password is known for, made with the same parameters as every account's.
+    return _passwords.hash(secrets.token_urlsafe(32))
+
+
+def verify_password(password_hash: str | None, password: str) -> bool:
+    """Whether ``password`` matches. With no hash (no such account) the same argon2 verification
+    runs against a hash no one knows, so an unknown email takes as long to refuse as a known email
+    with a wrong password (no account list by timing)."""
     try:
-        return _passwords.verify(password_hash, password)
+        return _passwords.verify(password_hash or _unknown_account_hash(), password) and password_hash is not None
     except (VerificationError, InvalidHashError):
         return False
 

@@ -126,7 +126,9 @@ def login(session: Session, *, email: str, password: str, client: str) -> str | 
                               "(each further wrong password makes the wait longer)",
                               retry_after_seconds=seconds)
     account = session.scalar(select(StaffAccount).where(StaffAccount.email == email))
-    ok = account is not None and account.is_active and verify_password(account.password_hash, password)
+    # The password is checked whether or not the account exists or is active: the same work either way.
+    verified = verify_password(account.password_hash if account is not None else None, password)
+    ok = account is not None and account.is_active and verified
     session.add(LoginAttempt(email=email, client=client, succeeded=ok))
     session.flush()
     if not ok or account is None:

@@ -29,9 +29,9 @@ from api.errors import DocumentedRoute, error_body, refusals
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from chat import resources as chat_resources
 from chat import service
-from chat.answer_format import StreamSplitter
-from chat.gateway import Completion, Gateway, GatewayError
+from chat.gateway import Gateway
 from chat.models import PushbackResponse, Turn
+from chat.replies import Outcome, Replies
 from chat.roles import SAFETY_CONCERNS
 from chat.schemas import (
     ConversationCreate,
@@ -150,46 +150,36 @@ def _exchange(session: Session, prepared: service.PreparedTurn, reply: Turn,
     return ExchangeRead(conversation_id=prepared.conversation_id, message=message, reply=_turn_read(session, reply))
 
 
-def _stored_exchange(session: Session, prepared: service.PreparedTurn) -> ExchangeRead:
-    """The reply already given to a resent message."""
-    reply = session.get(Turn, prepared.existing_reply_id)
+def _stored_exchange(session: Session, prepared: service.PreparedTurn, reply_id: int,
+                     message: TurnRead | None = None) -> ExchangeRead:
+    reply = session.get(Turn, reply_id)
     assert reply is not None
-    return _exchange(session, prepared, reply)
+    return _exchange(session, prepared, reply, message)
 
 
-async def _screened(request: Request, gateway: Gateway, prepared: service.PreparedTurn) -> service.PreparedTurn:
-    """Run the optional LLM crisis classifier (after the message is stored, before the reply)."""
-    if not gateway.classifier_model or prepared.existing_reply_id is not None or prepared.required.stance == "escalate":
-        return prepared
-    verdict = await gateway.classify_crisis(prepared.content)
-    return await in_transaction(request, lambda s: service.reassess(s, prepared, verdict))
+def replies_of(request: Request) -> Replies:
+    replies: Replies = request.app.state.replies
+    return replies
+
+
+def _unavailable(outcome: Outcome) -> Unavailable:
+    timeout = outcome.error is not None and outcome.error.kind == "timeout"
+    return Unavailable(RETRY_MESSAGE, code="llm_timeout" if timeout else "llm_unavailable")
 
 
 async def reply_to(request: Request, gateway: Gateway, prepared: service.PreparedTurn,
                    message: TurnRead | None = None) -> ExchangeRead:
-    """Ask the model for the prepared turn and store the outcome (non-streaming)."""
-    if prepared.existing_reply_id is not None:
-        return await in_transaction(request, lambda s: _stored_exchange(s, prepared))
-    prepared = await _screened(request, gateway, prepared)
-    try:
-        completion = await gateway.complete(prepared.messages, prepared.model)
-    except GatewayError as exc:
-        return await _failed(request, prepared, exc, message)
-
-    def store(session: Session) -> ExchangeRead:
-        return _exchange(session, prepared, service.record_reply(session, prepared, completion), message)
-    return await in_transaction(request, store)
-
-
-async def _failed(request: Request, prepared: service.PreparedTurn, exc: GatewayError,
-                  message: TurnRead | None = None) -> ExchangeRead:
-    def store(session: Session) -> ExchangeRead | None:
-        reply = service.record_failure(session, prepared, f"{exc.kind}: {exc}")
-        return _exchange(session, prepared, reply, message) if reply is not None else None
-    exchange = await in_transaction(request, store)
-    if exchange is not None:
-        return exchange  # a safety reply was stored without the model
-    raise Unavailable(RETRY_MESSAGE, code="llm_timeout" if exc.kind == "timeout" else "llm_unavailable")
+    """Ask the model for the prepared turn and return the stored exchange (non-streaming). The
+    reply is written and stored by a task of its own (chat.replies): cancelling this request,
+    or the participant leaving, does not stop it."""
+    if prepared.existing_reply_id is not None:  # a resent message, already answered
+        reply_id = prepared.existing_reply_id
+        return await in_transaction(request, lambda s: _stored_exchange(s, prepared, reply_id))
+    outcome = await replies_of(request).complete(gateway, prepared)
+    if outcome.reply_id is None:
+        raise _unavailable(outcome)
+    stored = outcome.reply_id
+    return await in_transaction(request, lambda s: _stored_exchange(s, outcome.prepared, stored, message))
 
 
 def _sse(event: str, payload: Any) -> bytes:
@@ -201,37 +191,24 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
                   message: TurnRead) -> AsyncIterator[bytes]:
     """Server-sent events: ``message`` (saved), ``delta`` (reply text as it comes), then ``reply``
     (the stored turn with its stance; its content replaces the streamed text) or ``error``. When
-    the platform already requires a safety stance there are no deltas: a reply written as if
-    helping is replaced (``chat.policy.shown_reply``), so it must not be shown as it comes."""
+    the platform already requires a safety stance there are no deltas (chat.replies). A client
+    that goes away stops only the events: the reply is still stored."""
     yield _sse("message", message.model_dump(mode="json"))
     if prepared.existing_reply_id is not None:
-        exchange = await in_transaction(request, lambda s: _stored_exchange(s, prepared))
+        reply_id = prepared.existing_reply_id
+        exchange = await in_transaction(request, lambda s: _stored_exchange(s, prepared, reply_id))
         yield _sse("reply", exchange.reply.model_dump(mode="json"))
         return
-    prepared = await _screened(request, gateway, prepared)
-    live = prepared.required.stance in ("agree", "nudge", "challenge")
-    splitter = StreamSplitter()
-    sink = Completion(streamed=True)
-    try:
-        async for text in gateway.stream(prepared.messages, prepared.model, sink):
-            shown = splitter.feed(text)
-            if shown and live:
-                yield _sse("delta", {"text": shown})
-        rest = splitter.flush()
-        if rest and live:
-            yield _sse("delta", {"text": rest})
-    except GatewayError as exc:
-        try:
-            exchange = await _failed(request, prepared, exc, message)
-        except Unavailable as unavailable:
-            yield _sse("error", error_body(unavailable.code, unavailable.message)["error"])
-            return
-        yield _sse("reply", exchange.reply.model_dump(mode="json"))
+    reply = replies_of(request).start(gateway, prepared, streamed=True)
+    async for text in reply.pieces():
+        yield _sse("delta", {"text": text})
+    outcome = await reply.outcome()
+    if outcome.reply_id is None:
+        unavailable = _unavailable(outcome)
+        yield _sse("error", error_body(unavailable.code, unavailable.message)["error"])
         return
-
-    def store(session: Session) -> ExchangeRead:
-        return _exchange(session, prepared, service.record_reply(session, prepared, sink), message)
-    exchange = await in_transaction(request, store)
+    stored = outcome.reply_id
+    exchange = await in_transaction(request, lambda s: _stored_exchange(s, outcome.prepared, stored, message))
     yield _sse("reply", exchange.reply.model_dump(mode="json"))
 
 

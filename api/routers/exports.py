@@ -40,7 +40,9 @@ def download_export(
                     "(JSONL) of the participants who agreed to share conversation text; or aggregates: tables "
                     "with cells under 5 participants suppressed (the only format open to viewers)")] = "csv",
     turns: Annotated[bool, Query(description="include every turn's text (scrubbed of emails and phones)")] = False,
-    shift_dates: Annotated[bool, Query(description="shift each participant's dates by a random offset")] = False,
+    shift_dates: Annotated[bool, Query(description="de-identify: shift each participant's dates by a random "
+                                       "offset, rename participants and ids for this export, rows in a random "
+                                       "order")] = False,
     drop_free_text: Annotated[bool, Query(description="leave out free-text columns")] = False,
 ) -> FileResponse:
     if format != AGGREGATES and not access.participant_level:

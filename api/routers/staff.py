@@ -3,15 +3,15 @@ admins and researchers, and every such read is audited."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
+import pandas as pd
 from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
-from sqlalchemy import and_, case, distinct, func, select
-from sqlalchemy.orm import Session
+from pydantic import BaseModel, Field
+from sqlalchemy import and_, case, func, select
 
-from analysis.aggregates import BELOW, SHOWN, SUPPRESSED, Count, Disclosure, below
+from analysis.aggregates import ALL, aggregate_tables
 from api.client_address import client_address
 from api.deps import CurrentStaff, SessionDep
 from api.errors import DocumentedRoute, error_body, refusals, refuses
@@ -32,12 +32,13 @@ from study.schemas import (
     TokenRead,
 )
 from study.studies import current_consent, current_version
+from study.validation import Line
 
 router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
 
 
 @refuses({403: "you have no role in this study (an unknown study looks the same: code no_study_access)"})
-def study_access(slug: str, session: SessionDep, staff: CurrentStaff) -> service.StudyAccess:
+def study_access(slug: Line, session: SessionDep, staff: CurrentStaff) -> service.StudyAccess:
     return service.study_access(session, staff, slug)
 
 
@@ -80,83 +81,55 @@ def my_studies(session: SessionDep, staff: CurrentStaff, include_archived: bool 
 
 
 class ViewerStudySummaryRead(BaseModel):
-    """The summary as a viewer sees it: a count is a number, "< 5" or "suppressed"."""
+    """The summary as a viewer sees it: cells of the study's aggregate tables (``analysis.aggregates``),
+    suppressed together with every other number a viewer is shown (the dashboard's pages, the
+    aggregate export), so none can be worked out from another. A count is a number, "< 5" or
+    "suppressed"."""
 
     study: str
     protocol_version: int
     consent_version: str
-    participants_by_status: dict[str, int | str]
-    enrolled_by_arm: dict[str, int | str]
-    followups_by_status: dict[str, int | str]
-    safety_events_total: int | str
+    participants_by_status: dict[str, int | str] = Field(description=(
+        "participants assigned to an arm, enrolled or withdrawn (the enrollment table's 'all' row)"))
+    enrolled_by_arm: dict[str, int | str] = Field(description="participants assigned to each arm (enrollment table)")
+    followups_by_wave: dict[str, dict[str, int | str]] = Field(description=(
+        "per wave, the surveys due, completed, expired and pending in all arms (followups table)"))
+    safety_events_total: int | str = Field(description="safety events (safety_reviews table, 'all' row)")
     safety_events_unreviewed: int | str
-    safety_events_participant_deleted: int | str
+    safety_events_participant_deleted: int | str = Field(description=(
+        "de-identified records: the participant withdrew and deleted data"))
     safety_events_unreviewed_participant_deleted: int | str
     channel_alerts_open: int
 
 
-def viewer_summary(session: Session, study_id: int, summary: StudySummaryRead) -> ViewerStudySummaryRead:
-    """Every count of ``summary`` under the aggregate tables' disclosure rule: the participants
-    behind each count, the sums a viewer knows (each dict adds up to its total; the safety events
-    form a reviewed x de-identified table with margins), primary and complementary suppression."""
-    disclosure = Disclosure()
-
-    def add(group: str, counts: dict[str, Count], total: int | None = None) -> None:
-        for key, count in counts.items():
-            disclosure.add_count((group, 0, key), count)
-        if total is not None:  # the sum is taken as known: it errs towards hiding more
-            disclosure.add_count((group, 0, "(total)"), Count(sum(c.value for c in counts.values()), total, True))
-            disclosure.add_sum((group, 0, "(total)"), [(group, 0, key) for key in counts])
-
-    people = {status: Count(n, n, True) for status, n in summary.participants_by_status.items()}
-    add("status", people, sum(summary.participants_by_status.values()))
-    add("arm", {arm: Count(n, n, True) for arm, n in summary.enrolled_by_arm.items()},
-        sum(summary.enrolled_by_arm.values()))
-    followup_people = dict(session.execute(select(FollowUp.status, func.count(distinct(FollowUp.participant_id)))
-                                           .where(FollowUp.study_id == study_id).group_by(FollowUp.status)).all())
-    add("followups", {status: Count(n, followup_people[status], False)
-                      for status, n in summary.followups_by_status.items()},
-        session.scalar(select(func.count(distinct(FollowUp.participant_id))).where(FollowUp.study_id == study_id)) or 0)
-    # Safety events: reviewed or not x de-identified or not (de-identified records count as one participant).
-    reviewed = case((SafetyEvent.reviewed_at.is_(None), "unreviewed"), else_="reviewed")
-    cells = {(r, bool(d)): (n, p) for r, d, n, p in session.execute(select(
-        reviewed, SafetyEvent.participant_data_deleted, func.count(), func.count(distinct(SafetyEvent.participant_id)))
-        .where(SafetyEvent.study_id == study_id).group_by(reviewed, SafetyEvent.participant_data_deleted)).all()}
-    for (r, d) in [(r, d) for r in ("reviewed", "unreviewed") for d in (False, True)]:
-        n, p = cells.get((r, d), (0, 0))
-        disclosure.add_count(("safety", 0, f"{r}/{d}"), Count(n, (1 if n else 0) if d else p, False))
-    margins = {"total": [f"{r}/{d}" for r in ("reviewed", "unreviewed") for d in (False, True)],
-               "unreviewed": ["unreviewed/False", "unreviewed/True"], "reviewed": ["reviewed/False", "reviewed/True"],
-               "deleted": ["reviewed/True", "unreviewed/True"], "identified": ["reviewed/False", "unreviewed/False"]}
-    for margin, parts in margins.items():
-        keys = [("safety", 0, part) for part in parts]
-        counts = [disclosure.counts[key] for key in keys]
-        disclosure.add_count(("safety", 0, margin), Count(sum(c.value for c in counts),
-                                                          sum(c.contributors for c in counts), False))
-        disclosure.add_sum(("safety", 0, margin), keys)
-    status = disclosure.protect()
-
-    def shown(group: str, key: str) -> int | str:
-        state = status[(group, 0, key)]
-        return disclosure.counts[(group, 0, key)].value if state == SHOWN else below() if state == BELOW else SUPPRESSED
-
+def viewer_summary(versions: dict[str, Any], tables: dict[str, pd.DataFrame]) -> ViewerStudySummaryRead:
+    """The viewer's summary: the study, its versions and the open channel alerts (``versions``),
+    and every count a cell of the suppressed aggregate tables ``tables``."""
+    enrollment = tables["enrollment"].set_index("arm")
+    waves = tables["followups"][tables["followups"]["arm"] == ALL].set_index("wave")
+    reviews = tables["safety_reviews"].set_index("review_status")
     return ViewerStudySummaryRead(
-        study=summary.study, protocol_version=summary.protocol_version, consent_version=summary.consent_version,
-        participants_by_status={k: shown("status", k) for k in summary.participants_by_status},
-        enrolled_by_arm={k: shown("arm", k) for k in summary.enrolled_by_arm},
-        followups_by_status={k: shown("followups", k) for k in summary.followups_by_status},
-        safety_events_total=shown("safety", "total"), safety_events_unreviewed=shown("safety", "unreviewed"),
-        safety_events_participant_deleted=shown("safety", "deleted"),
-        safety_events_unreviewed_participant_deleted=shown("safety", "unreviewed/True"),
-        channel_alerts_open=summary.channel_alerts_open)
+        **versions, participants_by_status={status: enrollment.at[ALL, status] for status in ("enrolled", "withdrawn")},
+        enrolled_by_arm={arm: enrollment.at[arm, "participants"] for arm in enrollment.index if arm != ALL},
+        followups_by_wave={wave: {c: waves.at[wave, c] for c in ("due", "completed", "expired", "pending")}
+                           for wave in waves.index},
+        safety_events_total=reviews.at[ALL, "total"], safety_events_unreviewed=reviews.at["unreviewed", "total"],
+        safety_events_participant_deleted=reviews.at[ALL, "data_deleted"],
+        safety_events_unreviewed_participant_deleted=reviews.at["unreviewed", "data_deleted"])
 
 
 @router.get("/studies/{slug}/summary")
 def study_summary(session: SessionDep, access: StudyAccess) -> StudySummaryRead | ViewerStudySummaryRead:
-    """The study's counts; for viewers with the aggregate tables' suppression rule applied
+    """The study's counts; for viewers, cells of the aggregate tables with their suppression rule
     (``analysis.aggregates``: under 5 participants "< 5", and "suppressed" where a hidden count
-    could be worked out from the others)."""
+    could be worked out from the others, in this summary, the dashboard or the aggregate export)."""
     study_id = access.study.id
+    alerts = session.scalar(select(func.count()).select_from(ChannelAlert).where(
+        ChannelAlert.raised_at.is_not(None), ChannelAlert.resolved_at.is_(None))) or 0
+    versions = {"study": access.study.slug, "protocol_version": current_version(session, study_id).version,
+                "consent_version": current_consent(session, study_id).version, "channel_alerts_open": alerts}
+    if not access.participant_level:
+        return viewer_summary(versions, aggregate_tables(session, study_id))
     by_status = dict(session.execute(
         select(Participant.status, func.count()).where(Participant.study_id == study_id)
         .group_by(Participant.status)).all())
@@ -172,15 +145,10 @@ def study_summary(session: SessionDep, access: StudyAccess) -> StudySummaryRead 
     events = session.execute(select(
         func.count(), func.count(case((unreviewed_event, 1))), func.count(case((deidentified, 1))),
         func.count(case((and_(unreviewed_event, deidentified), 1)))).where(SafetyEvent.study_id == study_id)).one()
-    alerts = session.scalar(select(func.count()).select_from(ChannelAlert).where(
-        ChannelAlert.raised_at.is_not(None), ChannelAlert.resolved_at.is_(None))) or 0
-    summary = StudySummaryRead(study=access.study.slug, protocol_version=current_version(session, study_id).version,
-                            consent_version=current_consent(session, study_id).version,
-                            participants_by_status=by_status, enrolled_by_arm=by_arm, followups_by_status=followups,
-                            safety_events_total=events[0], safety_events_unreviewed=events[1],
-                            safety_events_participant_deleted=events[2],
-                            safety_events_unreviewed_participant_deleted=events[3], channel_alerts_open=alerts)
-    return summary if access.participant_level else viewer_summary(session, study_id, summary)
+    return StudySummaryRead(**versions, participants_by_status=by_status, enrolled_by_arm=by_arm,
+                            followups_by_status=followups, safety_events_total=events[0],
+                            safety_events_unreviewed=events[1], safety_events_participant_deleted=events[2],
+                            safety_events_unreviewed_participant_deleted=events[3])
 
 
 @router.get("/studies/{slug}/participants")

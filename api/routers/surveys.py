@@ -25,6 +25,7 @@ from api.routers.staff import ParticipantLevelAccess, staff_actor
 from study import audit
 from study.errors import Invalid
 from study.models import Participant
+from study.validation import Line
 from surveys import registry, service
 from surveys.definitions import Instrument
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
@@ -145,7 +146,7 @@ def submit_linked_survey(token: str, body: SurveySubmit, session: SessionDep, ca
 
 
 @staff_router.get("/instruments/{instrument_id}")
-def instrument_definition(instrument_id: str, session: SessionDep, staff: CurrentStaff) -> Instrument:
+def instrument_definition(instrument_id: Line, session: SessionDep, staff: CurrentStaff) -> Instrument:
     """An instrument's items, anchors and scoring rules (newest version)."""
     return registry.get(session, instrument_id)
 
@@ -153,7 +154,7 @@ def instrument_definition(instrument_id: str, session: SessionDep, staff: Curren
 @staff_router.get("/studies/{slug}/responses", responses=refusals({
     422: "no instrument has this id (code unknown_instrument)"}))
 def study_responses(session: SessionDep, access: ParticipantLevelAccess, staff: CurrentStaff,
-                    instrument: Annotated[str | None, Query(max_length=64, description="an instrument id")] = None,
+                    instrument: Annotated[Line | None, Query(max_length=64, description="an instrument id")] = None,
                     ) -> list[StaffResponseRead]:
     if instrument is not None and not registry.exists(session, instrument):
         raise Invalid(f"unknown instrument '{instrument}'; `afterward instruments list` shows the instruments",

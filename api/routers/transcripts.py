@@ -15,7 +15,7 @@ from api.errors import DocumentedRoute, refusals
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from chat.roles import RoleName, Stance
 from study import audit
-from study.validation import MAX_ROW_ID, AwareDatetime
+from study.validation import MAX_ROW_ID, AwareDatetime, Line
 
 staff_router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
 Actor = Annotated[audit.Actor, Depends(staff_actor)]
@@ -23,8 +23,8 @@ MAX_PAGE = 200
 
 
 def conversation_filters(
-    participant: Annotated[str | None, Query(max_length=16, description="a participant code")] = None,
-    arm: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+    participant: Annotated[Line | None, Query(max_length=16, description="a participant code")] = None,
+    arm: Annotated[Line | None, Query(min_length=1, max_length=64)] = None,
     role: Annotated[RoleName | None, Query(description="held in this role at some point")] = None,
     stance: Annotated[Stance | None, Query(description="at least one assistant turn took this stance")] = None,
     started_from: Annotated[AwareDatetime | None, Query(description="started at or after (with a time zone)")] = None,
@@ -65,7 +65,7 @@ def read_conversation(conversation_id: RowId, session: SessionDep, access: Parti
 @staff_router.get("/studies/{slug}/safety-events/{event_id}", responses=refusals({
     410: "a de-identified record: the participant withdrew and deleted their data, so no turns are kept"}))
 def read_safety_event(
-    event_id: RowId, slug: str, request: Request, session: SessionDep, access: ParticipantLevelAccess, actor: Actor,
+    event_id: RowId, slug: Line, request: Request, session: SessionDep, access: ParticipantLevelAccess, actor: Actor,
     around: Annotated[int, Query(ge=0, le=50, description="turns shown on each side of the triggering one")] = 3,
 ) -> SafetyEventContextRead:
     """A safety event with its review history and the turns around the one that triggered it,

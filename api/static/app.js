@@ -97,8 +97,39 @@
         window.location.assign(window.location.pathname + "#latest");
         window.location.reload();
       }).catch(function () {
-        composer.submit();  // fall back to the plain form
+        // Fall back to the plain form, as the same message: one already saved is not saved twice.
+        var mid = composer.querySelector('input[name="mid"]');
+        if (!mid) {
+          mid = document.createElement("input");
+          mid.type = "hidden";
+          mid.name = "mid";
+          composer.appendChild(mid);
+        }
+        mid.value = id;
+        composer.submit();
       });
     });
+  }
+
+  // Chat: a reply still being written when the page loaded (the participant came back while it
+  // was): show the page again once it is stored. Asks for a few minutes at most.
+  var awaiting = document.querySelector("[data-awaiting-reply]");
+  if (awaiting && window.fetch) {
+    var asked = 0;
+    var ask = function () {
+      asked += 1;
+      fetch(awaiting.getAttribute("data-awaiting-reply"), {credentials: "same-origin", headers: {"Accept": "application/json"}})
+        .then(function (response) { return response.ok ? response.json() : null; })
+        .then(function (conversation) {
+          if (conversation && !conversation.awaiting_reply) {
+            window.location.assign(window.location.pathname + "#latest");
+            window.location.reload();
+          } else if (asked < 150) {
+            window.setTimeout(ask, 1200);
+          }
+        })
+        .catch(function () { if (asked < 150) { window.setTimeout(ask, 3000); } });
+    };
+    window.setTimeout(ask, 800);
   }
 })();

@@ -57,7 +57,8 @@ def render(context: auth.Context) -> None:
                              key="export-format")
     row_level = export_format in FORMATS
     turns = st.checkbox("Include every message (scrubbed of emails and phone numbers)", disabled=not row_level)
-    shift_dates = st.checkbox("Shift each participant's dates by a random number of days", disabled=not row_level)
+    shift_dates = st.checkbox("De-identify: shift each participant's dates by a random number of days, rename "
+                              "participants and ids for this export, rows in a random order", disabled=not row_level)
     drop_free_text = st.checkbox("Leave out free-text columns", disabled=not row_level)
     if st.button("Prepare the export", type="primary", key="export-prepare"):
         try:

@@ -1,9 +1,11 @@
 """Overview: open alerts and unreviewed safety events first (researchers and admins), then the
-participants by arm and status, and recruitment over time."""
+participants by arm and status, and recruitment over time (viewers: the suppressed enrollment and
+safety-event tables, the same cells as the aggregate export and the staff API's summary)."""
 
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
 from dashboard import auth, data, show
@@ -17,7 +19,6 @@ def render(context: auth.Context) -> None:
         show.refreshed(tables)
         enrollment = tables["enrollment"]
         show.table(enrollment, "Participants by arm and status", file_name="enrollment")
-        show.hidden_note(enrollment)
         columns = ["enrolled", "withdrawn_kept_data", "withdrawn_data_deleted"]
         shown = show.numeric(enrollment[enrollment["arm"] != "all"], columns).melt("arm", columns, "status", "n")
         shown = shown.dropna(subset=["n"])
@@ -25,6 +26,9 @@ def render(context: auth.Context) -> None:
             show.chart(alt.Chart(shown).mark_bar().encode(x=alt.X("n:Q", title="participants"), y="arm:N",
                                                           color="status:N", tooltip=["arm", "status", "n"]))
         show.table(tables["safety_events"], "Safety events per month", file_name="safety-events")
+        show.table(tables["safety_reviews"], "Safety events by review status", file_name="safety-reviews",
+                   caption="data_deleted: de-identified records (the participant withdrew and deleted their data)")
+        show.hidden_note(pd.concat([enrollment, tables["safety_events"], tables["safety_reviews"]]))
         return
     unreviewed, alerts = data.live_alerts(context.database_url, context.study_id)
     first, second = st.columns(2)

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import auth, data, show, staff_reads
-from study.errors import DomainError
+from study.errors import DomainError, Invalid
 
 NOTE_MAX = 4000  # as the API's SafetyReview
 
@@ -55,7 +55,11 @@ def queue(context: auth.Context) -> None:
         if not note.strip():
             st.error("say what was done before recording the review")
             return
-        reviewed = staff_reads.review(context, chosen, note.strip())
+        try:
+            reviewed = staff_reads.review(context, chosen, note.strip())
+        except Invalid as exc:
+            st.error(exc.message)
+            return
         st.session_state["afterward_reviewed"] = f"review of event #{reviewed.id} recorded"
         st.rerun()
 

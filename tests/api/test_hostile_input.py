@@ -3,6 +3,8 @@ same validators guard the API and the pages. Each test is one finding of the rel
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -20,6 +22,7 @@ from study.settings import Settings
 from tests.api.test_pages import csrf_of, join, sign
 from tests.builders import (
     ParticipantHandle,
+    assign_survey,
     enroll,
     enroll_fully,
     make_invites,
@@ -413,3 +416,262 @@ def test_malformed_json_is_named_as_such(app_client: TestClient, who: Participan
     response = app_client.put("/api/v1/me/profile", content=b'{"timezone": "UTC"\x00}',
                               headers={**who.headers, "Content-Type": "application/json"})
     refused(response, 422, "not valid JSON")
+
+
+# Text: one validator (study.validation.text) for every string sent: lone surrogates, NUL and
+# control characters refused with the field named; line breaks, bidi controls and NFC normalized.
+
+BROKEN = [("\ud83d x", "broken character"), ("a\x1bb", "control character"), ("a\x85b", "control character"),
+          ("a\x00b", "NUL")]
+
+
+def _shapes(schema: dict[str, Any], components: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The alternatives a JSON schema allows, references resolved."""
+    if "$ref" in schema:
+        yield from _shapes(components[schema["$ref"].rsplit("/", 1)[1]], components)
+    elif "anyOf" in schema:
+        for alternative in schema["anyOf"]:
+            yield from _shapes(alternative, components)
+    else:
+        yield schema
+
+
+def _under(name: str, shape: Callable[[str], Any]) -> Callable[[str], Any]:
+    return lambda value: {name: shape(value)}
+
+
+def string_slots(schema: dict[str, Any], components: dict[str, Any]) -> Iterator[tuple[str, Callable[[str], Any]]]:
+    """Every place a request body takes a string, as (the field a refusal must name, a body with
+    the given string there); a key of the body or of an object field is a place too."""
+    yield "body", lambda value: {value: "x"}
+    for body in _shapes(schema, components):
+        for name, field in body.get("properties", {}).items():
+            for shape in _shapes(field, components):
+                kinds = {s.get("type") for s in _shapes(shape.get("items", {}), components)}
+                if shape.get("type") == "string":
+                    yield name, _under(name, lambda value: value)
+                elif shape.get("type") == "array" and "string" in kinds:
+                    yield f"{name}.0", _under(name, lambda value: [value])
+                elif shape.get("type") == "object":
+                    yield f"{name}.A1", _under(name, lambda value: {"A1": value})
+                    yield name, _under(name, lambda value: {value: 1})
+
+
+def test_every_string_of_every_request_body_is_refused_when_broken(
+        engine: Engine, app_client: TestClient, slug: str, who: ParticipantHandle,
+        staff_headers: dict[str, str]) -> None:
+    """Walks the OpenAPI document, so a new field or endpoint cannot escape the validator. A broken
+    key refused as ``body`` shows the body went through ``RequestBody``'s walk, which also
+    normalizes every string in it (shown below on a few)."""
+    document = app_client.get("/openapi.json").json()
+    components = document["components"]["schemas"]
+    walked: set[str] = set()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            if "requestBody" not in operation:
+                continue
+            headers = staff_headers if path.startswith("/api/v1/staff/") else who.headers
+            url = path.replace("{slug}", slug).replace("{token}", "not-a-link")
+            url = re.sub(r"\{[a-z_]+\}", "1", url)
+            schema = operation["requestBody"]["content"]["application/json"]["schema"]
+            for field, body_with in string_slots(schema, components):
+                for value, words in BROKEN:
+                    response = app_client.request(method, url, content=json.dumps(body_with(value)).encode(),
+                                                  headers={**headers, "Content-Type": "application/json"})
+                    where = f"{method.upper()} {path} {field} {value!r}"
+                    assert response.status_code == 422, (where, response.text)
+                    named = [f["message"] for f in response.json()["error"]["fields"] if f["field"] == field]
+                    assert named, (where, response.text)
+                    assert words in named[0], (where, response.text)
+                walked.add(f"{method.upper()} {path} {field}")
+    assert {"POST /api/v1/me/conversations/{conversation_id}/messages content",
+            "PUT /api/v1/me/surveys/{assignment_id}/answers answers", "POST /api/v1/staff/login password",
+            "POST /api/v1/me/surveys/{assignment_id}/submit answers.A1", "POST /api/v1/me/consent confirmations.0",
+            "POST /api/v1/staff/studies/{slug}/safety-events/{event_id}/review note"} <= walked
+
+
+def _address(path: str, slug: str, parameter: dict[str, Any], hostile: str) -> str:
+    """``path`` with real-looking values, ``hostile`` put inside the value of ``parameter``."""
+    values = {"slug": slug, "token": "not-a-link"}
+    value = values.get(parameter["name"], "abcd")
+    value = value[:4] + hostile + value[4:]
+    query = ""
+    if parameter["in"] == "path":
+        values[parameter["name"]] = value
+    else:
+        query = f"?{parameter['name']}={value}"
+    return re.sub(r"\{([a-z_]+)\}", lambda m: values.get(m.group(1), "1"), path) + query
+
+
+def test_strings_in_the_address_are_refused_or_cleaned_never_echoed(
+        app_client: TestClient, slug: str, who: ParticipantHandle, staff_headers: dict[str, str]) -> None:
+    """Every string path and query parameter of the OpenAPI document, with a C0 or C1 control or a
+    bidi override in it: a 4xx or an answer, never a 500, and the character never comes back."""
+    document = app_client.get("/openapi.json").json()
+    components = document["components"]["schemas"]
+    walked = 0
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            headers = staff_headers if path.startswith("/api/v1/staff/") else who.headers
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] not in ("path", "query") or "string" not in {
+                        shape.get("type") for shape in _shapes(parameter["schema"], components)}:
+                    continue
+                for hostile in ("%1B", "%C2%85", "%E2%80%AE"):
+                    url = _address(path, slug, parameter, hostile)
+                    response = app_client.request(method, url, headers=headers)
+                    assert response.status_code < 500, (method, url, response.text)
+                    if response.headers["content-type"].startswith(("application/json", "text/")):
+                        assert not re.search("[\x1b\x85\u202e]", response.text), (method, url, response.text)
+                walked += 1
+    assert walked > 20
+    refused(app_client.get(f"/api/v1/staff/studies/{slug}/responses?instrument=perma%1B", headers=staff_headers),
+            422, "instrument", "control character")
+    cleaned = app_client.get("/api/v1/staff/studies/well%E2%80%AEbeing-pilot/summary", headers=staff_headers)
+    assert (cleaned.status_code, cleaned.json()["study"]) == (200, slug)
+
+
+def test_text_is_stored_and_shown_normalized(engine: Engine, app_client: TestClient, slug: str,
+                                             staff_headers: dict[str, str]) -> None:
+    """Line breaks as \\n, bidi embeddings/overrides/isolates removed, the marks kept, NFC; in a
+    participant's message, survey answer, signature and a staff member's review and invite label."""
+    newcomer = enroll(app_client, make_invites(engine, slug)[0])
+    signed = app_client.post("/api/v1/me/consent", headers=newcomer.headers, json={
+        "version": "1.1", "confirmations": ["read-and-understood", "adult", "voluntary"],
+        "typed_signature": "A. \u202eNosrep\u202c"})
+    assert signed.json()["typed_signature"] == "A. Nosrep", signed.text
+    app_client.put("/api/v1/me/profile", headers=newcomer.headers, json={"timezone": "Europe/Paris"})
+    put_in_arm(engine, newcomer.code, "wellbeing")
+    conversation = start_chat(app_client, newcomer, "concierge")
+    sent = "I want to kill myself\r\nre\u0301ally \u2067\u05e9\u05dc\u05d5\u05dd\u2069 \u200f!"
+    message = app_client.post(f"/api/v1/me/conversations/{conversation}/messages", headers=newcomer.headers,
+                              json={"content": sent}).json()["message"]
+    assert message["content"] == "I want to kill myself\nr\u00e9ally \u05e9\u05dc\u05d5\u05dd \u200f!"
+    survey = assign_survey(engine, newcomer.code, "goal-progress")
+    saved = app_client.put(f"/api/v1/me/surveys/{survey}/answers", headers=newcomer.headers,
+                           json={"answers": {"note": "one\rtwo\u202dthree"}})
+    assert saved.json()["saved_answers"] == {"note": "one\ntwothree"}, saved.text
+    [event] = app_client.get(f"/api/v1/staff/studies/{slug}/safety-events", headers=staff_headers).json()
+    reviewed = app_client.post(f"/api/v1/staff/studies/{slug}/safety-events/{event['id']}/review",
+                               headers=staff_headers, json={"note": "called\u202e back\r\nper protocol"})
+    assert reviewed.json()["review_note"] == "called back\nper protocol", reviewed.text
+    app_client.post(f"/api/v1/staff/studies/{slug}/invites", headers=staff_headers,
+                    json={"label": "\u2066flyer\u2069 caf\u0065\u0301"})
+    labels = {i["label"] for i in app_client.get(f"/api/v1/staff/studies/{slug}/invites", headers=staff_headers).json()}
+    assert "flyer caf\u00e9" in labels
+
+
+def test_one_line_fields_refuse_line_breaks_and_passwords_are_not_rewritten(
+        engine: Engine, app_client: TestClient, slug: str, staff_headers: dict[str, str]) -> None:
+    from study import staff
+    from study.db import session_scope
+
+    newcomer = enroll(app_client, make_invites(engine, slug)[0])
+    refused(app_client.post("/api/v1/me/consent", headers=newcomer.headers, json={
+        "version": "1.1", "confirmations": ["adult"], "typed_signature": "A.\nPerson"}), 422,
+        "typed_signature", "one line")
+    refused(app_client.post(f"/api/v1/staff/studies/{slug}/invites", headers=staff_headers,
+                            json={"label": "a\tb"}), 422, "label", "one line")
+    sign_consent(app_client, newcomer)  # a trailing line break is trimmed as before
+    with session_scope(engine) as session:
+        staff.create_staff(session, email="rtl@uni.example", name="rtl", password="\u202ecorrect horse e\u0301",
+                           actor=audit_actor())
+    as_typed = app_client.post("/api/v1/staff/login", json={"email": "rtl@uni.example",
+                                                            "password": "\u202ecorrect horse e\u0301"})
+    assert as_typed.status_code == 200, as_typed.text
+    normalized = app_client.post("/api/v1/staff/login", json={"email": "rtl@uni.example",
+                                                              "password": "correct horse \u00e9"})
+    assert normalized.status_code == 403, normalized.text
+
+
+def audit_actor() -> Any:
+    from study.audit import Actor
+
+    return Actor("cli", "test")
+
+
+def test_page_forms_go_through_the_same_text_validator(engine: Engine, app_client: TestClient, slug: str) -> None:
+    [invite] = make_invites(engine, slug)
+    html = join(app_client, invite)
+    app_client.post("/consent", data={"csrf": csrf_of(html), "version": "1.1", "typed_signature": "A.\u202e B",
+                                      "confirmations": ["read-and-understood", "adult", "voluntary"]})
+    assert app_client.get("/api/v1/me/consent/signed").json()["typed_signature"] == "A. B"
+    csrf = csrf_of(app_client.get("/onboarding").text)
+    survey = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris",
+                                                  "contact_email": "p@example.org"},
+                             follow_redirects=False).headers["location"]
+    refused(app_client.post(survey, data={"csrf": csrf, "step": "0", "go": "next", "A1": "7\x1b"}), 422,
+            "A1", "control character")
+    in_control_arm(app_client, engine)
+    code = re.search(r"<strong>(P[0-9A-Z]+)</strong>", app_client.get("/me").text)
+    assert code
+    note_survey = assign_survey(engine, code.group(1), "goal-progress")
+    moved = app_client.post(f"/surveys/{note_survey}", data={"csrf": csrf, "step": "0", "go": "next", "progress": "4",
+                                                             "note": "first\r\nsecond \u202eline"},
+                            follow_redirects=False)
+    assert moved.status_code == 303, moved.text
+    saved = app_client.get(f"/api/v1/me/surveys/{note_survey}").json()["saved_answers"]
+    assert saved == {"progress": 4, "note": "first\nsecond line"}
+    conversation = app_client.post("/chat", data={"csrf": csrf}, follow_redirects=False).headers["location"]
+    refused(app_client.post(f"{conversation}/send", data={"csrf": csrf, "content": "hi\x9bthere"}), 422,
+            "content", "control character")
+    assert count(engine, "SELECT count(*) FROM turns") == 0
+    # A form cannot carry a lone surrogate: its percent-encoded bytes arrive as U+FFFD, stored as sent.
+    broken = app_client.post(f"{conversation}/send", content=f"csrf={csrf}&content=hi%ED%A0%BD".encode(),
+                             headers={"Content-Type": "application/x-www-form-urlencoded"}, follow_redirects=False)
+    assert broken.status_code == 303, broken.text
+    assert count(engine, "SELECT count(*) FROM turns WHERE speaker = 'participant'") == 1
+
+
+def _exchange(connection: http.client.HTTPConnection, method: str, path: str, body: bytes | None,
+              headers: dict[str, str]) -> tuple[int, str]:
+    connection.request(method, path, body=body, headers={**headers, "Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, response.read().decode()
+
+
+def test_broken_text_over_a_live_keep_alive_connection_is_refused_and_the_connection_kept(
+        engine: Engine, slug: str) -> None:
+    [invite] = make_invites(engine, slug)
+    with live_server(engine) as url:
+        connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=30)
+        connection.auto_open = 0  # a closed connection must fail the test, not be reopened quietly
+        connection.connect()
+        socket = connection.sock
+        status, enrolled = _exchange(connection, "POST", "/api/v1/enrollment",
+                                     json.dumps({"invite_code": invite}).encode(), {})
+        assert status == 201, enrolled
+        me = {"Authorization": f"Bearer {json.loads(enrolled)['token']}"}
+        for method, path, body in (
+                ("POST", "/api/v1/me/consent", {"version": "1.1", "typed_signature": "A",
+                                                "confirmations": ["read-and-understood", "adult", "voluntary"]}),
+                ("PUT", "/api/v1/me/profile", {"timezone": "Europe/Paris"})):
+            status, text = _exchange(connection, method, path, json.dumps(body).encode(), me)
+            assert status < 300, text
+        put_in_arm(engine, json.loads(enrolled)["participant_code"], "control")
+        status, started = _exchange(connection, "POST", "/api/v1/me/conversations", b"{}", me)
+        conversation = json.loads(started)["id"]
+        status, surveys = _exchange(connection, "GET", "/api/v1/me/surveys", None, me)
+        survey = json.loads(surveys)[0]["assignment_id"]
+        messages = f"/api/v1/me/conversations/{conversation}/messages"
+        broken = [(messages, "POST", b'{"content": "\\ud83d x"}'),
+                  (f"{messages}?stream=true", "POST", b'{"content": "\\ud83d x"}'),
+                  (messages, "POST", b'{"content": "\xed\xa0\xbd x"}'),  # the surrogate's bytes, not its escape
+                  (f"/api/v1/me/surveys/{survey}/answers", "PUT", b'{"answers": {"\\ud83d": 1}}'),
+                  (f"/api/v1/me/surveys/{survey}/submit", "POST",
+                   b'{"answers": {"\\ud83d": 1}, "submission_id": "abcdefgh"}')]
+        for path, method, payload in broken:
+            status, text = _exchange(connection, method, path, payload, me)
+            assert status == 422, (path, text)
+            assert "broken character" in json.loads(text)["error"]["message"], text
+        status, streamed = _exchange(connection, "POST", f"{messages}?stream=true", b'{"content": "hello"}', me)
+        assert status == 200, streamed
+        assert "event: reply" in streamed, streamed
+        status, plain = _exchange(connection, "POST", messages, b'{"content": "hello again"}', me)
+        assert status == 200, plain
+        status, saved = _exchange(connection, "PUT", f"/api/v1/me/surveys/{survey}/answers",
+                                  b'{"answers": {"A1": 5}}', me)
+        assert status == 200, saved
+        assert connection.sock is socket  # one connection for all of it: never reset
+        connection.close()
+    assert count(engine, "SELECT count(*) FROM turns WHERE speaker = 'participant'") == 2

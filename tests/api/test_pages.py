@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 import api
 from api.deps import SESSION_COOKIE
 from api.pages import resources_html
+from chat import service as chat_service
+from chat.models import Conversation
+from study import processes
 from study.clock import FrozenClock
+from study.db import session_scope
+from study.models import Participant
 from tests.builders import FRAMING, assign_survey, csrf_of, enroll_fully, join, load_study, make_invites, put_in_arm
 
 
@@ -268,3 +275,36 @@ def test_answer_scales_are_a_grid_of_numbers_or_one_worded_option_per_line(
     assert '<span class="point-label visually-hidden"> Somewhat helpful</span>' in rating
     assert re.search(r'<p class="scale-legend" aria-hidden="true"><span>1 = Not at all helpful</span>'
                      r'<span>4 = Somewhat helpful</span><span>7 = Extremely helpful</span></p>', rating)
+
+
+def test_coming_back_shows_the_reply_still_being_written_or_offers_to_try_again(
+    engine: Engine, app_client: TestClient, slug: str,
+) -> None:
+    code = chatting(engine, app_client, slug)
+    chat = open_chat(app_client, "coach")
+    conversation_id = int(chat.rsplit("/", 1)[1])
+    with session_scope(engine) as session:  # sent, and the tab closed while the reply is being written
+        participant = session.scalars(sa.select(Participant).where(Participant.code == code)).one()
+        chat_service.accept_message(session, participant, conversation_id, "Should I sell the car?")
+    writing = app_client.get(chat).text
+    assert "The assistant is still writing its reply" in writing
+    assert f'data-awaiting-reply="/api/v1/me/conversations/{conversation_id}"' in writing
+    assert "Try again" not in writing
+    assert app_client.get(f"/api/v1/me/conversations/{conversation_id}").json()["awaiting_reply"] is True
+
+    # The process writing it died: the message is left unanswered, and the page says so.
+    with subprocess.Popen(["sleep", "30"]) as child:
+        dead = processes.owner_of(child.pid)
+        child.kill()
+    with engine.begin() as connection:
+        connection.execute(sa.update(Conversation).values(reply_claimed_by=dead))
+    unanswered = app_client.get(chat).text
+    assert "still writing" not in unanswered
+    assert "The assistant could not answer your last message. Your message is saved; try again." in unanswered
+    assert f'action="/chat/{conversation_id}/retry"' in unanswered
+    assert app_client.get(f"/api/v1/me/conversations/{conversation_id}").json()["awaiting_reply"] is False
+    answered = app_client.post(f"{chat}/retry", data={"csrf": csrf_of(unanswered)})
+    assert answered.status_code == 200, answered.text
+    assert answered.text.count('class="msg assistant"') == 1
+    assert "Try again" not in answered.text
+    assert "could not answer" not in answered.text

@@ -1,5 +1,7 @@
-"""SIGTERM stops the API within seconds while it is busy: slow chat replies, streams and autosaves
-in flight, on the same database the tests use (SQLite or PostgreSQL)."""
+"""A real `afterward api` process stopped while it is busy, on the same database the tests use
+(SQLite or PostgreSQL): SIGTERM stops it within seconds with slow chat replies, streams and
+autosaves in flight, and releases the replies it leaves unfinished; after SIGKILL, the next
+process releases them as it starts, so the participant's resend is answered at once."""
 
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.builders import CONFIRMATIONS, load_study, make_invites, put_in_arm
@@ -20,29 +25,34 @@ from tests.mail import free_port
 AFTERWARD = Path(sys.executable).parent / "afterward"
 
 
+def start_api(engine: Engine, log: Path, delay_ms: int) -> tuple[subprocess.Popen[bytes], str]:
+    """`afterward api` on a free port, its model taking ``delay_ms`` per reply; returns once it answers."""
+    port = free_port()
+    env = {**os.environ, "AFTERWARD_DATABASE_URL": engine.url.render_as_string(hide_password=False),
+           "AFTERWARD_OFFLINE_LLM_DELAY_MS": str(delay_ms), "AFTERWARD_ENVIRONMENT": "test",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    with log.open("w") as output:
+        server = subprocess.Popen([str(AFTERWARD), "api", "--port", str(port), "--no-access-log"], env=env,
+                                  stdout=output, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1, trust_env=False).status_code == 200:
+                return server, url
+        except httpx.TransportError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise AssertionError(f"the API did not start: {log.read_text()}")
+        time.sleep(0.2)
+
+
 def test_sigterm_under_load_exits_within_five_seconds(engine: Engine, example_protocol: str,
                                                       tmp_path: Path) -> None:
     slug = load_study(engine, example_protocol)
-    port = free_port()
-    env = {**os.environ, "AFTERWARD_DATABASE_URL": engine.url.render_as_string(hide_password=False),
-           "AFTERWARD_OFFLINE_LLM_DELAY_MS": "20000", "AFTERWARD_ENVIRONMENT": "test",
-           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    log = (tmp_path / "api.log").open("w")
-    server = subprocess.Popen([str(AFTERWARD), "api", "--port", str(port), "--no-access-log"], env=env,
-                              stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_api(engine, tmp_path / "api.log", delay_ms=20000)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None, "the API exited at start-up"
-            assert time.monotonic() < deadline, "the API did not start"
-            time.sleep(0.2)
-
         participants = []
         for invite in make_invites(engine, slug, count=4):
             client = httpx.Client(base_url=url, timeout=30)
@@ -91,4 +101,89 @@ def test_sigterm_under_load_exits_within_five_seconds(engine: Engine, example_pr
         if server.poll() is None:
             server.kill()
             server.wait()
-        log.close()
+
+
+def _chatter(engine: Engine, slug: str, url: str) -> tuple[httpx.Client, int]:
+    [invite] = make_invites(engine, slug)
+    client = httpx.Client(base_url=url, timeout=30, trust_env=False)
+    body = client.post("/api/v1/enrollment", json={"invite_code": invite}).json()
+    client.cookies.clear()
+    client.headers["Authorization"] = f"Bearer {body['token']}"
+    assert client.post("/api/v1/me/consent", json={"version": "1.1", "confirmations": CONFIRMATIONS,
+                                                   "typed_signature": "A"}).status_code == 201
+    assert client.put("/api/v1/me/profile", json={"timezone": "Europe/Berlin"}).status_code == 200
+    put_in_arm(engine, body["participant_code"], "wellbeing")
+    return client, client.post("/api/v1/me/conversations", json={"role": "coach"}).json()["id"]
+
+
+def _message_stored(client: httpx.Client, conversation: int, message: dict[str, str]) -> None:
+    """Send ``message`` as the chat page does (streamed); return once it is stored, the reply still coming."""
+    with client.stream("POST", f"/api/v1/me/conversations/{conversation}/messages", params={"stream": "true"},
+                       json=message) as events:
+        assert next(events.iter_lines()) == "event: message"
+
+
+def _cut_off_mid_reply(engine: Engine, slug: str, log: Path, stop: signal.Signals,
+                       message: dict[str, str]) -> tuple[httpx.Client, int]:
+    """A participant's message stored by a new API process, which gets ``stop`` while the model is still writing."""
+    server, url = start_api(engine, log, delay_ms=30000)
+    try:
+        client, conversation = _chatter(engine, slug, url)
+        _message_stored(client, conversation, message)
+        server.send_signal(stop)
+        server.wait(timeout=15)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    return client, conversation
+
+
+def _reply_state(engine: Engine) -> list[Any]:
+    with engine.connect() as connection:
+        claims = connection.execute(sa.text("SELECT awaiting_reply_since IS NOT NULL FROM conversations")).all()
+        turns = connection.execute(sa.text("SELECT speaker, reply_status, reply_error FROM turns ORDER BY seq")).all()
+    return [[tuple(row) for row in claims], [tuple(row) for row in turns]]
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_reply_cut_off_by_sigkill_is_answered_when_resent_after_the_restart(
+    engine: Engine, example_protocol: str, tmp_path: Path,
+) -> None:
+    message = {"content": "Should I take the job in Porto?", "client_message_id": "porto-1"}
+    client, conversation = _cut_off_mid_reply(engine, load_study(engine, example_protocol),
+                                              tmp_path / "killed.log", signal.SIGKILL, message)
+    # The dead process's claim is still there, and the message has no reply.
+    assert _reply_state(engine) == [[(True,)], [("participant", None, None)]]
+
+    restarted, url = start_api(engine, tmp_path / "restarted.log", delay_ms=0)
+    try:
+        # Released as the new process started: seen within seconds, not after a lease or two minutes.
+        released = [[(False,)], [("participant", "failed", "abandoned: the server writing the reply stopped")]]
+        _until(lambda: _reply_state(engine) == released, "the dead process's claim released")
+        client.base_url = httpx.URL(url)
+        shown = client.get(f"/api/v1/me/conversations/{conversation}").json()
+        assert (shown["awaiting_reply"], [t["reply_status"] for t in shown["turns"]]) == (False, ["failed"])
+        resent = client.post(f"/api/v1/me/conversations/{conversation}/messages", json=message)
+        assert resent.status_code == 200, resent.text
+        assert resent.json()["message"]["id"] == shown["turns"][0]["id"]  # the same message, answered
+        assert _reply_state(engine) == [[(False,)], [("participant", "answered", None), ("assistant", None, None)]]
+    finally:
+        restarted.terminate()
+        restarted.wait(timeout=15)
+        client.close()
+
+
+def test_sigterm_releases_the_replies_it_leaves_unfinished(engine: Engine, example_protocol: str,
+                                                           tmp_path: Path) -> None:
+    client, _ = _cut_off_mid_reply(engine, load_study(engine, example_protocol), tmp_path / "api.log",
+                                   signal.SIGTERM, {"content": "Should I take the job in Porto?"})
+    client.close()
+    assert _reply_state(engine) == [[(False,)], [("participant", "failed",
+                                                  "abandoned: the server stopped before the reply was ready")]]

@@ -4,6 +4,7 @@ client address taken from X-Forwarded-For only when the peer is a configured pro
 from __future__ import annotations
 
 import datetime as dt
+from typing import Literal
 
 import pytest
 import sqlalchemy as sa
@@ -167,3 +168,31 @@ def test_overlong_or_garbage_forwarded_for_gets_a_normal_answer(
         assert client.post(LOGIN, json=GOOD, headers=headers).status_code == 200, value[:40]
     # Ignored, so the peer is recorded: a well-formed address that fits the column.
     assert set(stored_clients(engine)) == {peer}
+
+
+def test_an_unknown_email_costs_the_same_password_verification_as_a_known_one(
+        app_client: TestClient, staff_account: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No account list by timing: every refused sign-in runs one argon2 verification, against a hash
+    of the same parameters, whether the email belongs to an account or not (bench/sign_in.py times it)."""
+    from argon2 import PasswordHasher, extract_parameters
+
+    from study import security
+
+    checked: list[str] = []
+
+    class Counting(PasswordHasher):
+        def verify(self, hash: str | bytes, password: str | bytes) -> Literal[True]:  # noqa: A002 - argon2's name
+            checked.append(str(hash))
+            return super().verify(hash, password)
+
+    monkeypatch.setattr(security, "_passwords", Counting())
+    answers = []
+    for body in (WRONG, {"email": "nobody@example.org", "password": "not the password"},
+                 {"email": "nobody@example.org", "password": GOOD["password"]}):
+        response = app_client.post(LOGIN, json=body)
+        answers.append((response.status_code, response.json()["error"]["code"]))
+    assert answers[0] == answers[1] == answers[2]  # and the same answer
+    assert len(checked) == 3
+    assert all(extract_parameters(h) == extract_parameters(checked[0]) for h in checked)
+    assert app_client.post(LOGIN, json=GOOD).status_code == 200
+    assert len(checked) == 4

@@ -35,7 +35,8 @@ def test_idioms_are_not_crises_but_plain_statements_are() -> None:
     assert detect_crisis("I could kill for a coffee") is None
     finding = detect_crisis("honestly this deadline is killing me and I want to kill myself")
     assert finding is not None
-    assert (finding.category, finding.acute, finding.cue) == ("risk_to_self", True, "kill myself")
+    assert (finding.category, finding.acute, finding.cue) == ("risk_to_self", True, "i want to kill myself")
+    assert finding.explicit
     other = detect_crisis("I\u2019m going to hurt him")
     assert other is not None
     assert (other.category, other.acute) == ("harm_to_others", True)

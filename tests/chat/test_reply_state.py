@@ -1,9 +1,11 @@
 """A conversation's reply state: one home (``awaiting_reply_since``), one guard for every way a
-reply starts, and concern counts that concurrent replies add to instead of overwrite."""
+reply starts, concern counts that concurrent replies add to instead of overwrite, and claims
+nobody will finish taken over, never a live one."""
 
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -16,11 +18,12 @@ from sqlalchemy.orm import Session
 
 from chat import service
 from chat.gateway import Completion
-from chat.models import Conversation, PushbackResponse
-from study import participants
+from chat.models import Conversation, PushbackResponse, Turn
+from study import participants, processes
 from study.clock import FrozenClock
 from study.db import session_factory, session_scope
 from study.models import Participant
+from study.safety import SafetyEvent
 from tests.builders import CONFIRMATIONS, FRAMING, load_study, make_invites
 
 HOPELESS = "I feel hopeless about this"  # the platform's monitors require a check-in on it
@@ -68,9 +71,9 @@ def _state(engine: Engine, conversation_id: int) -> Any:
 def _two_replies_in_flight(engine: Engine, clock: FrozenClock, code: str,
                            conversation_id: int) -> tuple[service.PreparedTurn, service.PreparedTurn]:
     """Two prepared turns of one conversation, both read before either is answered: the first
-    got stuck, so the second may claim the conversation (the only way two replies overlap)."""
+    one's lease ran out, so the second may claim the conversation (the only way two replies overlap)."""
     first = _accept(engine, code, conversation_id, HOPELESS)
-    clock.advance(service.STUCK_AFTER + dt.timedelta(seconds=1))
+    clock.advance(service.REPLY_LEASE + dt.timedelta(seconds=1))
     second = _accept(engine, code, conversation_id, HOPELESS)
     assert first.history.raised == second.history.raised == {}  # the same, soon stale, snapshot
     assert first.required.stance == second.required.stance == "check_in"
@@ -163,3 +166,96 @@ def test_an_override_waits_for_the_reply_in_flight_like_a_message(
     _record(engine, override)
     counts, awaiting, turn_count = _state(engine, conversation_id)
     assert (counts, awaiting, turn_count) == ({"unsupported_framing": 1}, None, 5)
+
+
+# Claims nobody will finish: taken over at once when their owner is gone, after the lease otherwise
+
+
+def _set_owner(engine: Engine, conversation_id: int, owner: str) -> None:
+    with engine.begin() as connection:
+        connection.execute(sa.update(Conversation).where(Conversation.id == conversation_id)
+                           .values(reply_claimed_by=owner))
+
+
+def _owner_that_died() -> str:
+    with subprocess.Popen(["sleep", "30"]) as child:
+        owner = processes.owner_of(child.pid)
+        child.kill()
+    return owner
+
+
+def _turns(engine: Engine) -> list[Any]:
+    with engine.connect() as connection:
+        return list(connection.execute(sa.select(Turn.speaker, Turn.reply_status, Turn.reply_error, Turn.model)
+                                       .order_by(Turn.seq)).all())
+
+
+def test_a_claim_whose_owner_died_is_taken_over_at_once(engine: Engine, frozen_clock: FrozenClock,
+                                                        conversation: tuple[str, int]) -> None:
+    code, conversation_id = conversation
+    _accept(engine, code, conversation_id, "Should I sell the car?")
+    _set_owner(engine, conversation_id, _owner_that_died())  # its lease has 20 s to run: the owner is what tells
+    with session_scope(engine) as session:
+        assert service.abandoned_claims(session) == [conversation_id]
+        assert not service.reply_in_flight(session.get_one(Conversation, conversation_id))
+    retried = _accept(engine, code, conversation_id, "Hello?")  # not 409: the dead claim was released first
+    assert _turns(engine) == [("participant", "failed", "abandoned: the server writing the reply stopped", None),
+                              ("participant", None, None, None)]
+    assert _state(engine, conversation_id).awaiting_reply_since == retried.claimed_at
+
+
+def test_a_live_siblings_claim_is_never_taken_and_a_silent_one_only_after_its_lease(
+    engine: Engine, frozen_clock: FrozenClock, conversation: tuple[str, int],
+) -> None:
+    code, conversation_id = conversation
+    first = _accept(engine, code, conversation_id, "Should I sell the car?")
+    host_and_scope = processes.this_process().partition("@")[2]
+    with subprocess.Popen(["sleep", "60"]) as sibling:
+        try:
+            # Another worker of this machine, alive; then one on another machine, whose death no one here sees.
+            for owner in (processes.owner_of(sibling.pid), f"4242.1@{host_and_scope.rpartition('.')[0]}.0123456789ab"):
+                _set_owner(engine, conversation_id, owner)
+                with pytest.raises(service.ReplyInProgress):
+                    _accept(engine, code, conversation_id, "Hello?")
+                with session_scope(engine) as session:
+                    assert service.abandoned_claims(session) == []
+                    assert not service.take_over_abandoned(session, conversation_id)
+                    assert service.reply_in_flight(session.get_one(Conversation, conversation_id))
+                    service.renew_claims(session, [conversation_id])  # not this process's claim: left alone
+                frozen_clock.advance(service.REPLY_LEASE - dt.timedelta(seconds=1))
+                with pytest.raises(service.ReplyInProgress):
+                    _accept(engine, code, conversation_id, "Hello?")
+                frozen_clock.advance(-(service.REPLY_LEASE - dt.timedelta(seconds=1)))
+        finally:
+            sibling.kill()
+    frozen_clock.advance(service.REPLY_LEASE)  # the machine's owner said nothing for a whole lease
+    second = _accept(engine, code, conversation_id, "Hello?")
+    assert _turns(engine)[0] == ("participant", "failed", "abandoned: the server writing the reply stopped answering",
+                                 None)
+    _record(engine, first)  # a late reply still counts, without releasing the newer claim
+    assert _state(engine, conversation_id).awaiting_reply_since == second.claimed_at
+
+
+def test_renewing_keeps_a_claim_past_its_first_lease(engine: Engine, frozen_clock: FrozenClock,
+                                                     conversation: tuple[str, int]) -> None:
+    code, conversation_id = conversation
+    _accept(engine, code, conversation_id, "Should I sell the car?")
+    for _ in range(3):
+        frozen_clock.advance(service.REPLY_LEASE - dt.timedelta(seconds=5))
+        with session_scope(engine) as session:
+            service.renew_claims(session, [conversation_id])
+    with pytest.raises(service.ReplyInProgress):
+        _accept(engine, code, conversation_id, "Hello?")
+
+
+def test_an_abandoned_crisis_message_gets_the_platform_safety_reply(engine: Engine, frozen_clock: FrozenClock,
+                                                                    conversation: tuple[str, int]) -> None:
+    code, conversation_id = conversation
+    assert _accept(engine, code, conversation_id, "I have a plan to end it tonight").required.stance == "escalate"
+    _set_owner(engine, conversation_id, _owner_that_died())
+    with session_scope(engine) as session:
+        assert service.take_over_abandoned(session, conversation_id)
+    assert _turns(engine) == [("participant", "answered", None, None), ("assistant", None, None, "platform/safety")]
+    assert _state(engine, conversation_id).awaiting_reply_since is None
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(sa.func.count()).select_from(SafetyEvent)).scalar_one() == 1

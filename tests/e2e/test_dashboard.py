@@ -65,7 +65,11 @@ def dashboard(engine: Engine, example_protocol: str, tmp_path: Path) -> Iterator
         time.sleep(0.3)
     yield base
     process.terminate()
-    process.wait(10)
+    try:
+        process.wait(30)  # Streamlit's shutdown can take a while on a loaded machine; then stop it hard
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
     log.close()
 
 
