@@ -59,6 +59,7 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
         redoc_url=None,
         openapi_url="/openapi.json",
     )
+    app.router.route_class = errors.DocumentedRoute  # /healthz
     app.state.engine = database
     app.state.gateway = gateway  # built from settings on first use when None
     app.state.replies = replies  # replies in flight, stored whether or not anyone still waits

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
+from api.errors import SAFE_METHODS, refuses
 from study import participants as participant_service
 from study import staff as staff_service
 from study.db import session_scope
@@ -31,7 +32,6 @@ from study.validation import MAX_ROW_ID, text
 
 SESSION_COOKIE = "afterward_session"
 CSRF_HEADER = "X-CSRF-Token"
-SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 AUDITED_READS_PREFIX = "/api/v1/staff/"  # staff reads write an audit entry
 T = TypeVar("T")
 
@@ -111,6 +111,11 @@ staff_bearer = HTTPBearer(scheme_name="StaffToken", auto_error=False,
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(participant_bearer)]
 
 
+SIGNED_OUT = "not signed in: no participant token or session cookie"
+CSRF_MISSING = "a change sent with the session cookie but without a valid X-CSRF-Token header"
+
+
+@refuses({401: SIGNED_OUT}, on_writes={403: CSRF_MISSING})
 async def participant_token(request: Request, bearer: Bearer,
                             cookie: Annotated[str | None, Depends(participant_cookie)]) -> str:
     """The participant's token (a coroutine: no database, so no thread-pool hop)."""
@@ -139,6 +144,10 @@ def _signed_in(participant: Participant | None) -> Participant:
     return participant
 
 
+SESSION_ENDED = "the token or session is unknown, expired or was signed out"
+
+
+@refuses({401: SESSION_ENDED})
 def current_participant(session: SessionDep, token: Annotated[str, Depends(participant_token)]) -> Participant:
     return _signed_in(participant_service.participant_for_token(session, token))
 
@@ -146,6 +155,12 @@ def current_participant(session: SessionDep, token: Annotated[str, Depends(parti
 CurrentParticipant = Annotated[Participant, Depends(current_participant)]
 
 
+# Also what chat's handlers refuse with: they check the participant in their own unit of work.
+CONSENTED = {401: SESSION_ENDED,
+             403: "the participant withdrew, or has not signed the consent version in force (code consent_required)"}
+
+
+@refuses(CONSENTED)
 def consented_participant(session: SessionDep, token: Annotated[str, Depends(participant_token)]) -> Participant:
     """A participant who may take part now: not withdrawn and signed the consent in force (one query)."""
     return _signed_in(participant_service.consented_participant_for_token(session, token))
@@ -154,6 +169,7 @@ def consented_participant(session: SessionDep, token: Annotated[str, Depends(par
 ConsentedParticipant = Annotated[Participant, Depends(consented_participant)]
 
 
+@refuses({401: "no staff token, or one that is unknown, expired or revoked"})
 def current_staff(session: SessionDep,
                   bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(staff_bearer)]) -> StaffAccount:
     token = bearer.credentials.strip() if bearer is not None else ""

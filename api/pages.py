@@ -465,10 +465,11 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
     submission_id = str(form.get("submission_id", ""))
     if not re.fullmatch(SUBMISSION_ID_PATTERN, submission_id):
         submission_id = secrets.token_hex(8)
-    try:
-        survey_service.save_partial(session, participant, assignment, answers)
+    try:  # a submit takes this screen's answers itself: a resent one (a double click) is answered as the first
         if finishing:
-            survey_service.submit(session, participant, assignment, {}, submission_id=submission_id)
+            survey_service.submit(session, participant, assignment, answers, submission_id=submission_id)
+        else:
+            survey_service.save_partial(session, participant, assignment, answers)
     except survey_service.AnswerError as exc:
         session.rollback()
         return _survey_page(request, session, assignment, step, action, status_code=422,

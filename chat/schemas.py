@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from chat.models import Conversation, Turn
 from chat.roles import RoleSpec
 from chat.service import reply_in_flight
 from study.safety import SafetyEvent, SafetyEventReview
-from study.validation import Line, RequestBody
+from study.validation import NOT_BLANK_PATTERN, Line, RequestBody
 
 
 class DisclosureRead(BaseModel):
@@ -51,16 +51,22 @@ class RoleChange(RequestBody):
 
 class MessageCreate(RequestBody):
     # Length is checked by the service against the configured limit, with a message that says it.
-    content: str
+    content: str = Field(json_schema_extra={"pattern": NOT_BLANK_PATTERN})
     client_message_id: str | None = Field(
         default=None, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$",
         description="Your own id for this message; resending it never stores a second copy")
 
 
 class ExitCheck(RequestBody):
+    # As chat.service.end_conversation checks it: a decision is described exactly when one was made.
+    schema_rules = {"anyOf": [
+        {"required": ["made_decision", "decision"], "properties": {
+            "made_decision": {"const": True}, "decision": {"type": "string", "pattern": NOT_BLANK_PATTERN}}},
+        {"properties": {"made_decision": {"const": False},
+                        "decision": {"anyOf": [{"type": "null"}, {"type": "string", "pattern": r"^\s*$"}]}}}]}
     rating: int | None = Field(default=None, ge=1, le=7,
                                description="How helpful was this conversation? 1 = not at all, 7 = extremely")
-    made_decision: bool = False
+    made_decision: StrictBool = False
     decision: str | None = Field(default=None, max_length=2000, description="What you decided, in your words")
 
 

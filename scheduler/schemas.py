@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated
 from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, WithJsonSchema, field_validator, model_validator
 
 from scheduler.models import ChannelAlert, FollowUp
 from scheduler.planner import FollowUpPreview, to_utc
-from study.protocol import validate_timezone
-from study.validation import EARLIEST, LATEST, Line, RequestBody, aware_datetime
+from study.protocol import TIME_ZONE_SCHEMA, validate_timezone
+from study.validation import EARLIEST, LATEST, LOCAL_DATETIME_PATTERN, Line, RequestBody, aware_datetime
 
 
 class MyFollowUpRead(BaseModel):
@@ -71,13 +72,18 @@ class ChannelAlertRead(BaseModel):
                    first_at=a.first_at, last_at=a.last_at, raised_at=a.raised_at, resolved_at=a.resolved_at)
 
 
+# A moment, or a wall-clock time without an offset (years 2000-2199).
+LocalOrAware = Annotated[dt.datetime, WithJsonSchema({"type": "string", "pattern": LOCAL_DATETIME_PATTERN})]
+
+
 class SchedulePreviewQuery(RequestBody):
     """What to preview: a participant enrolling at ``enrolled_at`` in ``timezone`` and, optionally,
     making a decision at ``decision_at``. A time without an offset is a wall-clock time in ``timezone``."""
 
-    enrolled_at: dt.datetime = Field(description="e.g. 2026-03-28T09:00 (local) or 2026-03-28T09:00Z")
-    timezone: Line = Field(max_length=64, description="IANA time zone, e.g. Europe/London")
-    decision_at: dt.datetime | None = Field(default=None, description="anchor of the decision follow-ups")
+    enrolled_at: LocalOrAware = Field(description="e.g. 2026-03-28T09:00 (local) or 2026-03-28T09:00Z")
+    timezone: Line = Field(max_length=64, json_schema_extra=TIME_ZONE_SCHEMA,
+                          description="IANA time zone, e.g. Europe/London")
+    decision_at: LocalOrAware | None = Field(default=None, description="anchor of the decision follow-ups")
 
     @field_validator("timezone")
     @classmethod

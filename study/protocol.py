@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 import yaml
 from pydantic import (
@@ -351,6 +351,11 @@ def _zone_countries() -> dict[str, str]:
 
 def country_of_timezone(name: str) -> str | None:
     return _zone_countries().get(name)
+
+
+# The names ``validate_timezone`` takes, as the OpenAPI document lists them.
+TIME_ZONES = sorted(available_timezones())
+TIME_ZONE_SCHEMA: dict[str, Any] = {"enum": TIME_ZONES}
 
 
 def validate_timezone(name: str) -> ZoneInfo:

@@ -3,22 +3,52 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from study.models import StudyStatus, WithdrawalLevel
-from study.protocol import Protocol, validate_timezone
+from study.protocol import TIME_ZONE_SCHEMA, Protocol, validate_timezone
 from study.recruitment import InviteListing, InviteStatus
-from study.validation import MAX_ROW_ID, AwareDatetime, EmailAddress, Line, RequestBody, Secret
+from study.validation import (
+    LINE_CHAR,
+    LINE_PATTERN,
+    MAX_ROW_ID,
+    SPACE,
+    TEXT_CHAR,
+    VISIBLE,
+    AwareDatetime,
+    EmailAddress,
+    Line,
+    RequestBody,
+    Secret,
+)
 
 
 class _In(RequestBody):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
 
+def trimmed(min_length: int, max_length: int) -> Callable[[dict[str, Any]], None]:
+    """The schema of a string of ``_In``, whose surrounding whitespace is removed before its length
+    is checked: a pattern of ``min_length`` to ``max_length`` characters besides that whitespace, in
+    place of the lengths (which would count the whitespace). A ``Line`` stays one line inside."""
+    def state(schema: dict[str, Any]) -> None:
+        for string in [schema, *schema.get("anyOf", [])]:
+            if string.get("type") == "string":
+                char = LINE_CHAR if string.get("pattern") == LINE_PATTERN else TEXT_CHAR
+                inside = (f"({char}{{0,{max_length - 2}}}{VISIBLE})?" if min_length <= 1
+                          else f"{char}{{{min_length - 2},{max_length - 2}}}{VISIBLE}")
+                string.pop("minLength", None)
+                string.pop("maxLength", None)
+                string["pattern"] = f"^{SPACE}*{VISIBLE}{inside}{SPACE}*$"
+    return state
+
+
 class EnrollmentCreate(_In):
-    invite_code: Line = Field(min_length=4, max_length=64, description="The code from the invitation")
+    invite_code: Line = Field(min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
+                             description="The code from the invitation")
 
 
 class ConsentConfirmationRead(BaseModel):
@@ -68,9 +98,9 @@ class ConsentStatusRead(BaseModel):
 
 
 class ConsentSign(_In):
-    version: Line = Field(min_length=1, max_length=40)
+    version: Line = Field(min_length=1, max_length=40, json_schema_extra=trimmed(1, 40))
     confirmations: list[Line] = Field(max_length=50)
-    typed_signature: Line = Field(min_length=1, max_length=200)
+    typed_signature: Line = Field(min_length=1, max_length=200, json_schema_extra=trimmed(1, 200))
 
 
 class SignedConsentRead(BaseModel):
@@ -85,7 +115,8 @@ class SignedConsentRead(BaseModel):
 
 
 class ProfileUpdate(_In):
-    timezone: Line = Field(max_length=64, description="IANA time zone, e.g. Europe/Berlin")
+    timezone: Line = Field(max_length=64, json_schema_extra=TIME_ZONE_SCHEMA,
+                          description="IANA time zone, e.g. Europe/Berlin")
     contact_email: EmailAddress | None = None
 
     @field_validator("timezone")
@@ -121,11 +152,13 @@ class SignInLinkRequested(BaseModel):
 
 
 class SignInWithLink(_In):
-    token: Line = Field(min_length=8, max_length=512, description="the part of the emailed link after /sign-in/link/")
+    token: Line = Field(min_length=8, max_length=512, json_schema_extra=trimmed(8, 512),
+                       description="the part of the emailed link after /sign-in/link/")
 
 
 class SignInWithCode(_In):
-    return_code: Line = Field(min_length=4, max_length=64, description="the return code given at enrollment")
+    return_code: Line = Field(min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
+                             description="the return code given at enrollment")
 
 
 class SignInRead(BaseModel):
@@ -154,8 +187,9 @@ class WithdrawalRead(BaseModel):
 
 
 class StaffLogin(_In):
-    email: Line = Field(min_length=3, max_length=320, description="the staff account's email")
-    password: Secret = Field(min_length=1, max_length=1000)
+    email: Line = Field(min_length=3, max_length=320, json_schema_extra=trimmed(3, 320),
+                       description="the staff account's email")
+    password: Secret = Field(min_length=1, max_length=1000, json_schema_extra=trimmed(1, 1000))
 
 
 class TokenRead(BaseModel):
@@ -240,7 +274,11 @@ class InviteRead(BaseModel):
 
 
 class InviteRevoke(_In):
-    code: Line | None = Field(default=None, min_length=4, max_length=64, description="the invite code")
+    schema_rules = {"oneOf": [  # one of the two, as _one_of says
+        {"required": ["code"], "properties": {"code": {"type": "string"}, "invite_id": {"type": "null"}}},
+        {"required": ["invite_id"], "properties": {"code": {"type": "null"}, "invite_id": {"type": "integer"}}}]}
+    code: Line | None = Field(default=None, min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
+                             description="the invite code")
     invite_id: int | None = Field(default=None, ge=1, le=MAX_ROW_ID, description="or its id, from the listing")
 
     @model_validator(mode="after")
@@ -251,7 +289,7 @@ class InviteRevoke(_In):
 
 
 class StudyClose(_In):
-    stop_followups: bool = Field(default=False, description=(
+    stop_followups: StrictBool = Field(default=False, description=(
         "also cancel every follow-up still to come for participants already enrolled (as withdrawal "
         "does); by default their follow-ups continue"))
 

@@ -21,19 +21,33 @@ forms, and the address's strings that are echoed or stored) passes ``text``, per
   neighbouring punctuation, cannot reorder a run of text, and RTL writers type them on purpose.
 
 A ``Secret`` (a password) is checked but never rewritten: it is compared exactly as typed.
+
+The OpenAPI document states the same rules (``state_text_rule``, ``Line``'s pattern), built from
+the one definition of the refused characters, ``TEXT_REFUSED``: its patterns say what is accepted,
+so the removed bidi controls are acceptable there (they are just not counted as visible text).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import math
 import re
 import unicodedata
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from email_validator import EmailNotValidError, validate_email
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from email_validator import SPECIAL_USE_DOMAIN_NAMES, EmailNotValidError, validate_email
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    GetJsonSchemaHandler,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 
 # PostgreSQL's integer and SQLite's are different widths; ids are issued from 1 and fit PostgreSQL's.
 MAX_ROW_ID = 2**31 - 1
@@ -41,7 +55,30 @@ MAX_ROW_ID = 2**31 - 1
 EARLIEST = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 LATEST = dt.datetime(2200, 1, 1, tzinfo=dt.UTC)
 NUL_MESSAGE = "must not contain NUL (\\0) characters"
-_REFUSED = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+# The same rules as the OpenAPI document states them (patterns are Python's, as the checks are; the
+# escapes read the same in ECMA-262): the characters ``checked`` refuses (the inside of a regex
+# character class: C0 but tab and line breaks, DEL, C1), a character ``text`` takes, one ``line``
+# takes, and a moment ``aware_datetime`` takes (RFC 3339, 2000-2199). ``checked`` refuses lone
+# surrogates too, which no pattern names: they are not characters, a JSON schema's strings and
+# patterns are Unicode text (validators refuse a pattern naming them), and no such text holds one.
+TEXT_REFUSED = "\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f-\\x9f"
+BIDI_CONTROLS = "\\u202a-\\u202e\\u2066-\\u2069"  # removed by ``text`` (the inside of a class too)
+TEXT_CHAR = f"[^{TEXT_REFUSED}]"
+LINE_CHAR = f"[^{TEXT_REFUSED}\\t\\n\\r]"
+SPACE = f"[^\\S{TEXT_REFUSED}]"  # whitespace that is not refused (Python's \s takes some C0 and C1)
+VISIBLE = f"[^\\s{TEXT_REFUSED}{BIDI_CONTROLS}]"  # a character besides whitespace that ``text`` keeps
+TEXT_PATTERN = f"^{TEXT_CHAR}*$"
+LINE_PATTERN = f"^{LINE_CHAR}*(?!\\n)$"  # (Python's $ also matches before a last line break)
+NOT_BLANK_PATTERN = f"^{TEXT_CHAR}*{VISIBLE}{TEXT_CHAR}*$"  # some text besides whitespace
+_LEAP_YEAR = r"(20(00|0[48]|[2468][048]|[13579][26])|21(0[48]|[2468][048]|[13579][26]))"  # 2100 is not
+_DAY = (r"(2[01]\d\d-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))"
+        f"|{_LEAP_YEAR}-02-29)")  # a day of the calendar
+_MINUTE = f"^{_DAY}T([01]\\d|2[0-3]):[0-5]\\d"
+_SECONDS = r":[0-5]\d(\.\d{1,6})?"
+_OFFSET = r"(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
+DATETIME_PATTERN = f"{_MINUTE}{_SECONDS}{_OFFSET}$"
+LOCAL_DATETIME_PATTERN = f"{_MINUTE}({_SECONDS})?{_OFFSET}?$"  # with an offset or without (a wall-clock time)
+_REFUSED = re.compile(f"[{TEXT_REFUSED}\\ud800-\\udfff]")
 _BIDI_CONTROLS = dict.fromkeys([*range(0x202A, 0x202F), *range(0x2066, 0x206A)])  # str.translate: remove
 _LINE_BREAK = re.compile("[\t\n]")
 
@@ -108,6 +145,18 @@ class _Verbatim:
     """Marks a field that ``RequestBody`` checks but does not rewrite."""
 
 
+class _Pattern:
+    """States ``pattern`` in a string's JSON schema, beside its other rules (lengths)."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+
+    def __get_pydantic_json_schema__(self, core: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        schema = handler(core)
+        schema["pattern"] = self.pattern
+        return schema
+
+
 def storable(value: Any, at: tuple[str | int, ...], problems: list[InitErrorDetails], *,
              verbatim: frozenset[str] = frozenset()) -> Any:
     """``value`` (parsed JSON) with every string and key through ``text``; what JSON columns cannot
@@ -139,17 +188,42 @@ def storable(value: Any, at: tuple[str | int, ...], problems: list[InitErrorDeta
     return value
 
 
-Line = Annotated[str, AfterValidator(line)]
-Secret = Annotated[str, _Verbatim()]
-EmailAddress = Annotated[str, AfterValidator(email_address)]
-AwareDatetime = Annotated[dt.datetime, AfterValidator(aware_datetime)]
+Line = Annotated[str, AfterValidator(line), _Pattern(LINE_PATTERN)]
+Secret = Annotated[str, _Verbatim()]  # stated as text (``state_text_rule``): it is checked the same
+# validate_email refuses the special-use domains (name@example.test): the pattern says so, in any case.
+_SPECIAL_USE = "|".join("".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in name)
+                        for name in SPECIAL_USE_DOMAIN_NAMES)
+EmailAddress = Annotated[str, AfterValidator(email_address), WithJsonSchema(
+    {"type": "string", "format": "email", "maxLength": 254, "pattern": f"^(?!.*@(.+\\.)?({_SPECIAL_USE})$)"})]
+AwareDatetime = Annotated[dt.datetime, AfterValidator(aware_datetime),
+                          WithJsonSchema({"type": "string", "format": "date-time", "pattern": DATETIME_PATTERN})]
+
+
+def _stated(schema: dict[str, Any], model: Any) -> None:
+    schema.update(copy.deepcopy(model.schema_rules))
+    state_text_rule(schema)
+
+
+def state_text_rule(schema: dict[str, Any]) -> None:
+    """In a request's JSON schema, the rule ``RequestBody`` checks: every string (keys of free-form
+    objects too) without a pattern, format or enum of its own gets ``TEXT_PATTERN``."""
+    if schema.get("type") == "string" and not {"pattern", "format", "enum", "const"} & set(schema):
+        schema["pattern"] = TEXT_PATTERN
+    if schema.get("type") == "object" and schema.get("additionalProperties", True) is not False:
+        schema.setdefault("propertyNames", {"pattern": TEXT_PATTERN})
+    for value in schema.values():
+        for node in value if isinstance(value, list) else [value]:
+            if isinstance(node, dict):
+                state_text_rule(node)
 
 
 class RequestBody(BaseModel):
     """Base of every request body: unknown fields refused, every string (keys too) through ``text``
     (``Secret`` fields only checked), and no non-finite number anywhere."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=lambda schema, model: _stated(schema, model))
+    # A rule between fields, as its JSON schema states it (e.g. {"oneOf": [...]}); a validator checks it.
+    schema_rules: ClassVar[dict[str, Any]] = {}
 
     @model_validator(mode="before")
     @classmethod

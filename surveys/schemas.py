@@ -30,14 +30,19 @@ class SurveyRead(SurveySummaryRead):
 
 
 SUBMISSION_ID_PATTERN = r"^[A-Za-z0-9_-]{8,64}$"
+# What an answer can be (surveys.definitions.Item.check then checks it against its item): a number, a
+# choice or text, a list of choices, or null to clear it.
+ANSWERS: dict[str, Any] = {"additionalProperties": {"anyOf": [
+    {"type": "number"}, {"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}}
 
 
 class AnswersUpdate(RequestBody):
-    answers: dict[str, Any] = Field(max_length=500, description="item id -> answer; null clears one")
+    answers: dict[str, Any] = Field(max_length=500, json_schema_extra=ANSWERS,
+                                    description="item id -> answer; null clears one")
 
 
 class SurveySubmit(AnswersUpdate):
-    answers: dict[str, Any] = Field(default_factory=dict, max_length=500)
+    answers: dict[str, Any] = Field(default_factory=dict, max_length=500, json_schema_extra=ANSWERS)
     submission_id: str = Field(pattern=SUBMISSION_ID_PATTERN,
                                description="Chosen by the client once per submission; a retry with the "
                                            "same id stores nothing new")

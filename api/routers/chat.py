@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.deps import (
+    CONSENTED,
     ConsentedParticipant,
     CurrentParticipant,
     RowId,
@@ -24,7 +25,7 @@ from api.deps import (
     participant_token,
     run_unit,
 )
-from api.errors import error_body
+from api.errors import DocumentedRoute, error_body, refusals
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from chat import resources as chat_resources
 from chat import service
@@ -58,8 +59,18 @@ from study.settings import get_settings
 from study.studies import current_protocol
 from surveys import service as survey_service
 
-router = APIRouter(tags=["chat"])
-staff_router = APIRouter(prefix="/staff", tags=["staff"])
+router = APIRouter(tags=["chat"], route_class=DocumentedRoute)
+staff_router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
+NOT_ENROLLED = {409: "enrollment is not finished: consent, then the profile (code not_enrolled)"}
+ROLE = {422: "a role the participant's arm does not offer, or none where one must be chosen "
+             "(codes role_required, unknown_role, roles_not_offered)"}
+ENDED = {409: "the conversation has ended (code conversation_ended)"}
+# A handler that asks the model: it checks the participant itself (as_participant), then may wait for the model.
+REPLIES = {**CONSENTED,
+           503: "the model did not answer; the message is kept: retry (codes llm_timeout, llm_unavailable)"}
+PUSHBACK = {409: "this turn cannot be answered so: it did not push back, is a safety message, was answered "
+                 "already or is not the latest note (codes nothing_to_override, not_overridable, already_answered, "
+                 "pushback_superseded)"}
 T = TypeVar("T")
 Token = Annotated[str, Depends(participant_token)]
 
@@ -204,7 +215,7 @@ async def _stream(request: Request, gateway: Gateway, prepared: service.Prepared
 # Participant endpoints
 
 
-@router.get("/me/chat/roles")
+@router.get("/me/chat/roles", responses=refusals(NOT_ENROLLED))
 def my_roles(session: SessionDep, participant: ConsentedParticipant) -> RolesRead:
     arm, offered = service.roles_offered(session, participant)
     return RolesRead(mode=arm.mode, default_role=arm.default_role if arm.mode == "wellbeing" else "standard",
@@ -217,7 +228,7 @@ def my_crisis_resources(session: SessionDep, participant: CurrentParticipant) ->
     return crisis_resources(session, participant)
 
 
-@router.post("/me/conversations", status_code=status.HTTP_201_CREATED)
+@router.post("/me/conversations", status_code=status.HTTP_201_CREATED, responses=refusals({**NOT_ENROLLED, **ROLE}))
 def start_conversation(body: ConversationCreate, session: SessionDep,
                        participant: ConsentedParticipant) -> ConversationRead:
     return ConversationRead.of(service.start_conversation(session, participant, body.role))
@@ -239,17 +250,18 @@ def my_conversation(conversation_id: RowId, session: SessionDep,
         for turn in service.turns(session, conversation)])
 
 
-@router.put("/me/conversations/{conversation_id}/role")
+@router.put("/me/conversations/{conversation_id}/role", responses=refusals({**ENDED, **ROLE}))
 def change_role(conversation_id: RowId, body: RoleChange, session: SessionDep,
                 participant: ConsentedParticipant) -> ConversationRead:
     service.switch_role(session, participant, conversation_id, body.role)
     return ConversationRead.of(service.get_conversation(session, participant, conversation_id))
 
 
-@router.post("/me/conversations/{conversation_id}/messages", response_model=ExchangeRead,
-             responses={200: {"content": {"text/event-stream": {}}, "description": "The exchange, or an event "
-                                  "stream with ?stream=true"},
-                        503: {"description": "The model did not answer; the message is kept, retry"}})
+@router.post("/me/conversations/{conversation_id}/messages", response_model=ExchangeRead, responses={
+    200: {"content": {"text/event-stream": {}}, "description": "The exchange, or an event stream with ?stream=true"},
+    **refusals({**REPLIES, 409: "the conversation has ended (code conversation_ended), or the assistant is still "
+                               "answering the previous message (code reply_in_progress: retry after Retry-After)",
+                422: "the message is empty or too long (codes empty_message, message_too_long)"})})
 async def send_message(conversation_id: RowId, body: MessageCreate, request: Request, token: Token,
                        gateway: GatewayDep,
                        stream: Annotated[bool, Query(description="stream the reply as server-sent events")] = False,
@@ -265,13 +277,16 @@ async def send_message(conversation_id: RowId, body: MessageCreate, request: Req
     return await reply_to(request, gateway, prepared, message)
 
 
-@router.post("/me/conversations/{conversation_id}/retry", response_model=ExchangeRead)
+@router.post("/me/conversations/{conversation_id}/retry", response_model=ExchangeRead, responses=refusals({
+    **REPLIES, 409: "there is no unanswered message to retry (code nothing_to_retry), or a reply is being written "
+                    "(code reply_in_progress)"}))
 async def retry_reply(conversation_id: RowId, request: Request, token: Token, gateway: GatewayDep) -> ExchangeRead:
     prepared = await as_participant(request, token, lambda s, p: service.prepare_retry(s, p, conversation_id))
     return await reply_to(request, gateway, prepared)
 
 
-@router.post("/me/conversations/{conversation_id}/turns/{turn_id}/override", response_model=ExchangeRead)
+@router.post("/me/conversations/{conversation_id}/turns/{turn_id}/override", response_model=ExchangeRead,
+             responses=refusals({**REPLIES, **PUSHBACK}))
 async def override_pushback(conversation_id: RowId, turn_id: RowId, request: Request, token: Token,
                             gateway: GatewayDep) -> ExchangeRead:
     """Go ahead anyway: the assistant answers the same message again, doing what was asked."""
@@ -280,14 +295,14 @@ async def override_pushback(conversation_id: RowId, turn_id: RowId, request: Req
     return await reply_to(request, gateway, prepared)
 
 
-@router.post("/me/conversations/{conversation_id}/turns/{turn_id}/reconsider")
+@router.post("/me/conversations/{conversation_id}/turns/{turn_id}/reconsider", responses=refusals(PUSHBACK))
 def reconsider_pushback(conversation_id: RowId, turn_id: RowId, session: SessionDep,
                         participant: ConsentedParticipant) -> PushbackResponseRead:
     response = service.reconsider(session, participant, conversation_id, turn_id)
     return PushbackResponseRead(turn_id=response.turn_id, action=response.action)
 
 
-@router.post("/me/conversations/{conversation_id}/end")
+@router.post("/me/conversations/{conversation_id}/end", responses=refusals(ENDED))
 def end_conversation(conversation_id: RowId, body: ExitCheck, session: SessionDep,
                      participant: ConsentedParticipant) -> ConversationEnded:
     """End with the exit check: the rating is stored as the immediate-rating survey; a decision is

@@ -18,16 +18,20 @@ from analysis.aggregates import AGGREGATES, export_aggregates
 from analysis.exports import Format, export_study
 from analysis.trajectories import export_trajectories
 from api.deps import SessionDep
+from api.errors import DocumentedRoute, refusals
 from api.routers.staff import StudyAccess, staff_actor
 from study import audit
 from study.errors import Forbidden, Invalid
 
-staff_router = APIRouter(prefix="/staff", tags=["staff"])
+staff_router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
 
 
 @staff_router.get("/studies/{slug}/exports", response_class=FileResponse,
                   responses={200: {"content": {"application/zip": {}},
-                                   "description": "the export's tables, codebook and README, zipped"}})
+                                   "description": "the export's tables, codebook and README, zipped"},
+                             **refusals({403: "a viewer may export aggregates only (code participant_data_forbidden)",
+                                         422: "turns, shift_dates or drop_free_text with a format they do not "
+                                              "apply to: trajectories, aggregates (code invalid)"})})
 def download_export(
     request: Request, session: SessionDep, access: StudyAccess,
     actor: Annotated[audit.Actor, Depends(staff_actor)],

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy import func, select
 
 from api.deps import ConsentedParticipant, CurrentStaff, RowId, SessionDep
+from api.errors import DocumentedRoute, refusals
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from scheduler import service
 from scheduler.models import ChannelAlert, Delivery, FollowUp
@@ -25,9 +26,9 @@ from study.clock import now
 from study.errors import Forbidden, NotFound
 from study.models import Participant
 
-router = APIRouter(tags=["follow-ups"])
+router = APIRouter(tags=["follow-ups"], route_class=DocumentedRoute)
 FollowUpStatus = Literal["planned", "sent", "completed", "expired", "cancelled"]  # FollowUp.status
-staff_router = APIRouter(prefix="/staff", tags=["staff"])
+staff_router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
 
 
 @router.get("/me/followups")
@@ -45,7 +46,8 @@ def channel_alerts(session: SessionDep, staff: CurrentStaff, include_resolved: b
     return [ChannelAlertRead.of(a) for a in session.scalars(query.order_by(ChannelAlert.raised_at.desc()))]
 
 
-@staff_router.post("/alerts/{alert_id}/resolve")
+@staff_router.post("/alerts/{alert_id}/resolve", responses=refusals({
+    403: "only admins and researchers (of any study) can resolve alerts"}))
 def resolve_alert(alert_id: RowId, body: AlertResolve, session: SessionDep, staff: CurrentStaff) -> ChannelAlertRead:
     """Close an alert once its cause is dealt with (a fixed address, a replaced key); the note is
     kept in the audit log. Admins and researchers of any study may do it."""

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, Response, status
 from fastapi.responses import PlainTextResponse
 
 from api.deps import CurrentParticipant, SessionDep, participant_token, set_session_cookie
+from api.errors import DocumentedRoute, refusals
 from scheduler import service as scheduler_service
 from study import audit, signin
 from study import participants as service
@@ -30,8 +31,9 @@ from study.schemas import (
 from study.security import csrf_token_for
 from study.studies import protocol_for_consent
 
-router = APIRouter(tags=["participant"])
+router = APIRouter(tags=["participant"], route_class=DocumentedRoute)
 Token = Annotated[str, Depends(participant_token)]
+WITHDRAWN = "the participant withdrew (code withdrawn)"
 
 
 def _consent_read(session: SessionDep, consent: ConsentVersion) -> ConsentRead:
@@ -54,7 +56,11 @@ def _participant_read(session: SessionDep, participant: Participant, token: str 
         csrf_token=csrf_token_for(token) if token else None)
 
 
-@router.post("/enrollment", status_code=status.HTTP_201_CREATED)
+@router.post("/enrollment", status_code=status.HTTP_201_CREATED, responses=refusals({
+    403: "the study is not taking new participants now (codes enrollment_paused, enrollment_closed)",
+    404: "the invite code is not known",
+    409: "the invite has been used as often as it may be (code invite_used)",
+    410: "the invite was revoked (code invite_revoked) or has expired"}))
 def enroll(body: EnrollmentCreate, session: SessionDep, response: Response) -> EnrollmentRead:
     """Redeem an invite code. Next: read and sign the consent returned here."""
     enrollment = service.enroll(session, body.invite_code)
@@ -77,7 +83,10 @@ def consent_status(session: SessionDep, participant: CurrentParticipant) -> Cons
                              needs_consent=state.needs_consent)
 
 
-@router.post("/me/consent", status_code=status.HTTP_201_CREATED)
+@router.post("/me/consent", status_code=status.HTTP_201_CREATED, responses=refusals({
+    403: WITHDRAWN,
+    409: "this consent version is not the one in force: read the current one (GET /me/consent)",
+    422: "a required confirmation is not ticked (code confirmation_missing), or the signature is empty"}))
 def sign_consent(body: ConsentSign, session: SessionDep, participant: CurrentParticipant) -> SignedConsentRead:
     """Sign the consent version in force (also how a participant re-consents after a revision)."""
     service.sign_consent(session, participant, version=body.version,
@@ -95,8 +104,10 @@ def _signed_copy(session: SessionDep, participant: Participant) -> SignedConsent
         signed_at=signature.signed_at)
 
 
-@router.get("/me/consent/signed", response_model=SignedConsentRead,
-            responses={200: {"content": {"text/markdown": {}}}})
+@router.get("/me/consent/signed", response_model=SignedConsentRead, responses={
+    200: {"content": {"text/markdown": {}}},
+    **refusals({404: "the participant has not signed a consent form yet",
+                409: "the stored consent text no longer matches what was signed"})})
 def signed_consent(
     session: SessionDep, participant: CurrentParticipant,
     download: Annotated[bool, Query(description="Return a Markdown file to keep")] = False,
@@ -118,7 +129,9 @@ def signed_consent(
         "Content-Disposition": f'attachment; filename="consent-{copy.version}-{copy.participant_code}.md"'})
 
 
-@router.put("/me/profile")
+@router.put("/me/profile", responses=refusals({
+    403: "the participant withdrew, or has not signed the consent version in force (code consent_required)",
+    422: "the study needs a contact email and none was given (code email_required)"}))
 def update_profile(body: ProfileUpdate, session: SessionDep, participant: CurrentParticipant,
                    token: Token) -> ParticipantRead:
     """Time zone and contact email; the first time, this completes enrollment (arm assigned,
@@ -128,7 +141,8 @@ def update_profile(body: ProfileUpdate, session: SessionDep, participant: Curren
     return _participant_read(session, participant, token).model_copy(update={"return_code": return_code})
 
 
-@router.post("/me/withdrawal")
+@router.post("/me/withdrawal", responses=refusals({
+    409: "the study's protocol does not allow deleting data already collected (code deletion_not_allowed)"}))
 def withdraw(body: WithdrawalCreate, session: SessionDep, participant: CurrentParticipant) -> WithdrawalRead:
     """Withdraw now: stop contact (keep data) or also delete research data."""
     receipt = service.withdraw(session, participant, body.level,

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 
 from api.deps import SessionDep
+from api.errors import DocumentedRoute, refusals, refuses
 from api.routers.staff import ParticipantLevelAccess, StudyAccess, staff_actor
 from scheduler import service as scheduler_service
 from study import audit, recruitment
@@ -16,10 +17,13 @@ from study.errors import Forbidden
 from study.recruitment import InviteStatus, StudyAction
 from study.schemas import InviteRead, InviteRevoke, StudyClose, StudyStatusRead
 
-staff_router = APIRouter(prefix="/staff", tags=["staff"])
+staff_router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
+CHANGE = {409: "the study's status does not allow this change, or changed meanwhile "
+               "(codes invalid_transition, status_changed)"}
 Actor = Annotated[audit.Actor, Depends(staff_actor)]
 
 
+@refuses({403: "your role in this study cannot change recruitment (code recruitment_forbidden)"})
 async def manage_access(access: StudyAccess) -> staff_service.StudyAccess:
     if access.role not in staff_service.MANAGE_ROLES:
         raise Forbidden(f"your role in this study ({access.role}) cannot change recruitment; "
@@ -37,7 +41,9 @@ def list_invites(session: SessionDep, access: ParticipantLevelAccess, actor: Act
     return [InviteRead.of(listing) for listing in recruitment.list_invites(session, access.study, actor, status)]
 
 
-@staff_router.post("/studies/{slug}/invites/revoke")
+@staff_router.post("/studies/{slug}/invites/revoke", responses=refusals({
+    404: "the study has no invite with this code or id",
+    409: "the invite was already revoked, or the study is archived (codes invite_already_revoked, study_archived)"}))
 def revoke_invite(body: InviteRevoke, session: SessionDep, access: ManageAccess, actor: Actor) -> InviteRead:
     """Revoke one invite by its code or id: nobody can enroll with it afterwards (audited)."""
     return InviteRead.of(recruitment.revoke_invite(session, access.study, actor, code=body.code,
@@ -54,19 +60,19 @@ def _change(session: SessionDep, access: staff_service.StudyAccess, actor: audit
                            followups_cancelled=change.followups_cancelled)
 
 
-@staff_router.post("/studies/{slug}/pause")
+@staff_router.post("/studies/{slug}/pause", responses=refusals(CHANGE))
 def pause_study(session: SessionDep, access: ManageAccess, actor: Actor) -> StudyStatusRead:
     """Stop new enrollments for now (an open study); enrolled participants go on."""
     return _change(session, access, actor, StudyAction.PAUSE)
 
 
-@staff_router.post("/studies/{slug}/resume")
+@staff_router.post("/studies/{slug}/resume", responses=refusals(CHANGE))
 def resume_study(session: SessionDep, access: ManageAccess, actor: Actor) -> StudyStatusRead:
     """Take new enrollments again (a paused study)."""
     return _change(session, access, actor, StudyAction.RESUME)
 
 
-@staff_router.post("/studies/{slug}/close")
+@staff_router.post("/studies/{slug}/close", responses=refusals(CHANGE))
 def close_study(session: SessionDep, access: ManageAccess, actor: Actor,
                 body: StudyClose | None = None) -> StudyStatusRead:
     """End recruitment for good (an open or paused study). Follow-ups of enrolled participants
@@ -74,7 +80,8 @@ def close_study(session: SessionDep, access: ManageAccess, actor: Actor,
     return _change(session, access, actor, StudyAction.CLOSE, stop_followups=body.stop_followups if body else False)
 
 
-@staff_router.post("/studies/{slug}/archive")
+@staff_router.post("/studies/{slug}/archive", responses=refusals({
+    409: CHANGE[409] + ", or follow-ups are still to come (code followups_pending)"}))
 def archive_study(session: SessionDep, access: ManageAccess, actor: Actor) -> StudyStatusRead:
     """Hide a closed study from the default listings and make it read-only (no follow-ups may be left)."""
     return _change(session, access, actor, StudyAction.ARCHIVE)

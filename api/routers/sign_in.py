@@ -6,14 +6,12 @@ limit (429 with ``Retry-After``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import JSONResponse
 
 from api.client_address import client_address
 from api.deps import CurrentParticipant, SessionDep, set_session_cookie
-from api.errors import error_body, status_of
+from api.errors import DocumentedRoute, error_body, refusals, status_of
 from study import signin
 from study.errors import DomainError
 from study.schemas import (
@@ -26,17 +24,16 @@ from study.schemas import (
 )
 from study.security import csrf_token_for
 
-router = APIRouter(tags=["participant"])
-LIMITED: dict[int | str, dict[str, Any]] = {429: {
-    "description": "Too many attempts from this address (or links for this email); wait the Retry-After seconds"}}
-REFUSED: dict[int | str, dict[str, Any]] = {**LIMITED,
-           403: {"description": "The participant withdrew: signing in is no longer possible"},
-           404: {"description": "Not a valid sign-in link"},
-           410: {"description": "The link was already used, or expired: ask for a new one"},
-           422: {"description": "The return code is not known"}}
+router = APIRouter(tags=["participant"], route_class=DocumentedRoute)
+LIMITED = {429: "too many attempts from this address (or links for this email); wait the Retry-After seconds"}
+REFUSED = refusals({**LIMITED,
+                    403: "the participant withdrew: signing in is no longer possible (code withdrawn)",
+                    404: "not a valid sign-in link (code sign_in_link_invalid)",
+                    410: "the link was already used, or expired: ask for a new one",
+                    422: "the return code is not known (code return_code_unknown)"})
 
 
-@router.post("/sign-in/email-link", status_code=status.HTTP_202_ACCEPTED, responses=LIMITED)
+@router.post("/sign-in/email-link", status_code=status.HTTP_202_ACCEPTED, responses=refusals(LIMITED))
 def request_sign_in_link(body: SignInLinkCreate, session: SessionDep, request: Request) -> SignInLinkRequested:
     """Email a single-use sign-in link to this address if a participant gave it (the dispatcher
     sends it within a poll). The answer is the same whether or not anyone did."""
@@ -67,7 +64,8 @@ def sign_in_with_code(body: SignInWithCode, session: SessionDep, request: Reques
     return _answer(signin.sign_in_with_code(session, body.return_code, client=client_address(request)), response)
 
 
-@router.post("/me/return-code", status_code=status.HTTP_201_CREATED)
+@router.post("/me/return-code", status_code=status.HTTP_201_CREATED,
+             responses=refusals({403: "the participant withdrew (code withdrawn)"}))
 def new_return_code(session: SessionDep, participant: CurrentParticipant) -> ReturnCodeRead:
     """A new return code (shown once); the previous one stops working."""
     return ReturnCodeRead(return_code=signin.issue_return_code(session, participant))

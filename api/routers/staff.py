@@ -14,7 +14,7 @@ from sqlalchemy import and_, case, func, select
 from analysis.aggregates import ALL, aggregate_tables
 from api.client_address import client_address
 from api.deps import CurrentStaff, SessionDep
-from api.errors import error_body
+from api.errors import DocumentedRoute, error_body, refusals, refuses
 from scheduler.models import ChannelAlert, FollowUp
 from study import audit
 from study import participants as participant_service
@@ -34,13 +34,15 @@ from study.schemas import (
 from study.studies import current_consent, current_version
 from study.validation import Line
 
-router = APIRouter(prefix="/staff", tags=["staff"])
+router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
 
 
+@refuses({403: "you have no role in this study (an unknown study looks the same: code no_study_access)"})
 def study_access(slug: Line, session: SessionDep, staff: CurrentStaff) -> service.StudyAccess:
     return service.study_access(session, staff, slug)
 
 
+@refuses({403: "your role in this study (viewer) sees aggregate figures only"})
 async def participant_level_access(
     access: Annotated[service.StudyAccess, Depends(study_access)],
 ) -> service.StudyAccess:
@@ -58,10 +60,10 @@ def staff_actor(staff: CurrentStaff) -> audit.Actor:
     return audit.Actor("staff", staff.email)
 
 
-@router.post("/login", response_model=TokenRead, responses={
-    403: {"description": "Wrong email or password"},
-    429: {"description": "Too many failed attempts for this email from this address, or from this address; "
-                         "wait the Retry-After seconds"}})
+@router.post("/login", response_model=TokenRead, responses=refusals({
+    403: "wrong email or password (code login_failed)",
+    429: "too many failed attempts for this email from this address, or from this address; "
+         "wait the Retry-After seconds"}))
 def login(body: StaffLogin, session: SessionDep, request: Request) -> TokenRead | JSONResponse:
     token = service.login(session, email=body.email, password=body.password, client=client_address(request))
     if token is None:
@@ -168,7 +170,9 @@ def list_participants(session: SessionDep, access: ParticipantLevelAccess,
             for p, version in rows]
 
 
-@router.post("/studies/{slug}/invites", status_code=status.HTTP_201_CREATED)
+@router.post("/studies/{slug}/invites", status_code=status.HTTP_201_CREATED, responses=refusals({
+    409: "the study is closed or archived (codes study_closed, study_archived)",
+    422: "expires_at is not in the future (code invalid_expiry)"}))
 def create_invites(body: InviteCreate, session: SessionDep, access: ParticipantLevelAccess,
                    staff: CurrentStaff) -> InvitesRead:
     codes = participant_service.create_invites(

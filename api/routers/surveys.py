@@ -9,6 +9,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy import select
 
 from api.deps import (
+    CSRF_MISSING,
+    SESSION_ENDED,
     Bearer,
     ConsentedParticipant,
     CurrentStaff,
@@ -18,6 +20,7 @@ from api.deps import (
     participant_cookie,
     token_from,
 )
+from api.errors import DocumentedRoute, refusals, refuses
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from study import audit
 from study.errors import Invalid
@@ -37,8 +40,15 @@ from surveys.schemas import (
     SurveySummaryRead,
 )
 
-router = APIRouter(tags=["surveys"])
-staff_router = APIRouter(prefix="/staff", tags=["staff"])
+router = APIRouter(tags=["surveys"], route_class=DocumentedRoute)
+staff_router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
+LINK = {403: "the link belongs to another participant than the one signed in (code link_other_participant), or "
+             "its participant withdrew or has not signed the consent in force"}
+ANSWERABLE = {409: "the survey was already completed, with another submission_id (code already_completed), "
+                   "or is not open yet (code survey_not_open)",
+              410: "the survey closed or was cancelled (codes survey_closed, survey_cancelled)",
+              422: "an answer does not fit the survey's instrument: an unknown item, a value it does not take, "
+                   "or (on submit) a required item left out, one entry per item (code invalid_answers)"}
 
 
 def _summary(session: SessionDep, assignment: SurveyAssignment,
@@ -86,14 +96,14 @@ def my_survey(assignment_id: RowId, session: SessionDep, participant: ConsentedP
     return _survey_read(session, service.owned_assignment(session, participant, assignment_id))
 
 
-@router.put("/me/surveys/{assignment_id}/answers")
+@router.put("/me/surveys/{assignment_id}/answers", responses=refusals(ANSWERABLE))
 def save_my_answers(assignment_id: RowId, body: AnswersUpdate, session: SessionDep,
                     participant: ConsentedParticipant) -> SavedRead:
     assignment = service.owned_assignment(session, participant, assignment_id)
     return _saved(service.save_partial(session, participant, assignment, body.answers))
 
 
-@router.post("/me/surveys/{assignment_id}/submit")
+@router.post("/me/surveys/{assignment_id}/submit", responses=refusals(ANSWERABLE))
 def submit_my_survey(assignment_id: RowId, body: SurveySubmit, session: SessionDep,
                      participant: ConsentedParticipant) -> SubmittedRead:
     assignment = service.owned_assignment(session, participant, assignment_id)
@@ -103,6 +113,7 @@ def submit_my_survey(assignment_id: RowId, body: SurveySubmit, session: SessionD
 # By signed link (from an email); refused if someone else is signed in
 
 
+@refuses({401: SESSION_ENDED}, on_writes={403: CSRF_MISSING}, sign_in_optional=True)
 def _optional_participant(request: Request, session: SessionDep, bearer: Bearer,
                           cookie: Annotated[str | None, Depends(participant_cookie)]) -> Participant | None:
     if bearer is None and not cookie:
@@ -113,19 +124,19 @@ def _optional_participant(request: Request, session: SessionDep, bearer: Bearer,
 LinkCaller = Annotated[Participant | None, Depends(_optional_participant)]
 
 
-@router.get("/survey-links/{token}")
+@router.get("/survey-links/{token}", responses=refusals(LINK))
 def linked_survey(token: str, session: SessionDep, caller: LinkCaller) -> SurveyRead:
     assignment, _ = service.assignment_for_link(session, token, caller)
     return _survey_read(session, assignment)
 
 
-@router.put("/survey-links/{token}/answers")
+@router.put("/survey-links/{token}/answers", responses=refusals({**LINK, **ANSWERABLE}))
 def save_linked_answers(token: str, body: AnswersUpdate, session: SessionDep, caller: LinkCaller) -> SavedRead:
     assignment, participant = service.assignment_for_link(session, token, caller)
     return _saved(service.save_partial(session, participant, assignment, body.answers))
 
 
-@router.post("/survey-links/{token}/submit")
+@router.post("/survey-links/{token}/submit", responses=refusals({**LINK, **ANSWERABLE}))
 def submit_linked_survey(token: str, body: SurveySubmit, session: SessionDep, caller: LinkCaller) -> SubmittedRead:
     assignment, participant = service.assignment_for_link(session, token, caller)
     return _submitted(session, service.submit(session, participant, assignment, body.answers, body.submission_id))
@@ -140,7 +151,8 @@ def instrument_definition(instrument_id: Line, session: SessionDep, staff: Curre
     return registry.get(session, instrument_id)
 
 
-@staff_router.get("/studies/{slug}/responses")
+@staff_router.get("/studies/{slug}/responses", responses=refusals({
+    422: "no instrument has this id (code unknown_instrument)"}))
 def study_responses(session: SessionDep, access: ParticipantLevelAccess, staff: CurrentStaff,
                     instrument: Annotated[Line | None, Query(max_length=64, description="an instrument id")] = None,
                     ) -> list[StaffResponseRead]:

@@ -11,19 +11,20 @@ from fastapi import APIRouter, Depends, Query, Request
 from analysis import transcripts
 from analysis.schemas import ConversationPageRead, SafetyEventContextRead, TranscriptRead
 from api.deps import RowId, SessionDep
+from api.errors import DocumentedRoute, refusals
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from chat.roles import RoleName, Stance
 from study import audit
 from study.validation import MAX_ROW_ID, AwareDatetime, Line
 
-staff_router = APIRouter(prefix="/staff", tags=["staff"])
+staff_router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
 Actor = Annotated[audit.Actor, Depends(staff_actor)]
 MAX_PAGE = 200
 
 
 def conversation_filters(
     participant: Annotated[Line | None, Query(max_length=16, description="a participant code")] = None,
-    arm: Annotated[Line | None, Query(max_length=64)] = None,
+    arm: Annotated[Line | None, Query(min_length=1, max_length=64)] = None,
     role: Annotated[RoleName | None, Query(description="held in this role at some point")] = None,
     stance: Annotated[Stance | None, Query(description="at least one assistant turn took this stance")] = None,
     started_from: Annotated[AwareDatetime | None, Query(description="started at or after (with a time zone)")] = None,
@@ -33,7 +34,9 @@ def conversation_filters(
                                            started_from=started_from, started_before=started_before)
 
 
-@staff_router.get("/studies/{slug}/conversations")
+@staff_router.get("/studies/{slug}/conversations", responses=refusals({
+    422: "a filter names what the study does not have: an arm or a participant code "
+         "(codes unknown_arm, unknown_participant)"}))
 def list_conversations(
     session: SessionDep, access: ParticipantLevelAccess, actor: Actor,
     filters: Annotated[transcripts.ConversationFilters, Depends(conversation_filters)],
@@ -59,7 +62,8 @@ def read_conversation(conversation_id: RowId, session: SessionDep, access: Parti
     return transcript
 
 
-@staff_router.get("/studies/{slug}/safety-events/{event_id}")
+@staff_router.get("/studies/{slug}/safety-events/{event_id}", responses=refusals({
+    410: "a de-identified record: the participant withdrew and deleted their data, so no turns are kept"}))
 def read_safety_event(
     event_id: RowId, slug: Line, request: Request, session: SessionDep, access: ParticipantLevelAccess, actor: Actor,
     around: Annotated[int, Query(ge=0, le=50, description="turns shown on each side of the triggering one")] = 3,

@@ -7,6 +7,7 @@ Before database work moved off the event loop, the first reproducer (autosave wh
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,11 +15,13 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from study.models import StaffRole
 from tests.builders import CONFIRMATIONS, load_study, make_invites, make_staff
 from tests.live import live_server
+from tests.surveys.test_scoring import ANSWERS
 
 HEALTH_LIMIT_SECONDS = 1.0
 
@@ -178,3 +181,54 @@ def test_escalations_and_profile_updates_at_once_keep_the_server_up(server: str,
     assert {status for what, status, _ in outcomes.statuses if what != "healthz"} <= {200, 201}
     assert sum(what == "escalation" for what, _, _ in outcomes.statuses) == 12
     assert max(outcomes.health_seconds) < HEALTH_LIMIT_SECONDS, max(outcomes.health_seconds)
+
+
+def test_parallel_submits_of_one_submission_id_all_get_the_stored_answer(server: str, engine: Engine) -> None:
+    """A double-click or a client's retry storm: every request of one submission_id, however they
+    interleave, gets the same 200 (the stored response), as a sequential resend does."""
+    client, csrf = browser(server, make_invites(engine, "wellbeing-pilot")[0])
+    survey_id = client.get("/api/v1/me/surveys").json()[0]["assignment_id"]
+    body = {"answers": ANSWERS, "submission_id": "parallel-0001"}
+    outcomes = Outcomes()
+    start = threading.Barrier(20, timeout=30)
+
+    def submit() -> None:
+        start.wait()
+        outcomes.add("submit", client.post(f"/api/v1/me/surveys/{survey_id}/submit",
+                                           headers={"X-CSRF-Token": csrf}, json=body))
+
+    run_together(server, outcomes, [submit] * 20)
+    again = client.post(f"/api/v1/me/surveys/{survey_id}/submit", headers={"X-CSRF-Token": csrf}, json=body)
+    client.close()
+
+    submits = [(status, text) for what, status, text in outcomes.statuses if what == "submit"]
+    assert len(submits) == 20
+    assert {status for status, _ in submits} == {200}, submits
+    assert {text for _, text in submits} == {again.text[:300]}
+    with engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM survey_responses")).scalar_one() == 1
+
+
+def test_parallel_submits_of_the_survey_page_all_end_on_the_thank_you_page(server: str, engine: Engine) -> None:
+    """A double click on the last screen's Submit sends one form (one submission_id) twice or more."""
+    client, csrf = browser(server, make_invites(engine, "wellbeing-pilot")[0])
+    survey_id = client.get("/api/v1/me/surveys").json()[0]["assignment_id"]
+    saved = client.put(f"/api/v1/me/surveys/{survey_id}/answers", headers={"X-CSRF-Token": csrf},
+                       json={"answers": ANSWERS})
+    assert saved.status_code == 200, saved.text
+    last = re.search(r'name="step" value="(\d+)"', client.get(f"/surveys/{survey_id}?step=99").text)
+    assert last is not None
+    form = {"csrf": csrf, "step": last.group(1), "go": "submit", "submission_id": "double-click-0001"}
+    outcomes = Outcomes()
+    start = threading.Barrier(10, timeout=30)
+
+    def submit() -> None:
+        start.wait()
+        outcomes.add("submit", client.post(f"/surveys/{survey_id}", data=form))
+
+    run_together(server, outcomes, [submit] * 10)
+    again = client.post(f"/surveys/{survey_id}", data=form)
+    client.close()
+
+    assert [(status, text) for what, status, text in outcomes.statuses if what == "submit"] == [(303, "")] * 10
+    assert (again.status_code, again.headers["location"]) == (303, "/done")
