@@ -239,9 +239,10 @@ def staff_entries(engine: Engine) -> int:
         return int(connection.execute(query).scalar_one())
 
 
-def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
-    engine: Engine, app_client: TestClient, example_protocol: str,
-) -> None:
+def _two_studies_and_an_escalation(engine: Engine, app_client: TestClient,
+                                   example_protocol: str) -> tuple[str, str, ParticipantHandle, int, int]:
+    """A study with one participant whose conversation escalated, and another study: (slug, the
+    other's slug, the participant, the conversation's id, the safety event's id)."""
     slug = load_study(engine, example_protocol)
     other = load_study(engine, example_protocol.replace("id: wellbeing-pilot", "id: other-study", 1))
     [invite] = make_invites(engine, slug)
@@ -251,6 +252,13 @@ def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
     assert say(app_client, who, conversation, "I want to kill myself")["stance"] == "escalate"
     with engine.connect() as connection:
         event_id = connection.execute(sa.text("SELECT id FROM safety_events")).scalar_one()
+    return slug, other, who, conversation, event_id
+
+
+def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
+    engine: Engine, app_client: TestClient, example_protocol: str,
+) -> None:
+    slug, other, who, conversation, event_id = _two_studies_and_an_escalation(engine, app_client, example_protocol)
     ids = {"slug": slug, "event_id": event_id, "conversation_id": conversation}
     viewer = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.VIEWER, 'v@example.org')}"}
     outsider = {"Authorization": f"Bearer {make_staff(engine, other, StaffRole.ADMIN, 'o@example.org')}"}
@@ -348,15 +356,8 @@ def test_every_staff_read_service_is_checked() -> None:
 def test_staff_reads_refuse_viewers_and_staff_of_other_studies_and_audit_every_read(
     engine: Engine, app_client: TestClient, example_protocol: str, tmp_path: Path,
 ) -> None:
-    slug = load_study(engine, example_protocol)
-    other = load_study(engine, example_protocol.replace("id: wellbeing-pilot", "id: other-study", 1))
-    [invite] = make_invites(engine, slug)
-    who = enroll_fully(app_client, invite, email="private@example.org")
-    put_in_arm(engine, who.code, "wellbeing")
-    conversation = start_chat(app_client, who, "concierge")
-    assert say(app_client, who, conversation, "I want to kill myself")["stance"] == "escalate"
+    slug, other, _, conversation, event_id = _two_studies_and_an_escalation(engine, app_client, example_protocol)
     with engine.connect() as connection:
-        event_id = connection.execute(sa.text("SELECT id FROM safety_events")).scalar_one()
         study_id = connection.execute(sa.text("SELECT id FROM studies WHERE slug = :s"), {"s": slug}).scalar_one()
     make_staff(engine, slug, StaffRole.VIEWER, "v@example.org")
     make_staff(engine, other, StaffRole.ADMIN, "o@example.org")
