@@ -77,7 +77,7 @@ def test_reading_a_transcript_is_audited(simulated: Simulated) -> None:
     assert not app.exception
     with session_scope(simulated.engine) as session:
         study_id = session.scalars(select(Study.id).where(Study.slug == simulated.slug)).one()
-        expected = get_transcript(session, audit.Actor("staff", EMAILS[StaffRole.ADMIN]), study_id, first)
+        expected = get_transcript(session, audit.Actor("staff", EMAILS[StaffRole.RESEARCHER]), study_id, first)
     read = audited(simulated, "conversation.read", email)
     assert [e.detail["conversation_id"] for e in read] == [first]
     assert read[0].participant_code == expected.participant
