@@ -3,7 +3,9 @@ and a safety event with the turns around it.
 
 Plain functions over a Session, each a fixed handful of set-based queries whatever the page size
 or the conversation's length (no query per row). Every function is scoped to one study: a
-conversation or event of another study is not found. Auditing the read is the caller's job.
+conversation or event of another study is not found. Each is an audited staff read, whoever calls
+(the staff API, the dashboard): it refuses an actor who is not a researcher or admin of the study
+(``study.staff.reader_access``) and writes its audit entry in the caller's transaction.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from chat import service as chat_service
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.roles import STANCES
 from chat.schemas import SafetyEventRead
+from study import audit
 from study.errors import Gone, Invalid, NotFound
 from study.models import Participant, ProtocolVersion
-from study.safety import SafetyEvent, SafetyEventReview
+from study.safety import SafetyEvent, SafetyEventReview, event_in_study
+from study.staff import reader_access
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
 Ts = TypeVarTuple("Ts")
@@ -117,7 +121,7 @@ def _switches_by_conversation(session: Session, conversation_ids: list[int]) -> 
     return by_conversation
 
 
-def check_filters(session: Session, study_id: int, filters: ConversationFilters) -> None:
+def _check_filters(session: Session, study_id: int, filters: ConversationFilters) -> None:
     """Refuse an arm no protocol version of the study has, or a participant code not in the study: a typo
     must not look like "no conversations"."""
     if filters.arm is not None:
@@ -131,18 +135,20 @@ def check_filters(session: Session, study_id: int, filters: ConversationFilters)
         raise Invalid(f"no participant '{filters.participant}' in this study", code="unknown_participant")
 
 
-def list_conversations(session: Session, study_id: int, filters: ConversationFilters, *, limit: int,
-                       offset: int = 0) -> ConversationPageRead:
-    """One page of a study's conversations, newest first, with the total matching the filters (refused by
-    ``check_filters`` when nothing matches because a filter names what the study does not have).
+def list_conversations(session: Session, actor: audit.Actor, study_id: int, filters: ConversationFilters, *,
+                       limit: int, offset: int = 0) -> ConversationPageRead:
+    """One page of a study's conversations, newest first, with the total matching the filters (refused
+    with Invalid when nothing matches because a filter names what the study does not have); audited
+    as ``conversations.listed`` with the filters and the ids listed.
 
     Five queries: the total, the page's ids, their rows (with whether each has a safety event), the
     stance counts and the role switches of the page's conversations.
     """
+    reader_access(session, actor, study_id)
     matching = _filtered(_in_study(select(Conversation.id), study_id), filters)
     total = session.scalar(select(func.count()).select_from(matching.subquery())) or 0
     if total == 0:
-        check_filters(session, study_id, filters)
+        _check_filters(session, study_id, filters)
     # The page's ids first, then their rows: ordering whole rows (and their safety-event check) of every
     # conversation before the limit took 5 s at 200,000 conversations on SQLite; the ids take 0.1 s.
     ids = list(session.scalars(matching.order_by(Conversation.started_at.desc(), Conversation.id.desc())
@@ -160,6 +166,8 @@ def list_conversations(session: Session, study_id: int, filters: ConversationFil
                 .group_by(Turn.conversation_id, Turn.stance)):
             stances.setdefault(conversation_id, []).append((stance, n))
         switches = _switches_by_conversation(session, ids)
+    audit.record(session, actor, "conversations.listed", study_id=study_id, filters=filters.as_audit_detail(),
+                 limit=limit, offset=offset, count=len(ids), conversation_ids=ids)
     return ConversationPageRead(total=total, limit=limit, offset=offset, items=[
         _summary(conversation, code, has_event, switches.get(conversation.id, []), stances.get(conversation.id, []))
         for conversation, code, has_event in page])
@@ -198,9 +206,11 @@ def _events_with_reviews(events: list[tuple[SafetyEvent, str]],
     return [SafetyEventRead.of(event, code, by_event.get(event.id, [])) for event, code in events]
 
 
-def get_transcript(session: Session, study_id: int, conversation_id: int) -> TranscriptRead:
+def get_transcript(session: Session, actor: audit.Actor, study_id: int, conversation_id: int) -> TranscriptRead:
     """A study's conversation with every turn, pushback response, role switch, the decision, the
-    exit rating and its safety events with their review history. Raises NotFound."""
+    exit rating and its safety events with their review history; audited as ``conversation.read``.
+    Raises NotFound."""
+    reader_access(session, actor, study_id)
     row = session.execute(_in_study(select(Conversation, Participant.code, _HAS_SAFETY_EVENT), study_id)
                           .where(Conversation.id == conversation_id)).first()
     if row is None:
@@ -225,6 +235,8 @@ def get_transcript(session: Session, study_id: int, conversation_id: int) -> Tra
         if turn.speaker == "assistant" and turn.stance is not None:
             stances[turn.stance] = stances.get(turn.stance, 0) + 1
     summary = _summary(conversation, code, has_event, switches, list(stances.items()))
+    audit.record(session, actor, "conversation.read", study_id=study_id, participant_code=code,
+                 conversation_id=conversation.id)
     return TranscriptRead(
         **summary.model_dump(), made_decision=conversation.made_decision,
         turns=[_turn_read(turn, action_of.get(turn.id)) for turn in turns],
@@ -237,17 +249,14 @@ def get_transcript(session: Session, study_id: int, conversation_id: int) -> Tra
         safety_events=_events_with_reviews(events, reviews))
 
 
-def safety_event_context(session: Session, study_id: int, event_id: int, *, around: int = 3,
-                         ) -> SafetyEventContextRead:
+def safety_event_context(session: Session, actor: audit.Actor, study_id: int, event_id: int, *,
+                         around: int = 3) -> SafetyEventContextRead:
     """A study's safety event, its review history and the ``around`` turns before and after the
-    turn that triggered it (the escalating reply), in order. Raises NotFound, or Gone for a
-    de-identified record (the participant withdrew and deleted their data: no turns are left)."""
-    row = session.execute(select(SafetyEvent, Participant.code).outerjoin(
-        Participant, Participant.id == SafetyEvent.participant_id)
-        .where(SafetyEvent.id == event_id, SafetyEvent.study_id == study_id)).first()
-    if row is None:
-        raise NotFound(f"no safety event {event_id} in this study")
-    event, code = row
+    turn that triggered it (the escalating reply), in order; audited as ``safety_event.read`` with
+    the turns shown. Raises NotFound, or Gone for a de-identified record (the participant withdrew
+    and deleted their data: no turns are left)."""
+    reader_access(session, actor, study_id)
+    event, code = event_in_study(session, study_id, event_id)
     if code is None or event.conversation_id is None:
         raise Gone(f"safety event {event_id} is a de-identified record: the participant withdrew and deleted their "
                    "data, so no conversation is left to show. Its category, time and reviews are in the study's "
@@ -258,6 +267,8 @@ def safety_event_context(session: Session, study_id: int, event_id: int, *, arou
         .where(Turn.conversation_id == event.conversation_id, Turn.seq >= trigger_seq - around,
                Turn.seq <= trigger_seq + around).order_by(Turn.seq)).all()
     reviews = chat_service.safety_reviews(session, event_id=event.id).get(event.id, [])
+    audit.record(session, actor, "safety_event.read", study_id=study_id, participant_code=code, event_id=event_id,
+                 conversation_id=event.conversation_id, turn_ids=[turn.id for turn, _ in window])
     return SafetyEventContextRead(event=SafetyEventRead.of(event, code, reviews),
                                   conversation_id=event.conversation_id, trigger_turn_id=event.turn_id,
                                   turns=[_turn_read(turn, action) for turn, action in window])

@@ -169,7 +169,10 @@ def consented_participant(session: SessionDep, token: Annotated[str, Depends(par
 ConsentedParticipant = Annotated[Participant, Depends(consented_participant)]
 
 
-@refuses({401: "no staff token, or one that is unknown, expired or revoked"})
+STAFF_SIGNED_OUT = "no staff token, or one that is unknown, expired or revoked"
+
+
+@refuses({401: STAFF_SIGNED_OUT})
 def current_staff(session: SessionDep,
                   bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(staff_bearer)]) -> StaffAccount:
     token = bearer.credentials.strip() if bearer is not None else ""

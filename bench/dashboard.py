@@ -39,9 +39,10 @@ from analysis_data import SMALL, generate  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from analysis import fits  # noqa: E402
+from analysis import operations as queries  # noqa: E402
 from analysis.aggregates import aggregate_tables  # noqa: E402
 from analysis.reading import connect, resolve_study_id  # noqa: E402
-from dashboard import data, queries  # noqa: E402
+from dashboard import data  # noqa: E402
 from study import audit, staff, studies  # noqa: E402
 from study.db import make_engine, migrate, session_scope  # noqa: E402
 from study.models import StaffRole, Study  # noqa: E402

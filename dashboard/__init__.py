@@ -2,7 +2,8 @@
 report. Started by ``afterward dashboard`` (``streamlit run dashboard/app.py``).
 
 ``app`` signs staff in and registers the pages their role in the chosen study allows; ``data``
-holds the cached reads (``st.cache_data`` with a time limit); ``queries`` the SQL aggregates the
-``analysis`` package does not compute; ``show`` the shared pieces of a page (tables with a CSV
-download, Altair charts, the "refreshed at" line); ``pages/`` one module per page.
+holds the cached reads (``st.cache_data`` with a time limit) of ``analysis``; ``staff_reads`` the
+audited participant-level reads as the page shows them (``analysis.transcripts``, ``chat.staff``);
+``show`` the shared pieces of a page (tables with a CSV download, Altair charts, the "refreshed at"
+line); ``pages/`` one module per page.
 """

@@ -4,7 +4,7 @@ Every number comes from ``analysis`` (the same code as the exports and the repor
 tables, the report's participant numbers, the panel's survey counts and attrition, each computed
 in grouped SQL, and the report's models as last fitted and stored (``analysis.fits``: fitting
 takes minutes on a large study, so it runs in a process of its own, never while a page waits),
-or from the SQL aggregates of ``dashboard.queries``. Each read returns its frames with the time
+or from the SQL aggregates of ``analysis.operations``. Each read returns its frames with the time
 it was read, for the "refreshed at" line. Viewers only ever reach ``aggregates(..., viewer=True)``:
 the tables with the suppression rule applied (``analysis.aggregates``).
 
@@ -26,11 +26,10 @@ from sqlalchemy.engine import Engine
 from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
 from analysis import aggregates as aggregate_tables
-from analysis import fits
+from analysis import fits, operations
 from analysis.panel import attrition, regret_scores, survey_cells
 from analysis.reading import connect
 from analysis.report import study_numbers
-from dashboard import queries
 from study import audit
 from study.clock import now
 from study.db import engine_for
@@ -102,11 +101,11 @@ def summary(database_url: str, slug: str, name: str) -> Read:
 @st.cache_data(ttl=CACHE_SECONDS, show_spinner=False, max_entries=256)
 def _count(database_url: str, study_id: int, name: str, generation: int) -> Read:
     with connect(engine_for(database_url)) as connection:
-        return Read({name: queries.QUERIES[name](connection, study_id)}, now())
+        return Read({name: operations.QUERIES[name](connection, study_id)}, now())
 
 
 def counts(database_url: str, slug: str, study_id: int, *names: str) -> Read:
-    """The named SQL aggregates of ``dashboard.queries`` (each cached on its own). Researchers and
+    """The named SQL aggregates of ``analysis.operations`` (each cached on its own). Researchers and
     admins only; the refreshed-at time is the oldest of them."""
     reads = [_count(database_url, study_id, name, generation(database_url, slug)) for name in names]
     return Read({name: read[name] for name, read in zip(names, reads, strict=True)},
@@ -168,4 +167,4 @@ def live_alerts(database_url: str, study_id: int) -> tuple[int, int]:
     """Unreviewed safety events and open channel alerts, read at every page view (not cached: a
     review must leave the count at once)."""
     with connect(engine_for(database_url)) as connection:
-        return queries.unreviewed_events(connection, study_id), len(queries.open_alerts(connection))
+        return operations.unreviewed_events(connection, study_id), len(operations.open_alerts(connection))

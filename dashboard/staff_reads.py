@@ -1,6 +1,7 @@
 """Participant-level reads and the safety review, through the services the staff API uses
-(``analysis.transcripts``, ``chat.service``) and audited the way the API audits them
-(``study.audit``, the same actions and details). Researchers and admins only.
+(``analysis.transcripts``, ``chat.staff``), which check the staff member's role in the study and
+write the audit entries themselves (the same actions and details, whoever calls). Researchers and
+admins only.
 
 Every deliberate read is audited: each time a transcript, a safety event, a page of the
 conversation listing or the safety queue *comes into view*, that is, when the script run before
@@ -21,18 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import streamlit as st
-from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from analysis import transcripts
 from analysis.schemas import ConversationPageRead, SafetyEventContextRead, TranscriptRead
-from chat import service as chat_service
+from chat import staff
 from chat.schemas import SafetyEventRead
 from dashboard.auth import Context
 from study import audit
 from study.db import engine_for, session_scope
-from study.errors import Forbidden, NotFound
-from study.models import Participant
-from study.safety import SafetyEvent
 
 READS_KEY = "afterward_reads"
 QUEUE_LIMIT = 200
@@ -41,12 +39,6 @@ T = TypeVar("T")
 
 def actor(context: Context) -> audit.Actor:
     return audit.Actor("staff", context.email)
-
-
-def _allowed(context: Context) -> None:
-    if not context.participant_level:
-        raise Forbidden("your role in this study (viewer) sees aggregate figures only",
-                        code="participant_data_forbidden")
 
 
 @dataclass
@@ -98,103 +90,52 @@ def forget(kind: str) -> None:
     shown.now.pop(kind, None)
 
 
-@dataclass(frozen=True)
-class SafetyQueue:
-    """The newest unreviewed safety events (at most ``QUEUE_LIMIT``) and how many wait in all."""
-
-    events: list[SafetyEventRead]
-    total: int
-
-    @property
-    def truncated(self) -> bool:
-        """More events wait than are listed."""
-        return self.total > len(self.events)
-
-
-def safety_queue(context: Context) -> SafetyQueue:
+def safety_queue(context: Context) -> staff.SafetyEvents:
     """The unreviewed safety events, newest first, at most ``QUEUE_LIMIT`` of them, with the count
-    of all (read at every view: the queue must be current); audited as the API's
-    ``safety_events.read`` when it comes into view or what it lists changes."""
-    _allowed(context)
-    unreviewed = (SafetyEvent.study_id == context.study_id, SafetyEvent.reviewed_at.is_(None))
+    of all (read at every view: the queue must be current); audited as ``safety_events.read``
+    when it comes into view or what it lists changes."""
+    in_view, shown = _in_view("queue", (context.study_id,))
     with session_scope(engine_for(context.database_url)) as session:
-        rows = session.execute(
-            select(SafetyEvent, Participant.code).outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
-            .where(*unreviewed)
-            .order_by(SafetyEvent.created_at.desc(), SafetyEvent.id.desc()).limit(QUEUE_LIMIT)).all()
-        events = [SafetyEventRead.of(event, code, []) for event, code in rows]
-        total = len(events) if len(events) < QUEUE_LIMIT else (
-            session.scalar(select(func.count()).select_from(SafetyEvent).where(*unreviewed)) or 0)
-        key = (context.study_id, tuple(event.id for event in events))
-        if not _in_view("queue", key)[0]:
-            audit.record(session, actor(context), "safety_events.read", study_id=context.study_id, count=len(events))
-    _shown().now["queue"] = (key, None)
-    return SafetyQueue(events, total)
+        queue = staff.safety_events(session, actor(context), context.study_id, unreviewed=True, limit=QUEUE_LIMIT,
+                                    seen=shown if in_view else None)
+    _shown().now["queue"] = ((context.study_id,), tuple(event.id for event in queue.events))
+    return queue
+
+
+def _read(context: Context, kind: str, key: tuple[Any, ...], read: Callable[[Session], T]) -> T:
+    """The read ``key`` of ``kind``, kept while in view, else ``read`` (which audits) in a unit of its own."""
+    def fresh() -> T:
+        with session_scope(engine_for(context.database_url)) as session:
+            return read(session)
+
+    return _open(kind, (context.study_id, *key), fresh)
 
 
 def safety_event(context: Context, event_id: int, around: int = 3) -> SafetyEventContextRead:
-    """A safety event with the turns around it (``analysis.transcripts.safety_event_context``),
-    audited as ``safety_event.read``. Raises NotFound, or Gone for a de-identified record."""
-    _allowed(context)
-
-    def read() -> SafetyEventContextRead:
-        with session_scope(engine_for(context.database_url)) as session:
-            found = transcripts.safety_event_context(session, context.study_id, event_id, around=around)
-            audit.record(session, actor(context), "safety_event.read", study_id=context.study_id,
-                         participant_code=found.event.participant, event_id=event_id,
-                         conversation_id=found.conversation_id, turn_ids=[turn.id for turn in found.turns])
-        return found
-
-    return _open("event", (context.study_id, event_id, around), read)
+    """A safety event with the turns around it (``analysis.transcripts.safety_event_context``,
+    audited as ``safety_event.read``). Raises NotFound, or Gone for a de-identified record."""
+    return _read(context, "event", (event_id, around), lambda session: transcripts.safety_event_context(
+        session, actor(context), context.study_id, event_id, around=around))
 
 
 def review(context: Context, event_id: int, note: str) -> SafetyEventRead:
-    """Add a review to the event's history (``chat.service.review_safety_event``), audited as
-    ``safety_event.reviewed``; the event leaves the queue."""
-    _allowed(context)
+    """Add a review to the event's history (``chat.staff.review_safety_event``, audited as
+    ``safety_event.reviewed``); the event leaves the queue."""
     with session_scope(engine_for(context.database_url)) as session:
-        row = session.execute(select(SafetyEvent, Participant.code)
-                              .outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
-                              .where(SafetyEvent.id == event_id, SafetyEvent.study_id == context.study_id)).first()
-        if row is None:
-            raise NotFound(f"no safety event {event_id} in this study")
-        event, code = row
-        who = actor(context)
-        added = chat_service.review_safety_event(session, event, who.name, note)
-        audit.record(session, who, "safety_event.reviewed", study_id=context.study_id, participant_code=code,
-                     event_id=event.id, review_id=added.id)
-        result = SafetyEventRead.of(event, code, chat_service.safety_reviews(session, event_id=event.id)[event.id])
+        result = staff.review_safety_event(session, actor(context), context.study_id, event_id, note)
     forget("event")
     return result
 
 
 def conversations(context: Context, filters: transcripts.ConversationFilters, *, limit: int,
                   offset: int) -> ConversationPageRead:
-    """A page of the study's conversations (``analysis.transcripts.list_conversations``), audited
-    as ``conversations.listed``. Raises Invalid for an unknown arm or participant."""
-    _allowed(context)
-
-    def read() -> ConversationPageRead:
-        with session_scope(engine_for(context.database_url)) as session:
-            transcripts.check_filters(session, context.study_id, filters)
-            page = transcripts.list_conversations(session, context.study_id, filters, limit=limit, offset=offset)
-            audit.record(session, actor(context), "conversations.listed", study_id=context.study_id,
-                         filters=filters.as_audit_detail(), limit=limit, offset=offset, count=len(page.items),
-                         conversation_ids=[item.id for item in page.items])
-        return page
-
-    return _open("listing", (context.study_id, filters, limit, offset), read)
+    """A page of the study's conversations (``analysis.transcripts.list_conversations``, audited
+    as ``conversations.listed``). Raises Invalid for an unknown arm or participant."""
+    return _read(context, "listing", (filters, limit, offset), lambda session: transcripts.list_conversations(
+        session, actor(context), context.study_id, filters, limit=limit, offset=offset))
 
 
 def transcript(context: Context, conversation_id: int) -> TranscriptRead:
-    """One whole conversation (``analysis.transcripts.get_transcript``), audited as ``conversation.read``."""
-    _allowed(context)
-
-    def read() -> TranscriptRead:
-        with session_scope(engine_for(context.database_url)) as session:
-            found = transcripts.get_transcript(session, context.study_id, conversation_id)
-            audit.record(session, actor(context), "conversation.read", study_id=context.study_id,
-                         participant_code=found.participant, conversation_id=found.id)
-        return found
-
-    return _open("transcript", (context.study_id, conversation_id), read)
+    """One whole conversation (``analysis.transcripts.get_transcript``, audited as ``conversation.read``)."""
+    return _read(context, "transcript", (conversation_id,), lambda session: transcripts.get_transcript(
+        session, actor(context), context.study_id, conversation_id))

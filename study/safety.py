@@ -10,11 +10,12 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import Boolean, ForeignKey, String, Text, false, func, select
-from sqlalchemy.orm import Mapped, column_property, mapped_column
+from sqlalchemy.orm import Mapped, Session, column_property, mapped_column
 
 from study.clock import now
 from study.db import Base, UTCDateTime
-from study.models import ParticipantResearchData
+from study.errors import NotFound
+from study.models import Participant, ParticipantResearchData
 
 
 class SafetyEventReview(Base):
@@ -60,3 +61,14 @@ class SafetyEvent(ParticipantResearchData, Base):
     reviewed_at: Mapped[dt.datetime | None] = column_property(
         select(func.max(SafetyEventReview.reviewed_at)).where(SafetyEventReview.safety_event_id == id)
         .correlate_except(SafetyEventReview).scalar_subquery())
+
+
+def event_in_study(session: Session, study_id: int, event_id: int) -> tuple[SafetyEvent, str | None]:
+    """A study's safety event with its participant's code (None on a de-identified record).
+    Raises NotFound for an event of another study or none."""
+    row = session.execute(select(SafetyEvent, Participant.code)
+                          .outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
+                          .where(SafetyEvent.id == event_id, SafetyEvent.study_id == study_id)).first()
+    if row is None:
+        raise NotFound(f"no safety event {event_id} in this study")
+    return row[0], row[1]

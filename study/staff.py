@@ -156,6 +156,34 @@ def study_access(session: Session, account: StaffAccount, slug: str) -> StudyAcc
     return StudyAccess(row[0], StaffRole(row[1]))
 
 
+def participant_level(access: StudyAccess) -> StudyAccess:
+    """The access, when it reaches participant-level data (researchers and admins); viewers are
+    refused (they see aggregate figures only)."""
+    if not access.participant_level:
+        raise Forbidden("your role in this study (viewer) sees aggregate figures only",
+                        code="participant_data_forbidden")
+    return access
+
+
+def staff_access(session: Session, actor: audit.Actor, study_id: int) -> StudyAccess:
+    """``actor``'s role in the study: an active staff account with a role in it, refused as the
+    staff API refuses (a study it has no role in looks the same as none at all: ``no_study_access``)."""
+    row = session.execute(
+        select(Study, StaffMembership.role).join(StaffMembership, StaffMembership.study_id == Study.id)
+        .join(StaffAccount, StaffAccount.id == StaffMembership.staff_id)
+        .where(Study.id == study_id, StaffAccount.email == actor.name, StaffAccount.is_active.is_(True))
+    ).first() if actor.type == "staff" else None
+    if row is None:
+        raise Forbidden("you have no role in this study", code="no_study_access")
+    return StudyAccess(row[0], StaffRole(row[1]))
+
+
+def reader_access(session: Session, actor: audit.Actor, study_id: int) -> StudyAccess:
+    """What an audited staff read checks first: ``actor`` is a researcher or admin of the study
+    (``staff_access``, then ``participant_level``: a viewer is refused with ``participant_data_forbidden``)."""
+    return participant_level(staff_access(session, actor, study_id))
+
+
 def memberships(session: Session, account: StaffAccount) -> list[StudyAccess]:
     rows = session.execute(
         select(Study, StaffMembership.role).join(StaffMembership, StaffMembership.study_id == Study.id)

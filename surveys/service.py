@@ -193,6 +193,12 @@ def run_completion_hooks(session: Session, assignment: SurveyAssignment) -> None
         hook(session, assignment)
 
 
+def scores(session: Session, response: SurveyResponse) -> list[SurveyScore]:
+    """The response's scores, in the order they were computed."""
+    return list(session.scalars(select(SurveyScore).where(SurveyScore.response_id == response.id)
+                                .order_by(SurveyScore.id)))
+
+
 def recompute_scores(session: Session, response: SurveyResponse) -> list[SurveyScore]:
     """Scores again from the raw answers (e.g. after a scoring fix); replaces the stored ones."""
     instrument = registry.get(session, response.instrument_id, response.instrument_version)

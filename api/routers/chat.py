@@ -28,7 +28,7 @@ from api.deps import (
 from api.errors import DocumentedRoute, error_body, refusals
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from chat import resources as chat_resources
-from chat import service
+from chat import service, staff
 from chat.gateway import Gateway
 from chat.models import PushbackResponse, Turn
 from chat.replies import Outcome, Replies
@@ -52,9 +52,8 @@ from chat.schemas import (
 )
 from scheduler import planner
 from study import audit
-from study.errors import NotFound, Unavailable
+from study.errors import Unavailable
 from study.models import Participant
-from study.safety import SafetyEvent
 from study.settings import get_settings
 from study.studies import current_protocol
 from surveys import service as survey_service
@@ -346,29 +345,10 @@ def safety_events(session: SessionDep, access: ParticipantLevelAccess, actor: An
         staff_actor)], unreviewed: bool = False) -> list[SafetyEventRead]:
     """The study's safety events, newest first, with the de-identified records of participants who
     withdrew and deleted their data (no participant, marked)."""
-    query = (select(SafetyEvent, Participant.code)
-             .outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
-             .where(SafetyEvent.study_id == access.study.id)
-             .order_by(SafetyEvent.created_at.desc(), SafetyEvent.id.desc()))
-    if unreviewed:
-        query = query.where(SafetyEvent.reviewed_at.is_(None))
-    rows = session.execute(query).all()
-    reviews = service.safety_reviews(session, study_id=access.study.id) if rows and not unreviewed else {}
-    audit.record(session, actor, "safety_events.read", study_id=access.study.id, count=len(rows))
-    return [SafetyEventRead.of(event, code, reviews.get(event.id, [])) for event, code in rows]
+    return staff.safety_events(session, actor, access.study.id, unreviewed=unreviewed).events
 
 
 @staff_router.post("/studies/{slug}/safety-events/{event_id}/review")
 def review_safety_event(event_id: RowId, body: SafetyReview, session: SessionDep, access: ParticipantLevelAccess,
                         actor: Annotated[audit.Actor, Depends(staff_actor)]) -> SafetyEventRead:
-    row = session.execute(select(SafetyEvent, Participant.code)
-                          .outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
-                          .where(SafetyEvent.id == event_id, SafetyEvent.study_id == access.study.id)).first()
-    if row is None:
-        raise NotFound(f"no safety event {event_id} in this study")
-    event, code = row
-    review = service.review_safety_event(session, event, actor.name, body.note)
-    audit.record(session, actor, "safety_event.reviewed", study_id=access.study.id, participant_code=code,
-                 event_id=event.id, review_id=review.id)
-    return SafetyEventRead.of(event, code, service.safety_reviews(session, event_id=event.id)[event.id])
-
+    return staff.review_safety_event(session, actor, access.study.id, event_id, body.note)

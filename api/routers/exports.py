@@ -1,29 +1,44 @@
-"""Staff exports as a download: the same ``analysis.exports.export_study`` as the CLI, zipped.
+"""Staff exports as a download: the same exports as the CLI, zipped (``analysis.archive``).
 Admins and researchers; viewers only ``format=aggregates`` (analysis.aggregates: suppressed tables).
-Every export is audited."""
+Every export is audited, by the export itself.
+
+The caller is checked in a unit of work of its own, committed before the export starts; the export
+reads in a read-only transaction and records its audit entry in one of its own, so no transaction
+of this request stays open (on SQLite, no write lock is held) while a large study is read."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-import zipfile
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse
+from fastapi.security import HTTPAuthorizationCredentials
+from sqlalchemy.orm import Session
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
 
-from analysis.aggregates import AGGREGATES, export_aggregates
-from analysis.exports import Format, export_study
-from analysis.trajectories import export_trajectories
-from api.deps import SessionDep
-from api.errors import DocumentedRoute, refusals
-from api.routers.staff import StudyAccess, staff_actor
+from analysis.archive import ArchiveFormat, export_archive
+from api.deps import STAFF_SIGNED_OUT, current_staff, run_unit, staff_bearer
+from api.errors import DocumentedRoute, refusals, refuses
+from api.routers.staff import NO_STUDY_ACCESS, staff_actor, study_access
 from study import audit
-from study.errors import Forbidden, Invalid
+from study.validation import Line
 
 staff_router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
+
+
+@refuses({401: STAFF_SIGNED_OUT, 403: NO_STUDY_ACCESS})
+async def export_caller(request: Request, slug: Line,
+                        bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(staff_bearer)],
+                        ) -> tuple[audit.Actor, int]:
+    """The staff member asking and the study's id, once they have a role in it."""
+    def check(session: Session) -> tuple[audit.Actor, int]:
+        staff = current_staff(session, bearer)
+        return staff_actor(staff), study_access(slug, session, staff).study.id
+    return await run_unit(request, check)
 
 
 @staff_router.get("/studies/{slug}/exports", response_class=FileResponse,
@@ -32,10 +47,9 @@ staff_router = APIRouter(prefix="/staff", tags=["staff"], route_class=Documented
                              **refusals({403: "a viewer may export aggregates only (code participant_data_forbidden)",
                                          422: "turns, shift_dates or drop_free_text with a format they do not "
                                               "apply to: trajectories, aggregates (code invalid)"})})
-def download_export(
-    request: Request, session: SessionDep, access: StudyAccess,
-    actor: Annotated[audit.Actor, Depends(staff_actor)],
-    format: Annotated[Format | Literal["trajectories", "aggregates"], Query(
+async def download_export(
+    request: Request, caller: Annotated[tuple[audit.Actor, int], Depends(export_caller)],
+    format: Annotated[ArchiveFormat, Query(
         description="csv, parquet, spss (.sav) or stata (.dta); or trajectories: outcome-labelled conversations "
                     "(JSONL) of the participants who agreed to share conversation text; or aggregates: tables "
                     "with cells under 5 participants suppressed (the only format open to viewers)")] = "csv",
@@ -45,34 +59,17 @@ def download_export(
                                        "order")] = False,
     drop_free_text: Annotated[bool, Query(description="leave out free-text columns")] = False,
 ) -> FileResponse:
-    if format != AGGREGATES and not access.participant_level:
-        raise Forbidden("your role in this study (viewer) may export aggregates only: ask for format=aggregates "
-                        "(tables with every cell under 5 participants suppressed)", code="participant_data_forbidden")
-    if format == AGGREGATES and (turns or shift_dates or drop_free_text):
-        raise Invalid("turns, shift_dates and drop_free_text do not apply to the aggregates format")
-    if format == "trajectories" and (turns or shift_dates or drop_free_text):
-        raise Invalid("turns, shift_dates and drop_free_text do not apply to the trajectories format")
-    # Authorized: end this request's transaction now, so a long export holds no lock (the export
-    # reads in a read-only transaction of its own); the audit entry is written in a new one.
-    session.commit()
-    folder = Path(tempfile.mkdtemp(prefix="afterward-export-"))
-    try:
-        if format == "trajectories":
-            export_trajectories(request.app.state.engine, access.study.slug, folder / "export", actor=actor,
-                                audit_in=session)
-        elif format == AGGREGATES:
-            export_aggregates(request.app.state.engine, access.study.slug, folder / "export", actor=actor,
-                              audit_in=session)
-        else:
-            export_study(request.app.state.engine, access.study.slug, folder / "export", format=format,
-                         turns=turns, shift_dates=shift_dates, drop_free_text=drop_free_text, actor=actor,
-                         audit_in=session)
-        archive = folder / f"{access.study.slug}-{format}.zip"
-        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
-            for path in sorted((folder / "export").iterdir()):
-                bundle.write(path, arcname=f"{access.study.slug}/{path.name}")
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    actor, study_id = caller
+
+    def build() -> tuple[Path, Path]:
+        folder = Path(tempfile.mkdtemp(prefix="afterward-export-"))
+        try:
+            return folder, export_archive(request.app.state.engine, actor, study_id, folder, format, turns=turns,
+                                          shift_dates=shift_dates, drop_free_text=drop_free_text)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+
+    folder, archive = await run_in_threadpool(build)
     return FileResponse(archive, media_type="application/zip", filename=archive.name,
                         background=BackgroundTask(shutil.rmtree, folder, ignore_errors=True))

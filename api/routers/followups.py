@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
-from sqlalchemy import func, select
 
 from api.deps import ConsentedParticipant, CurrentStaff, RowId, SessionDep
 from api.errors import DocumentedRoute, refusals
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from scheduler import service
-from scheduler.models import ChannelAlert, Delivery, FollowUp
+from scheduler import staff as scheduler_staff
 from scheduler.schemas import (
     AlertResolve,
     ChannelAlertRead,
@@ -22,9 +21,7 @@ from scheduler.schemas import (
 )
 from study import audit
 from study import staff as staff_service
-from study.clock import now
-from study.errors import Forbidden, NotFound
-from study.models import Participant
+from study.errors import Forbidden
 
 router = APIRouter(tags=["follow-ups"], route_class=DocumentedRoute)
 FollowUpStatus = Literal["planned", "sent", "completed", "expired", "cancelled"]  # FollowUp.status
@@ -40,10 +37,7 @@ def my_followups(session: SessionDep, participant: ConsentedParticipant) -> list
 @staff_router.get("/alerts")
 def channel_alerts(session: SessionDep, staff: CurrentStaff, include_resolved: bool = False) -> list[ChannelAlertRead]:
     """Delivery channels that keep failing (no participant data: every staff member sees them)."""
-    query = select(ChannelAlert).where(ChannelAlert.raised_at.is_not(None))
-    if not include_resolved:
-        query = query.where(ChannelAlert.resolved_at.is_(None))
-    return [ChannelAlertRead.of(a) for a in session.scalars(query.order_by(ChannelAlert.raised_at.desc()))]
+    return scheduler_staff.channel_alerts(session, include_resolved=include_resolved)
 
 
 @staff_router.post("/alerts/{alert_id}/resolve", responses=refusals({
@@ -53,15 +47,7 @@ def resolve_alert(alert_id: RowId, body: AlertResolve, session: SessionDep, staf
     kept in the audit log. Admins and researchers of any study may do it."""
     if not any(access.participant_level for access in staff_service.memberships(session, staff)):
         raise Forbidden("only admins and researchers can resolve alerts")
-    alert = session.get(ChannelAlert, alert_id)
-    if alert is None:
-        raise NotFound(f"no alert {alert_id}")
-    if alert.resolved_at is None:
-        alert.resolved_at = now()
-    session.flush()
-    audit.record(session, staff_actor(staff), "channel_alert.resolved", alert_id=alert.id, channel=alert.channel,
-                 problem=alert.problem, note=body.note)
-    return ChannelAlertRead.of(alert)
+    return scheduler_staff.resolve_alert(session, staff_actor(staff), alert_id, body.note)
 
 
 @staff_router.get("/studies/{slug}/followups/preview")
@@ -71,11 +57,7 @@ def preview_followups(session: SessionDep, access: ParticipantLevelAccess,
     """Every invitation and reminder the protocol in force would send a participant enrolled at
     ``enrolled_at`` in ``timezone`` (and deciding at ``decision_at``), in local time and UTC, with
     quiet hours applied, by the planner's own timing. No schedule is stored (the request is audited)."""
-    preview = service.schedule_preview(session, access.study, query)
-    audit.record(session, actor, "followups.previewed", study_id=access.study.id, timezone=query.timezone,
-                 enrolled_at=query.enrolled_at.isoformat(),
-                 decision_at=query.decision_at.isoformat() if query.decision_at else None)
-    return preview
+    return scheduler_staff.preview(session, actor, access.study.id, query)
 
 
 @staff_router.get("/studies/{slug}/followups")
@@ -84,14 +66,4 @@ def study_followups(session: SessionDep, access: ParticipantLevelAccess,
                     status: Annotated[FollowUpStatus | None, Query(description="only follow-ups in this state")]
                     = None) -> list[FollowUpRead]:
     """Every follow-up with its timing and delivery record (audited)."""
-    failed = (select(Delivery.followup_id, func.count().label("n")).where(Delivery.status == "failed")
-              .group_by(Delivery.followup_id).subquery())
-    query = (select(FollowUp, Participant.code, func.coalesce(failed.c.n, 0))
-             .join(Participant, Participant.id == FollowUp.participant_id)
-             .outerjoin(failed, failed.c.followup_id == FollowUp.id)
-             .where(FollowUp.study_id == access.study.id).order_by(FollowUp.due_at, FollowUp.id))
-    if status:
-        query = query.where(FollowUp.status == status)
-    rows = session.execute(query).all()
-    audit.record(session, actor, "followups.read", study_id=access.study.id, count=len(rows))
-    return [FollowUpRead.staff_view(f, code, n) for f, code, n in rows]
+    return scheduler_staff.followups(session, actor, access.study.id, status)

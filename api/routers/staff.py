@@ -9,19 +9,16 @@ import pandas as pd
 from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy import and_, case, func, select
 
+from analysis import operations
 from analysis.aggregates import ALL, aggregate_tables
 from api.client_address import client_address
 from api.deps import CurrentStaff, SessionDep
 from api.errors import DocumentedRoute, error_body, refusals, refuses
-from scheduler.models import ChannelAlert, FollowUp
-from study import audit
+from study import audit, reads
 from study import participants as participant_service
 from study import staff as service
-from study.errors import Forbidden
-from study.models import ConsentSignature, ConsentVersion, Participant, StudyStatus
-from study.safety import SafetyEvent
+from study.models import StudyStatus
 from study.schemas import (
     InviteCreate,
     InvitesRead,
@@ -37,7 +34,10 @@ from study.validation import Line
 router = APIRouter(prefix="/staff", tags=["staff"], route_class=DocumentedRoute)
 
 
-@refuses({403: "you have no role in this study (an unknown study looks the same: code no_study_access)"})
+NO_STUDY_ACCESS = "you have no role in this study (an unknown study looks the same: code no_study_access)"
+
+
+@refuses({403: NO_STUDY_ACCESS})
 def study_access(slug: Line, session: SessionDep, staff: CurrentStaff) -> service.StudyAccess:
     return service.study_access(session, staff, slug)
 
@@ -46,10 +46,7 @@ def study_access(slug: Line, session: SessionDep, staff: CurrentStaff) -> servic
 async def participant_level_access(
     access: Annotated[service.StudyAccess, Depends(study_access)],
 ) -> service.StudyAccess:
-    if not access.participant_level:
-        raise Forbidden("your role in this study (viewer) sees aggregate figures only",
-                        code="participant_data_forbidden")
-    return access
+    return service.participant_level(access)
 
 
 StudyAccess = Annotated[service.StudyAccess, Depends(study_access)]
@@ -124,50 +121,18 @@ def study_summary(session: SessionDep, access: StudyAccess) -> StudySummaryRead 
     (``analysis.aggregates``: under 5 participants "< 5", and "suppressed" where a hidden count
     could be worked out from the others, in this summary, the dashboard or the aggregate export)."""
     study_id = access.study.id
-    alerts = session.scalar(select(func.count()).select_from(ChannelAlert).where(
-        ChannelAlert.raised_at.is_not(None), ChannelAlert.resolved_at.is_(None))) or 0
     versions = {"study": access.study.slug, "protocol_version": current_version(session, study_id).version,
-                "consent_version": current_consent(session, study_id).version, "channel_alerts_open": alerts}
+                "consent_version": current_consent(session, study_id).version,
+                "channel_alerts_open": operations.open_alert_count(session)}
     if not access.participant_level:
         return viewer_summary(versions, aggregate_tables(session, study_id))
-    by_status = dict(session.execute(
-        select(Participant.status, func.count()).where(Participant.study_id == study_id)
-        .group_by(Participant.status)).all())
-    by_arm = dict(session.execute(
-        select(Participant.arm, func.count())
-        .where(Participant.study_id == study_id, Participant.arm.is_not(None))
-        .group_by(Participant.arm)).all())
-    followups = dict(session.execute(select(FollowUp.status, func.count()).where(FollowUp.study_id == study_id)
-                                     .group_by(FollowUp.status)).all())
-    # De-identified records (the participant withdrew and deleted data) count like any other event.
-    unreviewed_event = SafetyEvent.reviewed_at.is_(None)
-    deidentified = SafetyEvent.participant_data_deleted.is_(True)
-    events = session.execute(select(
-        func.count(), func.count(case((unreviewed_event, 1))), func.count(case((deidentified, 1))),
-        func.count(case((and_(unreviewed_event, deidentified), 1)))).where(SafetyEvent.study_id == study_id)).one()
-    return StudySummaryRead(**versions, participants_by_status=by_status, enrolled_by_arm=by_arm,
-                            followups_by_status=followups, safety_events_total=events[0],
-                            safety_events_unreviewed=events[1], safety_events_participant_deleted=events[2],
-                            safety_events_unreviewed_participant_deleted=events[3])
+    return StudySummaryRead(**versions, **vars(operations.study_counts(session, study_id)))
 
 
 @router.get("/studies/{slug}/participants")
 def list_participants(session: SessionDep, access: ParticipantLevelAccess,
                       staff: CurrentStaff) -> list[StaffParticipantRead]:
-    latest = (select(ConsentSignature.participant_id, func.max(ConsentSignature.id).label("sig_id"))
-              .group_by(ConsentSignature.participant_id).subquery())
-    rows = session.execute(
-        select(Participant, ConsentVersion.version)
-        .outerjoin(latest, latest.c.participant_id == Participant.id)
-        .outerjoin(ConsentSignature, ConsentSignature.id == latest.c.sig_id)
-        .outerjoin(ConsentVersion, ConsentVersion.id == ConsentSignature.consent_version_id)
-        .where(Participant.study_id == access.study.id).order_by(Participant.id)).all()
-    audit.record(session, staff_actor(staff), "participants.listed", study_id=access.study.id,
-                 count=len(rows))
-    return [StaffParticipantRead(participant_code=p.code, status=p.status, arm=p.arm,
-                                 consent_version=version, enrolled_at=p.enrolled_at,
-                                 withdrawn_at=p.withdrawn_at, withdrawal_level=p.withdrawal_level)
-            for p, version in rows]
+    return reads.participants(session, staff_actor(staff), access.study.id)
 
 
 @router.post("/studies/{slug}/invites", status_code=status.HTTP_201_CREATED, responses=refusals({

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
-from sqlalchemy import select
 
 from api.deps import (
     CSRF_MISSING,
@@ -22,13 +21,12 @@ from api.deps import (
 )
 from api.errors import DocumentedRoute, refusals, refuses
 from api.routers.staff import ParticipantLevelAccess, staff_actor
-from study import audit
-from study.errors import Invalid
 from study.models import Participant
 from study.validation import Line
 from surveys import registry, service
+from surveys import staff as surveys_staff
 from surveys.definitions import Instrument
-from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
+from surveys.models import SurveyAssignment, SurveyResponse
 from surveys.schemas import (
     AnswersUpdate,
     SavedRead,
@@ -70,8 +68,7 @@ def _survey_read(session: SessionDep, assignment: SurveyAssignment) -> SurveyRea
 
 def _submitted(session: SessionDep, response: SurveyResponse) -> SubmittedRead:
     assert response.submitted_at is not None
-    scores = session.scalars(select(SurveyScore).where(SurveyScore.response_id == response.id)
-                             .order_by(SurveyScore.id)).all()
+    scores = service.scores(session, response)
     return SubmittedRead(assignment_id=response.assignment_id, instrument=response.instrument_id,
                          instrument_version=response.instrument_version, submitted_at=response.submitted_at,
                          scores=[ScoreRead(name=s.name, value=s.value, n_items=s.n_items, n_expected=s.n_expected)
@@ -156,24 +153,4 @@ def instrument_definition(instrument_id: Line, session: SessionDep, staff: Curre
 def study_responses(session: SessionDep, access: ParticipantLevelAccess, staff: CurrentStaff,
                     instrument: Annotated[Line | None, Query(max_length=64, description="an instrument id")] = None,
                     ) -> list[StaffResponseRead]:
-    if instrument is not None and not registry.exists(session, instrument):
-        raise Invalid(f"unknown instrument '{instrument}'; `afterward instruments list` shows the instruments",
-                      code="unknown_instrument")
-    query = (select(SurveyResponse, SurveyAssignment, Participant.code)
-             .join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id)
-             .join(Participant, Participant.id == SurveyResponse.participant_id)
-             .where(Participant.study_id == access.study.id).order_by(SurveyResponse.id))
-    if instrument:
-        query = query.where(SurveyResponse.instrument_id == instrument)
-    rows = session.execute(query).all()
-    scores: dict[int, dict[str, float | None]] = {}
-    for score in session.scalars(select(SurveyScore).where(
-            SurveyScore.response_id.in_([r[0].id for r in rows]))):
-        scores.setdefault(score.response_id, {})[score.name] = score.value
-    audit.record(session, staff_actor(staff), "responses.read", study_id=access.study.id,
-                 instrument=instrument, count=len(rows))
-    return [StaffResponseRead(participant_code=code, assignment_id=a.id, instrument=r.instrument_id,
-                              instrument_version=r.instrument_version, purpose=a.purpose,
-                              followup_key=a.followup_key, intended_at=a.intended_at,
-                              submitted_at=r.submitted_at, answers=r.answers, scores=scores.get(r.id, {}))
-            for r, a, code in rows]
+    return surveys_staff.responses(session, staff_actor(staff), access.study.id, instrument)

@@ -1,6 +1,6 @@
 """Staff transcript endpoints: a study's conversations, one whole transcript, and a safety event
 with the turns around it. Admins and researchers only (viewers see aggregates); every read is
-audited with who read what. The queries live in ``analysis.transcripts``."""
+audited with who read what, by the reads of ``analysis.transcripts`` themselves."""
 
 from __future__ import annotations
 
@@ -44,11 +44,7 @@ def list_conversations(
     offset: Annotated[int, Query(ge=0, le=MAX_ROW_ID)] = 0,
 ) -> ConversationPageRead:
     """A study's conversations, newest first, filtered and paginated (``total`` counts every match)."""
-    page = transcripts.list_conversations(session, access.study.id, filters, limit=limit, offset=offset)
-    audit.record(session, actor, "conversations.listed", study_id=access.study.id,
-                 filters=filters.as_audit_detail(), limit=limit, offset=offset, count=len(page.items),
-                 conversation_ids=[item.id for item in page.items])
-    return page
+    return transcripts.list_conversations(session, actor, access.study.id, filters, limit=limit, offset=offset)
 
 
 @staff_router.get("/studies/{slug}/conversations/{conversation_id}", name="staff_transcript")
@@ -56,10 +52,7 @@ def read_conversation(conversation_id: RowId, session: SessionDep, access: Parti
                       actor: Actor) -> TranscriptRead:
     """One conversation with every turn, stance, rationale, pushback response, role switch, the
     decision, the exit rating and its safety events."""
-    transcript = transcripts.get_transcript(session, access.study.id, conversation_id)
-    audit.record(session, actor, "conversation.read", study_id=access.study.id,
-                 participant_code=transcript.participant, conversation_id=transcript.id)
-    return transcript
+    return transcripts.get_transcript(session, actor, access.study.id, conversation_id)
 
 
 @staff_router.get("/studies/{slug}/safety-events/{event_id}", responses=refusals({
@@ -70,9 +63,6 @@ def read_safety_event(
 ) -> SafetyEventContextRead:
     """A safety event with its review history and the turns around the one that triggered it,
     linking to the full transcript."""
-    context = transcripts.safety_event_context(session, access.study.id, event_id, around=around)
-    audit.record(session, actor, "safety_event.read", study_id=access.study.id,
-                 participant_code=context.event.participant, event_id=event_id,
-                 conversation_id=context.conversation_id, turn_ids=[turn.id for turn in context.turns])
+    context = transcripts.safety_event_context(session, actor, access.study.id, event_id, around=around)
     path = request.app.url_path_for("staff_transcript", slug=slug, conversation_id=str(context.conversation_id))
     return context.model_copy(update={"transcript_path": str(path)})

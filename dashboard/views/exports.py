@@ -4,16 +4,14 @@ there. Viewers may download the aggregate tables only."""
 
 from __future__ import annotations
 
-import io
 import tempfile
-import zipfile
 from pathlib import Path
 
 import streamlit as st
 
-from analysis.aggregates import AGGREGATES, export_aggregates
-from analysis.exports import FORMATS, export_study
-from analysis.trajectories import export_trajectories
+from analysis.aggregates import AGGREGATES
+from analysis.archive import export_archive
+from analysis.exports import FORMATS
 from dashboard import auth, staff_reads
 from study.db import engine_for
 from study.errors import DomainError
@@ -29,22 +27,12 @@ BUNDLE_KEY = "afterward_export"
 
 def build(context: auth.Context, export_format: str, *, turns: bool, shift_dates: bool,
           drop_free_text: bool) -> bytes:
-    """Run the export into a temporary folder and zip it (the export function audits it)."""
-    engine, who = engine_for(context.database_url), staff_reads.actor(context)
+    """The export's zip archive (``analysis.archive.export_archive``, which audits it)."""
     with tempfile.TemporaryDirectory(prefix="afterward-export-") as folder:
-        out = Path(folder) / "export"
-        if export_format == AGGREGATES:
-            export_aggregates(engine, context.slug, out, actor=who)
-        elif export_format == "trajectories":
-            export_trajectories(engine, context.slug, out, actor=who)
-        else:
-            export_study(engine, context.slug, out, format=export_format,  # type: ignore[arg-type]
-                         turns=turns, shift_dates=shift_dates, drop_free_text=drop_free_text, actor=who)
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
-            for path in sorted(out.iterdir()):
-                bundle.write(path, arcname=f"{context.slug}/{path.name}")
-    return buffer.getvalue()
+        archive = export_archive(engine_for(context.database_url), staff_reads.actor(context), context.study_id,
+                                 Path(folder), export_format, turns=turns, shift_dates=shift_dates,
+                                 drop_free_text=drop_free_text)
+        return archive.read_bytes()
 
 
 def render(context: auth.Context) -> None:

@@ -1,10 +1,25 @@
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
+from analysis import archive, transcripts
+from chat import staff as chat_staff
+from scheduler import staff as scheduler_staff
+from scheduler.schemas import SchedulePreviewQuery
+from study import audit
+from study import reads as study_reads
+from study.db import session_scope
+from study.errors import Forbidden
 from study.models import StaffRole
+from surveys import staff as surveys_staff
 from tests.builders import (
     CONFIRMATIONS,
     ParticipantHandle,
@@ -224,9 +239,10 @@ def staff_entries(engine: Engine) -> int:
         return int(connection.execute(query).scalar_one())
 
 
-def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
-    engine: Engine, app_client: TestClient, example_protocol: str,
-) -> None:
+def _two_studies_and_an_escalation(engine: Engine, app_client: TestClient,
+                                   example_protocol: str) -> tuple[str, str, ParticipantHandle, int, int]:
+    """A study with one participant whose conversation escalated, and another study: (slug, the
+    other's slug, the participant, the conversation's id, the safety event's id)."""
     slug = load_study(engine, example_protocol)
     other = load_study(engine, example_protocol.replace("id: wellbeing-pilot", "id: other-study", 1))
     [invite] = make_invites(engine, slug)
@@ -236,6 +252,13 @@ def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
     assert say(app_client, who, conversation, "I want to kill myself")["stance"] == "escalate"
     with engine.connect() as connection:
         event_id = connection.execute(sa.text("SELECT id FROM safety_events")).scalar_one()
+    return slug, other, who, conversation, event_id
+
+
+def test_staff_study_endpoints_refuse_viewers_and_staff_of_other_studies(
+    engine: Engine, app_client: TestClient, example_protocol: str,
+) -> None:
+    slug, other, who, conversation, event_id = _two_studies_and_an_escalation(engine, app_client, example_protocol)
     ids = {"slug": slug, "event_id": event_id, "conversation_id": conversation}
     viewer = {"Authorization": f"Bearer {make_staff(engine, slug, StaffRole.VIEWER, 'v@example.org')}"}
     outsider = {"Authorization": f"Bearer {make_staff(engine, other, StaffRole.ADMIN, 'o@example.org')}"}
@@ -284,3 +307,72 @@ def test_staff_login_is_rate_limited(engine: Engine, app_client: TestClient, exa
     assert limited.status_code == 429
     assert int(limited.headers["Retry-After"]) > 0
     assert limited.json()["error"]["code"] == "too_many_attempts"
+
+
+# The audited staff reads (and the review), as the staff API and the dashboard call them: each
+# checks the actor's role in the study and writes its audit entry itself. A new public function of
+# a read-service module fails test_every_staff_read_service_is_checked until added here (or, when
+# it reads no participant-level data of a study, to NOT_STUDY_READS with the reason).
+READ_SERVICES = [chat_staff, transcripts, study_reads, surveys_staff, scheduler_staff, archive]
+StaffRead = Callable[[Engine, audit.Actor, dict[str, Any]], object]
+
+
+def _unit(read: Callable[..., object], *args: Any, **kwargs: Any) -> StaffRead:
+    """``read(session, actor, study_id, *args)`` in a committed unit of its own."""
+    def run(engine: Engine, actor: audit.Actor, ids: dict[str, Any]) -> object:
+        with session_scope(engine) as session:
+            named = [ids[a] if isinstance(a, str) and a in ids else a for a in args]
+            return read(session, actor, ids["study_id"], *named, **kwargs)
+    return run
+
+
+STAFF_READS: dict[Callable[..., object], StaffRead] = {
+    chat_staff.safety_events: _unit(chat_staff.safety_events),
+    chat_staff.review_safety_event: _unit(chat_staff.review_safety_event, "event_id", "Called."),
+    transcripts.list_conversations: _unit(transcripts.list_conversations, transcripts.ConversationFilters(),
+                                          limit=10),
+    transcripts.get_transcript: _unit(transcripts.get_transcript, "conversation_id"),
+    transcripts.safety_event_context: _unit(transcripts.safety_event_context, "event_id"),
+    study_reads.participants: _unit(study_reads.participants),
+    surveys_staff.responses: _unit(surveys_staff.responses),
+    scheduler_staff.followups: _unit(scheduler_staff.followups),
+    scheduler_staff.preview: _unit(scheduler_staff.preview, SchedulePreviewQuery(
+        enrolled_at="2026-03-28T09:00", timezone="Europe/London")),
+    archive.export_archive: lambda engine, actor, ids: archive.export_archive(
+        engine, actor, ids["study_id"], ids["folder"], "csv"),
+}
+NOT_STUDY_READS = {
+    scheduler_staff.channel_alerts: "delivery channels serve every study and carry no participant data",
+    scheduler_staff.resolve_alert: "a change to a channel alert (audited), open to researchers of any study",
+}
+
+
+def test_every_staff_read_service_is_checked() -> None:
+    public = {function for module in READ_SERVICES for name, function in inspect.getmembers(module, inspect.isfunction)
+              if function.__module__ == module.__name__ and not name.startswith("_")}
+    assert public == set(STAFF_READS) | set(NOT_STUDY_READS)
+
+
+def test_staff_reads_refuse_viewers_and_staff_of_other_studies_and_audit_every_read(
+    engine: Engine, app_client: TestClient, example_protocol: str, tmp_path: Path,
+) -> None:
+    slug, other, _, conversation, event_id = _two_studies_and_an_escalation(engine, app_client, example_protocol)
+    with engine.connect() as connection:
+        study_id = connection.execute(sa.text("SELECT id FROM studies WHERE slug = :s"), {"s": slug}).scalar_one()
+    make_staff(engine, slug, StaffRole.VIEWER, "v@example.org")
+    make_staff(engine, other, StaffRole.ADMIN, "o@example.org")
+    make_staff(engine, slug, StaffRole.RESEARCHER, "r@example.org")
+    ids = {"study_id": study_id, "event_id": event_id, "conversation_id": conversation}
+    refused = {"o@example.org": "no_study_access", "v@example.org": "participant_data_forbidden"}
+    for number, (function, read) in enumerate(STAFF_READS.items()):
+        ids["folder"] = tmp_path / str(number)
+        ids["folder"].mkdir()
+        for email, code in refused.items():
+            entries_before = staff_entries(engine)
+            with pytest.raises(Forbidden) as refusal:
+                read(engine, audit.Actor("staff", email), ids)
+            assert refusal.value.code == code, function.__qualname__
+            assert staff_entries(engine) == entries_before, function.__qualname__
+        entries_before = staff_entries(engine)
+        read(engine, audit.Actor("staff", "r@example.org"), ids)
+        assert staff_entries(engine) > entries_before, function.__qualname__

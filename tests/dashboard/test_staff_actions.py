@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from analysis.transcripts import get_transcript
 from dashboard import auth
-from study import clock
+from study import audit, clock
 from study.db import session_scope
 from study.models import AuditEntry, StaffRole, StaffToken, Study
 from study.safety import SafetyEvent, SafetyEventReview
@@ -75,9 +75,9 @@ def test_reading_a_transcript_is_audited(simulated: Simulated) -> None:
     first = int(app.dataframe[0].value["id"].iloc[0])
     app.selectbox(key="conversation-open").select(first).run()
     assert not app.exception
-    with session_scope(simulated.engine, read_only=True) as session:
+    with session_scope(simulated.engine) as session:
         study_id = session.scalars(select(Study.id).where(Study.slug == simulated.slug)).one()
-        expected = get_transcript(session, study_id, first)
+        expected = get_transcript(session, audit.Actor("staff", EMAILS[StaffRole.RESEARCHER]), study_id, first)
     read = audited(simulated, "conversation.read", email)
     assert [e.detail["conversation_id"] for e in read] == [first]
     assert read[0].participant_code == expected.participant

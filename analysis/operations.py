@@ -1,16 +1,20 @@
-"""SQL aggregates the dashboard shows besides ``analysis``: recruitment and withdrawals over time,
-the enrollment funnel, follow-up timing and deliveries, escalations, overrides and model versions
-over time, and scores resting on few items. Each is one grouped query for the whole study (never
-a table read into memory); researchers and admins only (none goes through disclosure control)."""
+"""How a study runs, in grouped SQL (read-only): the counts of the staff API's summary for
+researchers and admins, and what the dashboard shows besides the research figures: recruitment
+and withdrawals over time, the enrollment funnel, follow-up timing and deliveries, escalations,
+overrides and model versions over time, and scores resting on few items. Each is one grouped query
+for the whole study (never a table read into memory); researchers and admins only (none goes
+through disclosure control: viewers see ``analysis.aggregates``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 from sqlalchemy import and_, case, distinct, func, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
 
 from analysis.reading import read_frame
 from chat.models import Conversation, PushbackResponse, Turn
@@ -172,6 +176,42 @@ def few_items(connection: Connection, study_id: int) -> pd.DataFrame:
         .where(and_(Participant.study_id == study_id))
         .group_by(SurveyResponse.instrument_id, SurveyScore.name)
         .order_by(SurveyResponse.instrument_id, SurveyScore.name))
+
+
+def open_alert_count(session: Session) -> int:
+    """Delivery-channel alerts raised and not yet resolved (channels serve every study)."""
+    return session.scalar(select(func.count()).select_from(ChannelAlert).where(
+        ChannelAlert.raised_at.is_not(None), ChannelAlert.resolved_at.is_(None))) or 0
+
+
+@dataclass(frozen=True)
+class StudyCounts:
+    participants_by_status: dict[str, int]
+    enrolled_by_arm: dict[str, int]
+    followups_by_status: dict[str, int]
+    safety_events_total: int
+    safety_events_unreviewed: int
+    safety_events_participant_deleted: int
+    safety_events_unreviewed_participant_deleted: int
+
+
+def study_counts(session: Session, study_id: int) -> StudyCounts:
+    """Participants by status and arm, follow-ups by status and the safety events, unreviewed and
+    de-identified (the participant withdrew and deleted data: such records count like any other)."""
+    by_status = dict(session.execute(
+        select(Participant.status, func.count()).where(Participant.study_id == study_id)
+        .group_by(Participant.status)).all())
+    by_arm = {str(arm): n for arm, n in session.execute(
+        select(Participant.arm, func.count()).where(Participant.study_id == study_id, Participant.arm.is_not(None))
+        .group_by(Participant.arm))}
+    followups = dict(session.execute(select(FollowUp.status, func.count()).where(FollowUp.study_id == study_id)
+                                     .group_by(FollowUp.status)).all())
+    unreviewed = SafetyEvent.reviewed_at.is_(None)
+    deidentified = SafetyEvent.participant_data_deleted.is_(True)
+    events = session.execute(select(
+        func.count(), func.count(case((unreviewed, 1))), func.count(case((deidentified, 1))),
+        func.count(case((and_(unreviewed, deidentified), 1)))).where(SafetyEvent.study_id == study_id)).one()
+    return StudyCounts(by_status, by_arm, followups, events[0], events[1], events[2], events[3])
 
 
 # Every query by name (``dashboard.data.counts`` reads and caches each on its own).
