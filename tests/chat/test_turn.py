@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -24,13 +24,14 @@ from analysis.simulation.driver import Driver
 from api.app import create_app
 from chat import semantic, turn
 from chat.gateway import Gateway
-from chat.roles import system_prompt
+from chat.roles import RoleName, system_prompt
 from study.clock import FrozenClock, set_clock
 from study.settings import Settings
 from tests.builders import FRAMING, ParticipantHandle, enroll_fully, make_invites, put_in_arm, start_chat
 from tests.conftest import POSTGRES_URL
+from tests.loopback import serve
 
-ROLE = "coach"
+ROLE: RoleName = "coach"
 # A message the lexicon and the encoder pass, which the loopback classifier reads as a risk to self
 # (a stand-in for what only a larger model would notice): its check-in comes from the classifier alone.
 QUIET_RISK = "The weather was lovely on my walk today."
@@ -74,12 +75,8 @@ class Classifier(BaseHTTPRequestHandler):
 def classifier_base(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-loopback")
     Classifier.asked = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Classifier)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serve(Classifier) as base:
+        yield base
 
 
 def rows(engine: Engine, query: str, **params: Any) -> list[Any]:
