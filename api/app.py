@@ -42,19 +42,26 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
     replies = Replies(run)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Replies a process that died left unfinished are released before this one serves; its own
         # unfinished ones when it stops (after uvicorn's grace period for open requests).
         try:
             await replies.take_over_abandoned()
         except Exception:  # the database may not answer yet: requests take such claims over as they meet them
             log.exception("could not look for abandoned reply claims at start-up")
-        # The crisis encoder is loaded before the process serves (~1 s), so no participant's first
-        # message waits for it; /healthz says whether it is loaded.
-        try:
-            await asyncio.to_thread(semantic.load)
-        except Exception:  # the model files are missing: each message says so (chat.encoder.EncoderUnavailable)
-            log.exception("could not load the crisis encoder at start-up")
+        # The crisis encoder (~1-2 s) and the gateway (LiteLLM's first call, ~2 s) are ready before
+        # the process serves, so no participant's first message waits for them (bench/first_reply.py);
+        # /healthz says whether the encoder is loaded.
+        if app.state.gateway is None:
+            app.state.gateway = Gateway(get_settings())
+        encoder: object
+        gateway: object
+        encoder, gateway = await asyncio.gather(asyncio.to_thread(semantic.load), app.state.gateway.warm_up(),
+                                                return_exceptions=True)
+        if isinstance(encoder, BaseException):  # the model files are missing: each message will say so
+            log.error("could not load the crisis encoder at start-up", exc_info=encoder)
+        if isinstance(gateway, BaseException):
+            log.error("could not warm the LLM gateway up at start-up", exc_info=gateway)
         yield
         await replies.stop()
 

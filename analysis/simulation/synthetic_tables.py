@@ -33,7 +33,7 @@ from chat import monitors
 from chat.answer_format import guidance, parse_answer
 from chat.offline import answer
 from chat.policy import StanceDecision
-from chat.roles import CONCERNS, ROLE_SPECS, SAFETY_CONCERNS, system_prompt
+from chat.roles import CONCERNS, ROLE_SPECS, SAFETY_CONCERNS, Concern, RoleName, Stance, system_prompt
 from scheduler import planner
 from study.protocol import FollowUp as FollowUpSpec
 from study.protocol import QuietHours
@@ -42,9 +42,9 @@ from surveys.definitions import Instrument
 
 # The stances this generator models: distress check-ins and declines of harm to others are not
 # drawn (their columns are 0); the full simulation through the services has them.
-STANCES = ("agree", "nudge", "challenge", "escalate")
+STANCES: tuple[Stance, ...] = ("agree", "nudge", "challenge", "escalate")
 DAY = 86_400
-ROLES: tuple[str, ...] = tuple(ROLE_SPECS)  # standard, concierge, collaborator, coach
+ROLES: tuple[RoleName, ...] = tuple(ROLE_SPECS)  # standard, concierge, collaborator, coach
 COACH = ROLES.index("coach")
 NONE = CONCERNS.index("none")
 AGREE, NUDGE, CHALLENGE, ESCALATE = range(4)
@@ -125,8 +125,8 @@ def _texts() -> _Texts:
                 model_concern[i, j] = CONCERNS.index(proposed.concern)
             for s, stance in enumerate(STANCES):
                 for overridden in (0, 1):
-                    required = StanceDecision(stance, "none" if stance == "agree" else "unsupported_framing",  # type: ignore[arg-type]
-                                              "A reason.")
+                    concern: Concern = "none" if stance == "agree" else "unsupported_framing"
+                    required = StanceDecision(stance, concern, "A reason.")
                     note = guidance(required, overridden=bool(overridden))
                     extra = [{"role": "system", "content": note}] if note else []
                     full = answer([prompt, message, *extra])
@@ -136,8 +136,8 @@ def _texts() -> _Texts:
                     completion_words[i, j, s, overridden] = len(full.split())
     starts = np.full((r, len(CONCERNS)), -1, dtype=np.int64)
     for j, role in enumerate(ROLES):
-        for concern, stance in ROLE_SPECS[role].starts_at.items():  # type: ignore[index]
-            starts[j, CONCERNS.index(concern)] = STANCES.index(stance)
+        for raised, stance in ROLE_SPECS[role].starts_at.items():
+            starts[j, CONCERNS.index(raised)] = STANCES.index(stance)
     safety = np.array([c in SAFETY_CONCERNS for c in CONCERNS])
     return _Texts(
         texts=ordered, pools=pools, pool_sizes=sizes, changed_course=texts[CHANGED_COURSE],
