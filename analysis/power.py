@@ -1,7 +1,7 @@
 """Sample size by simulation: the power of the planned analysis for a target effect.
 
 For each sample size in a grid, ``replicates`` synthetic studies are drawn from the generative
-model of ``afterward simulate`` (``analysis.synthetic``: the protocol's arms, follow-up schedule
+model of ``afterward simulate`` (``analysis.simulation.synthetic``: the protocol's arms, follow-up schedule
 and attrition), the analysis model for the effect is fitted to each, and the power is the share of
 replicates with p < alpha, with a Wilson interval. The answer is the smallest n of the grid whose
 estimated power reaches the target::
@@ -51,8 +51,8 @@ from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
 from analysis.panel import PERMA, REGRET
-from analysis.simulate import Effects
-from analysis.synthetic import SyntheticStudy, load_protocol, synthetic_study
+from analysis.simulation.population import Effects
+from analysis.simulation.synthetic import SyntheticStudy, load_protocol, synthetic_study
 from study.protocol import Protocol
 
 FloatArray = npt.NDArray[np.float64]

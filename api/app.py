@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -14,10 +15,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from api import docs, errors, pages
+from api import chat_pages, docs, errors, pages
 from api.deps import run_unit_on
 from api.edge import Edge
 from api.routers import chat, exports, followups, participants, recruitment, sign_in, staff, surveys, transcripts
+from chat import semantic
 from chat.gateway import Gateway
 from chat.replies import Replies
 from study import wiring
@@ -40,13 +42,26 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
     replies = Replies(run)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Replies a process that died left unfinished are released before this one serves; its own
         # unfinished ones when it stops (after uvicorn's grace period for open requests).
         try:
             await replies.take_over_abandoned()
         except Exception:  # the database may not answer yet: requests take such claims over as they meet them
             log.exception("could not look for abandoned reply claims at start-up")
+        # The crisis encoder (~1-2 s) and the gateway (LiteLLM's first call, ~2 s) are ready before
+        # the process serves, so no participant's first message waits for them (bench/first_reply.py);
+        # /healthz says whether the encoder is loaded.
+        if app.state.gateway is None:
+            app.state.gateway = Gateway(get_settings())
+        encoder: object
+        gateway: object
+        encoder, gateway = await asyncio.gather(asyncio.to_thread(semantic.load), app.state.gateway.warm_up(),
+                                                return_exceptions=True)
+        if isinstance(encoder, BaseException):  # the model files are missing: each message will say so
+            log.error("could not load the crisis encoder at start-up", exc_info=encoder)
+        if isinstance(gateway, BaseException):
+            log.error("could not warm the LLM gateway up at start-up", exc_info=gateway)
         yield
         await replies.stop()
 
@@ -78,6 +93,7 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
     app.include_router(recruitment.staff_router, prefix=API_PREFIX)
 
     pages.install(app)
+    app.include_router(chat_pages.router)
     docs.install(app)
     app.add_middleware(Edge, max_body_bytes=get_settings().max_body_bytes)
 
@@ -87,10 +103,12 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:
-        """Liveness and database reachability (a worker thread; answers while other requests wait)."""
+        """Liveness, database reachability and whether the crisis encoder is loaded (``loaded``, or
+        ``not loaded``: the first message will load it). A worker thread; answers while other requests wait."""
         with session_scope(app.state.engine, read_only=True) as session:  # never waits for a writer
             session.execute(text("SELECT 1"))
-        return {"status": "ok", "database": app.state.engine.dialect.name}
+        return {"status": "ok", "database": app.state.engine.dialect.name,
+                "encoder": "loaded" if semantic.loaded() else "not loaded"}
 
     return app
 

@@ -390,7 +390,7 @@ def simulate(
 ) -> None:
     """Run synthetic participants through the real services (offline model, in-app follow-ups only)
     with effects known in advance; the run's seed, parameters and true effects are stored."""
-    from analysis.simulate import simulate as run_simulation
+    from analysis.simulation.simulate import simulate as run_simulation
     from study.db import get_engine
 
     try:

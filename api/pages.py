@@ -29,12 +29,9 @@ from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.client_address import client_address
-from api.deps import SESSION_COOKIE, Form, RowId, SessionDep, run_unit, set_session_cookie
+from api.deps import SESSION_COOKIE, Form, RowId, SessionDep, set_session_cookie
 from api.errors import error_body, status_of
 from api.routers import chat as chat_api
-from chat import service as chat_service
-from chat.roles import ROLE_SPECS, SAFETY_CONCERNS
-from chat.schemas import ConversationCreate, ExitCheck, MessageCreate, RoleChange
 from scheduler import service as scheduler_service
 from study import audit, signin
 from study import participants as participant_service
@@ -109,7 +106,7 @@ def _participant(session: Session, request: Request) -> Participant:
     return participant
 
 
-def _check_csrf(request: Request, form: FormData) -> None:
+def check_csrf(request: Request, form: FormData) -> None:
     token = request.cookies.get(SESSION_COOKIE, "")
     if not token or not csrf_token_valid(token, str(form.get("csrf", ""))):
         raise Redirect("/?expired=1")
@@ -126,12 +123,31 @@ def _next_step(session: Session, participant: Participant) -> str | None:
     return None
 
 
-def _ready(session: Session, request: Request) -> Participant:
+def ready(session: Session, request: Request) -> Participant:
     participant = _participant(session, request)
     step = _next_step(session, participant)
     if step:
         raise Redirect(step)
     return participant
+
+
+def refused(session: Session, request: Request, exc: DomainError | ValidationError, *, name: str = "message.html",
+            status_code: int | None = None, context: Callable[[], dict[str, Any]] | None = None,
+            render: Callable[[], Response] | None = None, **values: Any) -> Response:
+    """The page for a form the services refused, after what the handler did in this request's
+    transaction is rolled back: ``name`` with ``problem(exc)`` (``message.html``'s body, any other
+    page's ``error``), the error's status (422 for an invalid form) and ``values``; ``context``
+    gives what the page needs to read from the database, once the transaction is rolled back;
+    ``render`` builds a page of its own instead."""
+    session.rollback()
+    if render is not None:
+        return render()
+    status = status_code or (status_of(exc) if isinstance(exc, DomainError) else 422)
+    values.setdefault("body" if name == "message.html" else "error", problem(exc))
+    if name == "message.html":
+        values.setdefault("title", "That didn't work")
+        values.setdefault("back", "/")
+    return page(request, name, status_code=status, **values, **(context() if context else {}))
 
 
 def problem(exc: DomainError | ValidationError) -> str:
@@ -243,8 +259,7 @@ def join(request: Request, form: Form, session: SessionDep) -> Response:
     try:
         token = participant_service.enroll(session, code).token
     except DomainError as exc:
-        session.rollback()
-        return page(request, "join.html", status_code=400, pre=pre, code=code, error=exc.message)
+        return refused(session, request, exc, name="join.html", status_code=400, pre=pre, code=code)
     response = see_other("/consent")
     set_session_cookie(response, token)
     response.delete_cookie(PRE_COOKIE, path="/")
@@ -351,7 +366,7 @@ def consent(request: Request, session: SessionDep) -> Response:
 
 @router.post("/consent")
 def sign(request: Request, form: Form, session: SessionDep) -> Response:
-    _check_csrf(request, form)
+    check_csrf(request, form)
     participant = _participant(session, request)
     state = participant_service.consent_status(session, participant)
     try:
@@ -361,11 +376,10 @@ def sign(request: Request, form: Form, session: SessionDep) -> Response:
         participant_service.sign_consent(session, participant, version=signed.version,
                                          confirmations=signed.confirmations, typed_signature=signed.typed_signature)
     except (DomainError, ValidationError) as exc:
-        session.rollback()
-        return page(request, "consent.html", status_code=422, state=state, participant=participant,
-                    revised=state.signed is not None and state.needs_consent, error=problem(exc),
-                    about=_consent_about(session, state),
-                    checked=set(form.getlist("confirmations")), typed=str(form.get("typed_signature", ""))[:200])
+        return refused(session, request, exc, name="consent.html", status_code=422, state=state,
+                       participant=participant, revised=state.signed is not None and state.needs_consent,
+                       context=lambda: {"about": _consent_about(session, state)},
+                       checked=set(form.getlist("confirmations")), typed=str(form.get("typed_signature", ""))[:200])
     return see_other("/" if participant.status == ParticipantStatus.ENROLLED else "/onboarding")
 
 
@@ -382,7 +396,7 @@ def onboarding(request: Request, session: SessionDep) -> Response:
 
 @router.post("/onboarding")
 def onboard(request: Request, form: Form, session: SessionDep) -> Response:
-    _check_csrf(request, form)
+    check_csrf(request, form)
     participant = _participant(session, request)
     email = str(form.get("contact_email", "")).strip() or None
     try:
@@ -390,11 +404,10 @@ def onboard(request: Request, form: Form, session: SessionDep) -> Response:
         baseline = scheduler_service.save_profile(session, participant, timezone=profile.timezone,
                                                   contact_email=profile.contact_email)
     except (DomainError, ValidationError) as exc:
-        session.rollback()
-        protocol = current_protocol(session, participant.study_id)
-        return page(request, "onboarding.html", status_code=422, zones=ZONES, participant=participant,
-                    selected=str(form.get("timezone", ""))[:64], email=(email or "")[:320], error=problem(exc),
-                    email_required=protocol.enrollment.contact_email == "required")
+        return refused(session, request, exc, name="onboarding.html", status_code=422, zones=ZONES,
+                       participant=participant, selected=str(form.get("timezone", ""))[:64], email=(email or "")[:320],
+                       context=lambda: {"email_required": current_protocol(session, participant.study_id)
+                                        .enrollment.contact_email == "required"})
     after = f"/surveys/{baseline[0].id}" if baseline else "/"
     return_code = signin.ensure_return_code(session, participant)
     if return_code is not None:  # no email address to send sign-in links to: shown this once
@@ -470,13 +483,11 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
             survey_service.submit(session, participant, assignment, answers, submission_id=submission_id)
         else:
             survey_service.save_partial(session, participant, assignment, answers)
-    except survey_service.AnswerError as exc:
-        session.rollback()
-        return _survey_page(request, session, assignment, step, action, status_code=422,
-                            errors={f["field"]: f["message"] for f in exc.fields})
-    except DomainError:
-        session.rollback()
-        return _survey_page(request, session, assignment, step, action, status_code=409)
+    except DomainError as exc:  # invalid answers name their fields; a closed survey says so itself
+        errors = ({f["field"]: f["message"] for f in exc.fields} if isinstance(exc, survey_service.AnswerError)
+                  else None)
+        return refused(session, request, exc, render=lambda: _survey_page(
+            request, session, assignment, step, action, status_code=409 if errors is None else 422, errors=errors))
     if finishing:
         return see_other(done)
     target = step - 1 if form.get("go") == "back" else step + 1
@@ -485,21 +496,21 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
 
 @router.get("/surveys", response_class=HTMLResponse)
 def surveys(request: Request, session: SessionDep) -> Response:
-    participant = _ready(session, request)
+    participant = ready(session, request)
     return page(request, "surveys.html", pending=survey_service.pending(session, participant))
 
 
 @router.get("/surveys/{assignment_id}", response_class=HTMLResponse)
 def survey(assignment_id: RowId, request: Request, session: SessionDep) -> Response:
-    participant = _ready(session, request)
+    participant = ready(session, request)
     assignment = survey_service.owned_assignment(session, participant, assignment_id)
     return _survey_page(request, session, assignment, _step(request), f"/surveys/{assignment_id}")
 
 
 @router.post("/surveys/{assignment_id}")
 def answer_survey(assignment_id: RowId, request: Request, form: Form, session: SessionDep) -> Response:
-    _check_csrf(request, form)
-    participant = _ready(session, request)
+    check_csrf(request, form)
+    participant = ready(session, request)
     assignment = survey_service.owned_assignment(session, participant, assignment_id)
     return _survey_post(request, session, form, assignment, participant, f"/surveys/{assignment_id}", "/done")
 
@@ -536,149 +547,6 @@ def answer_linked_survey(token: str, request: Request, form: Form, session: Sess
     return _survey_post(request, session, form, assignment, participant, f"/s/{token}", "/done")
 
 
-# Chat
-
-
-@router.get("/chat", response_class=HTMLResponse)
-def chat_home(request: Request, session: SessionDep) -> Response:
-    participant = _ready(session, request)
-    arm, offered = chat_service.roles_offered(session, participant)
-    conversations = chat_service.list_conversations(session, participant)
-    return page(request, "chat_start.html", offered=offered, mode=arm.mode, default_role=arm.default_role,
-                conversations=conversations)
-
-
-@router.post("/chat")
-def chat_start(request: Request, form: Form, session: SessionDep) -> Response:
-    _check_csrf(request, form)
-    participant = _ready(session, request)
-    try:
-        role = ConversationCreate(role=str(form.get("role", "")) or None).role
-        conversation = chat_service.start_conversation(session, participant, role)
-    except (DomainError, ValidationError) as exc:
-        session.rollback()
-        return page(request, "message.html", status_code=422, title="That didn't work", body=problem(exc),
-                    back="/chat")
-    return see_other(f"/chat/{conversation.id}")
-
-
-@router.get("/chat/{conversation_id}", response_class=HTMLResponse)
-def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> Response:
-    participant = _ready(session, request)
-    conversation = chat_service.get_conversation(session, participant, conversation_id)
-    arm, offered = chat_service.roles_offered(session, participant)
-    turns = chat_service.turns(session, conversation)
-    resources = {turn.concern: chat_api.crisis_resources(session, participant, turn.concern).text
-                 for turn in turns if turn.stance in ("check_in", "escalate")}
-    responses = chat_api.pushback_responses(session, conversation.id)
-    switches: dict[int, list[str]] = {}  # after how many turns -> "Coach to Collaborator"
-    for switch in chat_service.role_switches(session, conversation):
-        switches.setdefault(switch.after_seq, []).append(
-            f"{ROLE_SPECS[switch.from_role].disclosure.title} to "  # type: ignore[index]
-            f"{ROLE_SPECS[switch.to_role].disclosure.title}")  # type: ignore[index]
-    return page(request, "chat.html", conversation=conversation, turns=turns, responses=responses, switches=switches,
-                answerable=chat_service.latest_pushback_id(session, conversation.id), offered=offered,
-                mode=arm.mode, resources=resources, role=ROLE_SPECS[conversation.role],  # type: ignore[index]
-                safety_concerns=SAFETY_CONCERNS, writing=chat_service.reply_in_flight(conversation),
-                unanswered=chat_service.unanswered(conversation, turns))
-
-
-Prepare = Callable[[Session, Participant, FormData], chat_service.PreparedTurn | None]
-
-
-async def _chat_action(request: Request, conversation_id: int, form: FormData, prepare: Prepare) -> Response:
-    """Prepare in one unit of work; then, for a turn, ask the model outside any transaction."""
-    _check_csrf(request, form)
-
-    def unit(session: Session) -> chat_service.PreparedTurn | Response | None:
-        participant = _ready(session, request)
-        try:
-            return prepare(session, participant, form)
-        except (DomainError, ValidationError) as exc:
-            session.rollback()
-            return page(request, "message.html", status_code=status_of(exc) if isinstance(exc, DomainError) else 422,
-                        title="That didn't work", body=problem(exc), back=f"/chat/{conversation_id}")
-    prepared = await run_unit(request, unit)
-    if isinstance(prepared, Response):
-        return prepared
-    if prepared is not None:
-        try:
-            await chat_api.reply_to(request, chat_api.gateway_of(request), prepared)
-        except DomainError:
-            return see_other(f"/chat/{conversation_id}#unanswered")  # the page offers to try again
-    return see_other(f"/chat/{conversation_id}#latest")
-
-
-@router.post("/chat/{conversation_id}/send")
-async def chat_send(conversation_id: RowId, request: Request, form: Form) -> Response:
-    def prepare(session: Session, participant: Participant, form: FormData) -> chat_service.PreparedTurn:
-        message = MessageCreate(content=str(form.get("content", "")),
-                                client_message_id=str(form.get("mid", "")) or None)
-        prepared, _ = chat_service.accept_message(session, participant, conversation_id, message.content,
-                                                  message.client_message_id)
-        return prepared
-    return await _chat_action(request, conversation_id, form, prepare)
-
-
-@router.post("/chat/{conversation_id}/retry")
-async def chat_retry(conversation_id: RowId, request: Request, form: Form) -> Response:
-    return await _chat_action(request, conversation_id, form,
-                              lambda s, p, f: chat_service.prepare_retry(s, p, conversation_id))
-
-
-@router.post("/chat/{conversation_id}/turns/{turn_id}/override")
-async def chat_override(conversation_id: RowId, turn_id: RowId, request: Request, form: Form) -> Response:
-    return await _chat_action(request, conversation_id, form,
-                              lambda s, p, f: chat_service.prepare_override(s, p, conversation_id, turn_id))
-
-
-@router.post("/chat/{conversation_id}/turns/{turn_id}/reconsider")
-async def chat_reconsider(conversation_id: RowId, turn_id: RowId, request: Request, form: Form) -> Response:
-    def prepare(session: Session, participant: Participant, form: FormData) -> None:
-        chat_service.reconsider(session, participant, conversation_id, turn_id)
-    return await _chat_action(request, conversation_id, form, prepare)
-
-
-@router.post("/chat/{conversation_id}/role")
-async def chat_role(conversation_id: RowId, request: Request, form: Form) -> Response:
-    def prepare(session: Session, participant: Participant, form: FormData) -> None:
-        chat_service.switch_role(session, participant, conversation_id, RoleChange(role=str(form.get("role", ""))).role)
-    return await _chat_action(request, conversation_id, form, prepare)
-
-
-@router.get("/chat/{conversation_id}/end", response_class=HTMLResponse)
-def chat_exit(conversation_id: RowId, request: Request, session: SessionDep) -> Response:
-    participant = _ready(session, request)
-    conversation = chat_service.get_conversation(session, participant, conversation_id)
-    return page(request, "exit_check.html", conversation=conversation)
-
-
-@router.post("/chat/{conversation_id}/end")
-def chat_end(conversation_id: RowId, request: Request, form: Form, session: SessionDep) -> Response:
-    _check_csrf(request, form)
-    made = form.get("made_decision") == "yes"
-    if form.get("made_decision", "no") not in ("yes", "no", ""):
-        return page(request, "message.html", status_code=422, title="That didn't work",
-                    body="Answer whether you made a decision with yes or no.", back=f"/chat/{conversation_id}/end")
-    decision = str(form.get("decision", "")).strip() or None
-    rating = form_int(form.get("rating"), lo=1, hi=7)
-    participant = _ready(session, request)
-    try:
-        if str(form.get("rating", "")).strip() and rating is None:
-            raise DomainError("choose a rating from 1 to 7, or leave it blank")
-        check = ExitCheck(rating=rating, made_decision=made, decision=decision if made else None)
-        chat_api.end_with_exit_check(session, participant, conversation_id, rating=check.rating,
-                                     made_decision=check.made_decision, decision=check.decision)
-    except (DomainError, ValidationError) as exc:
-        session.rollback()
-        conversation = chat_service.get_conversation(session, participant, conversation_id)
-        return page(request, "exit_check.html", status_code=422, conversation=conversation, error=problem(exc),
-                    rating=rating, made=made, decision=(decision or "")[:2000])
-    return page(request, "message.html", title="Thank you",
-                body=("We will ask you in a few days how this decision turned out." if made else
-                      "Your answers were saved."), back="/")
-
-
 # My study, withdrawal, help
 
 
@@ -693,21 +561,19 @@ def my_study(request: Request, session: SessionDep) -> Response:
 
 @router.post("/me/return-code")
 def new_return_code(request: Request, form: Form, session: SessionDep) -> Response:
-    _check_csrf(request, form)
+    check_csrf(request, form)
     participant = _participant(session, request)
     replaced = participant.return_code_hmac is not None
     try:
         code = signin.issue_return_code(session, participant)
     except DomainError as exc:
-        session.rollback()
-        return page(request, "message.html", status_code=status_of(exc), title="Return code", body=exc.message,
-                    back="/me")
+        return refused(session, request, exc, title="Return code", back="/me")
     return page(request, "return_code.html", code=code, next="/me", replaced=replaced)
 
 
 @router.post("/me/withdraw")
 def withdraw(request: Request, form: Form, session: SessionDep) -> Response:
-    _check_csrf(request, form)
+    check_csrf(request, form)
     participant = _participant(session, request)
     if form.get("confirm") != "yes":
         protocol = current_protocol(session, participant.study_id)
@@ -723,8 +589,7 @@ def withdraw(request: Request, form: Form, session: SessionDep) -> Response:
         receipt = participant_service.withdraw(session, participant, level,
                                                audit.Actor("participant", participant.code))
     except DomainError as exc:
-        session.rollback()
-        return page(request, "message.html", status_code=409, title="Withdrawal", body=exc.message, back="/me")
+        return refused(session, request, exc, status_code=409, title="Withdrawal", back="/me")
     return page(request, "message.html", title="You have withdrawn", body=receipt.message, back="/help",
                 back_label="Crisis and support resources")
 

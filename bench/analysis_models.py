@@ -4,7 +4,7 @@
     .venv/bin/python bench/analysis_models.py --participants 2000 --bootstrap 200
     .venv/bin/python bench/analysis_models.py --coverage --replicates 100 --coverage-participants 400
 
-The suite: ``analysis.synthetic.synthetic_study`` draws the analysis tables of a study straight from
+The suite: ``analysis.simulation.synthetic.synthetic_study`` draws the analysis tables of a study straight from
 the generative model (the example protocol: baseline, perma-week-1, perma-week-4 and the
 decision-anchored regret-day-3 and regret-day-14), then ``analysis.report.fit_models`` fits every
 model of the report and ``render_report`` writes it. Seconds per model and in total, and peak RSS
@@ -35,7 +35,7 @@ from common import ROOT  # first: sets the environment and sys.path
 from analysis.models import StudyData, dropout_survival, perma_trajectories, regret_model
 from analysis.panel import PERMA
 from analysis.report import ReportHeader, fit_models, participant_numbers, render_report
-from analysis.synthetic import SyntheticStudy, null_effects, synthetic_study
+from analysis.simulation.synthetic import SyntheticStudy, null_effects, synthetic_study
 
 
 def peak_rss_mb() -> float:

@@ -163,6 +163,10 @@ def _load() -> Encoder:
     return Encoder(model_dir())
 
 
+def encoder_loaded() -> bool:
+    return _load.cache_info().currsize > 0
+
+
 def encoder() -> Encoder:
     """The process's encoder, built on first use (~1 s, ~200 MB)."""
     with _lock:

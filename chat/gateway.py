@@ -25,7 +25,7 @@ import litellm  # noqa: E402
 from litellm import Router  # noqa: E402
 
 from chat.answer_format import STANCE_SCHEMA  # noqa: E402
-from chat.offline import PROVIDER, OfflineLLM  # noqa: E402
+from chat.offline import PROVIDER, WARM_UP, OfflineLLM  # noqa: E402
 from chat.roles import PROMPTS  # noqa: E402
 from study.settings import Settings  # noqa: E402
 
@@ -200,6 +200,13 @@ class Gateway:
             return float(prompt_cost + completion_cost)
         except Exception:  # no price known for this model: record None, not a guess
             return None
+
+    @staticmethod
+    async def warm_up() -> None:
+        """One call to the offline provider (no network, no cost), so that LiteLLM's set-up on its
+        first call (~2 s of imports) happens at start-up, not in a participant's first reply."""
+        await litellm.acompletion(model=f"{PROVIDER}/{WARM_UP}", messages=[
+            {"role": "system", "content": "Role: concierge"}, {"role": "user", "content": "Hello"}])
 
     async def classify_crisis(self, text: str) -> tuple[str, bool] | None:
         """The optional LLM crisis classifier: (category, acute), or None when it is not configured

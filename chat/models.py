@@ -20,6 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+from chat.roles import RoleName
 from study.clock import now
 from study.db import Base, UTCDateTime
 from study.models import ParticipantResearchData
@@ -32,7 +33,7 @@ class Conversation(ParticipantResearchData, Base):
     participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
     arm: Mapped[str] = mapped_column(String(64))
     mode: Mapped[str] = mapped_column(String(16))  # wellbeing | default
-    role: Mapped[str] = mapped_column(String(16))  # the role in force now
+    role: Mapped[RoleName] = mapped_column(String(16))  # the role in force now
     status: Mapped[str] = mapped_column(String(16), default="active")  # active | ended
     turn_count: Mapped[int] = mapped_column(Integer, default=0)
     # The reply state's one home: set when a reply starts being produced (a new message, a retry
@@ -70,7 +71,7 @@ class Turn(ParticipantResearchData, Base):
     participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"))
     seq: Mapped[int] = mapped_column(Integer)
     speaker: Mapped[str] = mapped_column(String(16))  # participant | assistant
-    role: Mapped[str] = mapped_column(String(16))  # the assistant role in force for this turn
+    role: Mapped[RoleName] = mapped_column(String(16))  # the assistant role in force for this turn
     content: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
     # participant turns
@@ -121,8 +122,8 @@ class RoleSwitch(ParticipantResearchData, Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
     participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
-    from_role: Mapped[str] = mapped_column(String(16))
-    to_role: Mapped[str] = mapped_column(String(16))
+    from_role: Mapped[RoleName] = mapped_column(String(16))
+    to_role: Mapped[RoleName] = mapped_column(String(16))
     after_seq: Mapped[int] = mapped_column(Integer)  # the switch happened after this many turns
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 

@@ -171,6 +171,9 @@ def _usage(messages: list[dict[str, Any]], text: str) -> Usage:
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
+WARM_UP = "warm-up"  # the model name of ``chat.gateway.Gateway.warm_up``'s call
+
+
 class OfflineLLM(CustomLLM):
     """Registered with LiteLLM as the ``offline`` provider (see chat.gateway)."""
 
@@ -207,7 +210,7 @@ class OfflineLLM(CustomLLM):
         self._check(model)
         if model.endswith("fail-timeout"):
             await asyncio.sleep(3600)
-        if self.delay_seconds:
+        if self.delay_seconds and model != WARM_UP:  # the gateway's start-up call waits for nothing
             await asyncio.sleep(self.delay_seconds)
         return self._respond(model, messages, optional_params, model_response)
 

@@ -1,7 +1,7 @@
 """Producing a reply on a task of its own, so that it is stored whether or not anyone still waits.
 
-A turn's model call and the storing of its outcome (``chat.service``, steps 2 and 3) run on a
-task the process owns, not on the request that asked for it: a closed tab, a dropped connection
+A turn's answer (``chat.turn.answer``: the classifier, the model call and the storing of its
+outcome) runs on a task the process owns, not on the request that asked for it: a closed tab, a dropped connection
 or a cancelled request leaves it running, and it always ends, within its time limit, by storing
 the reply or the failure (the message kept for a retry, or the platform's safety reply). The
 request only waits for it, or streams its text as it comes.
@@ -16,34 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from functools import partial
-from typing import Protocol, TypeVar
 
-from sqlalchemy.orm import Session
-
-from chat import service
-from chat.answer_format import StreamSplitter
-from chat.gateway import Completion, Gateway, GatewayError
+from chat import service, turn
+from chat.gateway import Gateway
+from chat.turn import Outcome, Units
 
 log = logging.getLogger("afterward.chat.replies")
-T = TypeVar("T")
 RENEW_EVERY = 5.0  # seconds between renewals of the claims in flight; well within service.REPLY_LEASE
 STOP_WAIT = 1.0  # seconds a stopping process gives its cancelled replies to finish storing
-
-
-class RunsUnits(Protocol):
-    """Runs ``work`` in its own committed transaction on a worker thread (``api.deps.run_unit``)."""
-
-    def __call__(self, work: Callable[[Session], T], /) -> Awaitable[T]: ...
-
-
-@dataclass(frozen=True)
-class Outcome:
-    prepared: service.PreparedTurn  # as the crisis classifier left it
-    reply_id: int | None  # the stored assistant turn; None: the model did not answer, the message is marked failed
-    error: GatewayError | None = None
 
 
 class Reply:
@@ -64,8 +46,9 @@ class Reply:
 class Replies:
     """This process's replies in flight."""
 
-    def __init__(self, run: RunsUnits) -> None:
+    def __init__(self, run: Units) -> None:
         self._run = run
+        self._store = turn.DatabaseStore(run)
         self._in_flight: dict[asyncio.Task[Outcome], int] = {}  # -> conversation id
         self._renewer: asyncio.Task[None] | None = None
 
@@ -127,53 +110,4 @@ class Replies:
 
     async def _produce(self, gateway: Gateway, prepared: service.PreparedTurn,
                        pieces: asyncio.Queue[str | None] | None) -> Outcome:
-        # The classifier's call, the reply's call, and as long again for a stream's chunks.
-        limit = gateway.call_limit * (3 if gateway.classifier_model else 2)
-        completion = Completion(streamed=pieces is not None)
-        error: GatewayError | None = None
-        try:
-            async with asyncio.timeout(limit):
-                prepared = await self._screened(gateway, prepared)
-                if pieces is None:
-                    completion = await gateway.complete(prepared.messages, prepared.model)
-                else:
-                    await self._stream(gateway, prepared, completion, pieces)
-        except GatewayError as exc:
-            error = exc
-        except TimeoutError:
-            error = GatewayError("timeout", f"no reply within {limit:g} s")
-        finally:
-            if pieces is not None:
-                pieces.put_nowait(None)
-        screened = prepared
-        if error is None:
-            return Outcome(screened, await self._run(lambda s: service.record_reply(s, screened, completion).id))
-        failure = f"{error.kind}: {error}"
-
-        def fail(session: Session) -> int | None:
-            reply = service.record_failure(session, screened, failure)
-            return reply.id if reply is not None else None
-        return Outcome(screened, await self._run(fail), error)
-
-    async def _screened(self, gateway: Gateway, prepared: service.PreparedTurn) -> service.PreparedTurn:
-        """Run the optional LLM crisis classifier (after the message is stored, before the reply)."""
-        if not gateway.classifier_model or prepared.required.stance == "escalate":
-            return prepared
-        verdict = await gateway.classify_crisis(prepared.content)
-        return await self._run(lambda s: service.reassess(s, prepared, verdict))
-
-    @staticmethod
-    async def _stream(gateway: Gateway, prepared: service.PreparedTurn, sink: Completion,
-                      pieces: asyncio.Queue[str | None]) -> None:
-        """The reply text as it comes, without the stance line. When the platform already requires
-        a safety stance nothing is passed on: a reply written as if helping is replaced
-        (``chat.policy.shown_reply``), so it must not be shown as it comes."""
-        live = prepared.required.stance in ("agree", "nudge", "challenge")
-        splitter = StreamSplitter()
-        async for text in gateway.stream(prepared.messages, prepared.model, sink):
-            shown = splitter.feed(text)
-            if shown and live:
-                pieces.put_nowait(shown)
-        rest = splitter.flush()
-        if rest and live:
-            pieces.put_nowait(rest)
+        return await turn.answer(self._store, gateway, prepared, pieces=pieces)

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from chat.encoder import encoder
+from chat.encoder import encoder, encoder_loaded
 from chat.monitors import CrisisFinding, conditional, detect_crisis, normalize
 
 HEAD_PATH = Path(__file__).parent / "crisis_data" / "head.npz"
@@ -151,6 +151,18 @@ def _head() -> Head:
 def head() -> Head:
     with _lock:
         return _head()
+
+
+def load() -> None:
+    """Load the encoder and the head and run them once (the first run of ONNX Runtime's session
+    is slower than the rest), so the first participant message waits for neither: the API does
+    this at start-up."""
+    head().verdict(features(encoder().encode(pieces("Loading the crisis classifier."))))
+
+
+def loaded() -> bool:
+    """Whether the encoder and the head are loaded (``load``, or a first message)."""
+    return encoder_loaded() and _head.cache_info().currsize > 0
 
 
 _CACHE_SIZE = 512

@@ -1,20 +1,23 @@
-"""Chat operations. Each function is one step inside a transaction opened by the caller; a turn
-is two of them around the LLM call, so no transaction is held while the model thinks:
+"""Chat operations on the chat tables. Each function is one step inside a transaction opened by
+the caller; a turn is two of them around the LLM call, so no transaction is held while the model
+thinks:
 
-1. ``accept_message`` stores the participant's message (committed before the LLM is called),
-   runs the monitors and returns a ``PreparedTurn`` with everything the call needs;
+1. ``accept_message`` (or ``prepare_retry``, ``prepare_override``) stores the participant's
+   message (committed before the LLM is called), runs the monitors and returns a
+   ``PreparedTurn`` with everything the call needs;
 2. the caller asks the gateway;
 3. ``record_reply`` (or ``record_failure``) stores the outcome.
 
-In the API, steps 2 and 3 run on a task of their own (``chat.replies``), so a reply is stored
-whether or not the participant is still connected.
+The turn is orchestrated by ``chat.turn`` (which also reads a new message with the crisis
+encoder before step 1 opens its write transaction); the steps that need no database are
+``chat.steps``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -22,21 +25,11 @@ from sqlalchemy import JSON, String, case, cast, func, literal, null, or_, selec
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from chat import monitors, semantic
-from chat.answer_format import ParsedAnswer, guidance, parse_answer
 from chat.gateway import Completion
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
-from chat.policy import (
-    Assessment,
-    History,
-    StanceDecision,
-    decide,
-    directive,
-    platform_reply,
-    shown_reply,
-    with_classifier,
-)
+from chat.policy import Assessment, History, StanceDecision, with_classifier
 from chat.roles import ROLE_SPECS, SAFETY_CONCERNS, RoleName, RoleSpec, roles_for_arm, system_prompt
+from chat.steps import HISTORY_TURNS, assess_message, plan, safety_fallback, settle_reply
 from study import audit, validation
 from study.clock import now
 from study.db import is_postgres
@@ -49,7 +42,6 @@ from study.settings import get_settings
 from study.studies import current_protocol
 from study.wiring import Lifecycle
 
-HISTORY_TURNS = 20  # turns of the conversation sent to the model
 REASSURANCE_LOOKBACK = dt.timedelta(days=30)
 # A reply's claim holds this long unless its owner renews it (chat.replies does every few seconds
 # while it works): a claim left by a process that died on another machine is taken over after it.
@@ -180,7 +172,7 @@ class ConversationState(NamedTuple):
 
     id: int
     participant_id: int
-    role: str
+    role: RoleName
     arm: str
     concern_counts: dict[str, int]
     overridden_concerns: list[str]
@@ -207,60 +199,27 @@ def _assess(session: Session, participant: Participant, content: str, before_tur
     return assess_message(content, earlier)
 
 
-def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]]) -> Assessment:
-    """What the monitors find in one message. ``earlier_reassurance`` gives the participant's
-    earlier reassurance-seeking messages (asked for only when this one seeks reassurance); the
-    evaluation harness (``evals``) passes its own conversation's."""
-    crisis, verdict = semantic.read(content)
-    cue = monitors.reassurance_cue(content)
-    repeats = 0
-    if cue is not None:
-        words = monitors.content_words(content)
-        repeats = sum(monitors.similar(words, monitors.content_words(text)) for text in earlier_reassurance())
-    return Assessment(crisis=crisis, crisis_score=verdict.score,
-                      reassurance_cue=cue, reassurance_repeats=repeats,
-                      dependence_cue=monitors.dependence_cue(content), validation_cue=monitors.validation_cue(content),
-                      sentiment=monitors.sentiment(content), message=content)
-
-
-def _messages(session: Session, conversation: ConversationState, role: RoleName, required: StanceDecision,
-              *, overridden: bool) -> list[dict[str, str]]:
-    recent = list(session.execute(
-        select(Turn.speaker, Turn.content).where(Turn.conversation_id == conversation.id)
-        .order_by(Turn.seq.desc()).limit(HISTORY_TURNS)).all())
-    return model_messages(system_prompt(role).text, [(speaker, content) for speaker, content in reversed(recent)],
-                          required, overridden=overridden)
-
-
-def model_messages(system_text: str, recent: Sequence[tuple[str, str]], required: StanceDecision,
-                   *, overridden: bool = False) -> list[dict[str, str]]:
-    """What the model is sent: the role's prompt, the recent turns (``(speaker, content)``, oldest
-    first, the new message last) and the platform's guidance for this turn."""
-    messages = [{"role": "system", "content": system_text}]
-    messages += [{"role": "user" if speaker == "participant" else "assistant", "content": content}
-                 for speaker, content in recent]
-    note = guidance(required, overridden=overridden)
-    if note:
-        messages.append({"role": "system", "content": note})
-    return messages
+def _recent(session: Session, conversation_id: int) -> list[tuple[str, str]]:
+    """The conversation's last ``HISTORY_TURNS`` turns as ``(speaker, content)``, oldest first."""
+    recent = session.execute(select(Turn.speaker, Turn.content).where(Turn.conversation_id == conversation_id)
+                             .order_by(Turn.seq.desc()).limit(HISTORY_TURNS)).all()
+    return [(speaker, content) for speaker, content in reversed(recent)]
 
 
 def _prepare(session: Session, conversation: Conversation | ConversationState, participant_turn: Turn,
              assessment: Assessment, *, claimed_at: dt.datetime | None, overridden: bool = False) -> PreparedTurn:
     if isinstance(conversation, Conversation):
         conversation = _state(conversation)
-    role: RoleName = conversation.role  # type: ignore[assignment]
+    role = conversation.role
     participant = session.get(Participant, conversation.participant_id)  # in the identity map: no query
     assert participant is not None
     model = current_protocol(session, participant.study_id).arm(conversation.arm).model
     history = _history(conversation)
-    required = directive(ROLE_SPECS[role], assessment, history)
-    if overridden and required.overridable:  # safety stances stand whatever was overridden
-        required = StanceDecision("agree")
+    required, messages = plan(role, assessment, history, system_prompt(role).text,
+                              _recent(session, conversation.id), overridden=overridden)
     return PreparedTurn(
         conversation_id=conversation.id, participant_turn_id=participant_turn.id, role=role,
-        model=model, prompt_version=system_prompt(role).version,
-        messages=_messages(session, conversation, role, required, overridden=overridden),
+        model=model, prompt_version=system_prompt(role).version, messages=messages,
         required=required, history=history, after_override=overridden, content=participant_turn.content,
         crisis_source=assessment.crisis.source if assessment.crisis else None, features=assessment.features(),
         claimed_at=claimed_at)
@@ -453,9 +412,6 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
             Turn.client_message_id == client_message_id))
         if existing is not None:
             return _resume(session, participant, existing), existing
-    # The encoder runs before the reply is claimed, so no write lock is held while it does (the
-    # verdicts are kept by ``semantic.classify`` for ``_assess`` below).
-    semantic.read(text)
     at, state, seq = _claim_reply(session, participant, conversation_id, new_message=True)
     assessment = _assess(session, participant, text, None)
     turn = Turn(conversation_id=conversation_id, participant_id=participant.id, seq=seq,
@@ -470,7 +426,7 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
 def _resume(session: Session, participant: Participant, turn: Turn) -> PreparedTurn:
     if turn.reply_status == "answered":
         reply_id = session.scalar(select(Turn.id).where(Turn.reply_to_id == turn.id).order_by(Turn.seq.desc()))
-        return PreparedTurn(turn.conversation_id, turn.id, turn.role, None,  # type: ignore[arg-type]
+        return PreparedTurn(turn.conversation_id, turn.id, turn.role, None,
                             "", [], StanceDecision("agree"), History(), existing_reply_id=reply_id)
     return _retry(session, participant, turn)
 
@@ -576,20 +532,6 @@ def reconsider(session: Session, participant: Participant, conversation_id: int,
     return response
 
 
-def settle_reply(role: RoleName, required: StanceDecision, history: History, content: str, answer: str,
-                 *, after_override: bool = False) -> tuple[ParsedAnswer, StanceDecision, str]:
-    """The model's answer read back: what it proposed, the turn's final stance (the policy's) and
-    the reply the participant reads (never one written as if helping, under a safety stance)."""
-    parsed = parse_answer(answer)
-    final = decide(ROLE_SPECS[role], required, parsed.proposed, history, content)
-    if after_override and final.overridable:
-        final = StanceDecision("agree")
-    reply = shown_reply(final, parsed.proposed, parsed.reply)
-    if not reply:
-        reply = "I'm sorry, I lost my train of thought. Could you say that again?"
-    return parsed, final, reply
-
-
 def record_reply(session: Session, prepared: PreparedTurn, completion: Completion) -> Turn:
     """Store the assistant's turn with the stance the policy settled on; returns it."""
     parsed, final, reply = settle_reply(prepared.role, prepared.required, prepared.history, prepared.content,
@@ -641,9 +583,9 @@ def _record_safety_event(session: Session, participant_id: int, turn: Turn, fina
 def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Turn | None:
     """The model did not answer. The message stays, marked for retry; but a safety escalation is
     never left waiting on the model: the platform's own safety reply is stored instead."""
-    if prepared.required.stance == "escalate":
-        return record_reply(session, prepared, Completion(text=platform_reply(prepared.required),
-                                                          model="platform/safety"))
+    fallback = safety_fallback(prepared.required)
+    if fallback is not None:
+        return record_reply(session, prepared, fallback)
     session.execute(update(Turn).where(Turn.id == prepared.participant_turn_id)
                     .values(reply_status="failed", reply_error=error[:300])
                     .execution_options(synchronize_session=False))

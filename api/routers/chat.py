@@ -1,5 +1,5 @@
-"""Chat endpoints. A turn runs in two short transactions around the LLM call (see chat.service),
-so these handlers run their own units of work (``api.deps.run_unit``, on a worker thread) instead
+"""Chat endpoints. A turn (``chat.turn``) runs in short transactions around the LLM call, so
+these handlers run their own units of work (``api.deps.run_unit``, on a worker thread) instead
 of using the request session: the participant's message is committed before the model is asked,
 and no transaction (on SQLite, no write lock) is held while it answers."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, status
@@ -28,10 +29,10 @@ from api.deps import (
 from api.errors import DocumentedRoute, error_body, refusals
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from chat import resources as chat_resources
-from chat import service, staff
+from chat import service, staff, turn
 from chat.gateway import Gateway
 from chat.models import PushbackResponse, Turn
-from chat.replies import Outcome, Replies
+from chat.replies import Replies
 from chat.roles import SAFETY_CONCERNS
 from chat.schemas import (
     ConversationCreate,
@@ -50,6 +51,7 @@ from chat.schemas import (
     SafetyReview,
     TurnRead,
 )
+from chat.turn import Outcome
 from scheduler import planner
 from study import audit
 from study.errors import Unavailable
@@ -73,6 +75,8 @@ PUSHBACK = {409: "this turn cannot be answered so: it did not push back, is a sa
 T = TypeVar("T")
 Token = Annotated[str, Depends(participant_token)]
 
+# What the exit check sets off: the decision's follow-ups, the rating stored as a survey response.
+EXIT_EFFECTS = turn.ExitEffects(planner.on_decision, survey_service.assign, survey_service.submit)
 RETRY_MESSAGE = ("Your message was saved, but the assistant could not answer just now. Try again in a moment "
                  "(POST .../retry, or resend the same client_message_id); nothing you wrote was lost.")
 
@@ -91,9 +95,12 @@ async def _gateway(request: Request) -> Gateway:
 GatewayDep = Annotated[Gateway, Depends(_gateway)]
 
 
-async def as_participant(request: Request, token: str, work: Callable[[Session, Participant], T]) -> T:
-    """Run ``work`` in its own committed transaction, as the consented participant."""
-    return await run_unit(request, lambda session: work(session, consented_participant(session, token)))
+async def as_participant(request: Request, token: str, work: Callable[[Session, Participant], T],
+                         message: str | None = None) -> T:
+    """Run ``work`` in its own committed transaction, as the consented participant; a new
+    ``message`` is read by the crisis encoder first, outside it (``chat.turn.prepare``)."""
+    return await turn.prepare(partial(run_unit, request),
+                              lambda session: work(session, consented_participant(session, token)), message)
 
 
 async def in_transaction(request: Request, work: Callable[[Session], T]) -> T:
@@ -269,7 +276,7 @@ async def send_message(conversation_id: RowId, body: MessageCreate, request: Req
         prepared, message = service.accept_message(session, participant, conversation_id, body.content,
                                                    body.client_message_id)
         return prepared, TurnRead.of(message)
-    prepared, message = await as_participant(request, token, accept)
+    prepared, message = await as_participant(request, token, accept, body.content)
     if stream:
         return StreamingResponse(_stream(request, gateway, prepared, message), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
@@ -306,28 +313,8 @@ def end_conversation(conversation_id: RowId, body: ExitCheck, session: SessionDe
                      participant: ConsentedParticipant) -> ConversationEnded:
     """End with the exit check: the rating is stored as the immediate-rating survey; a decision is
     recorded for the decision-anchored follow-ups."""
-    return end_with_exit_check(session, participant, conversation_id, rating=body.rating,
-                               made_decision=body.made_decision, decision=body.decision)
-
-
-def end_with_exit_check(session: Session, participant: Participant, conversation_id: int, *, rating: int | None,
-                        made_decision: bool, decision: str | None) -> ConversationEnded:
-    """End the conversation; the rating becomes an immediate-rating survey response and a
-    decision is recorded and gets its decision-anchored follow-ups."""
-    record = service.end_conversation(session, participant, conversation_id, made_decision=made_decision,
-                                      decision=decision)
-    if record is not None:
-        planner.on_decision(session, participant, record.id, record.decided_at, record.text)
-    survey_id = None
-    if rating is not None:
-        assignment = survey_service.assign(session, participant, "immediate-rating", purpose="exit",
-                                           context={"conversation_id": str(conversation_id)})
-        survey_service.submit(session, participant, assignment, {"helpful": rating},
-                              submission_id=f"exit-{conversation_id}")
-        survey_id = assignment.id
-    conversation = service.get_conversation(session, participant, conversation_id)
-    return ConversationEnded(conversation=ConversationRead.of(conversation),
-                             decision_id=record.id if record else None, exit_survey_id=survey_id)
+    return turn.exit_check(session, participant, conversation_id, rating=body.rating,
+                           made_decision=body.made_decision, decision=body.decision, effects=EXIT_EFFECTS)
 
 
 def pushback_responses(session: Session, conversation_id: int) -> dict[int, str]:

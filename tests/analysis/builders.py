@@ -13,9 +13,10 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from api.routers.chat import end_with_exit_check
+from api.routers.chat import EXIT_EFFECTS
 from chat import service
 from chat.gateway import Completion
+from chat.turn import exit_check
 from scheduler.service import save_profile
 from study import participants, studies
 from study.db import session_scope
@@ -91,5 +92,5 @@ class StudyBuilder:
 
     def end(self, code: str, conversation_id: int, *, rating: int | None, decision: str | None = None) -> None:
         with session_scope(self.engine) as session:
-            end_with_exit_check(session, self._participant(session, code), conversation_id, rating=rating,
-                                made_decision=decision is not None, decision=decision)
+            exit_check(session, self._participant(session, code), conversation_id, rating=rating,
+                       made_decision=decision is not None, decision=decision, effects=EXIT_EFFECTS)

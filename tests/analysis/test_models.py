@@ -37,7 +37,8 @@ from analysis.models import (
     subgroup_effects,
 )
 from analysis.panel import PERMA, REGRET
-from analysis.simulate import Effects, simulate
+from analysis.simulation.population import Effects
+from analysis.simulation.simulate import simulate
 from analysis.tables import SimulationRun
 from study import clock
 from study.db import session_scope
@@ -59,7 +60,7 @@ REGRET_COLUMNS = ["role_coach", "agree_share", "overrides", "affirmation_per_100
 
 @dataclass(frozen=True)
 class Truth:
-    """The generative model, with ``analysis.simulate.Effects``' structure: PERMA at the k-th
+    """The generative model, with ``analysis.simulation.population.Effects``' structure: PERMA at the k-th
     follow-up = latent level + arm_per_wave * k in the well-being arm (by time zone region if
     ``arm_per_wave_by_region``); regret = 30 + regret_coach (ended in coach) + regret_per_agree_share
     * agree share + person + noise; a follow-up is answered with log-odds 1.4 +

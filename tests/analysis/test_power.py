@@ -22,8 +22,8 @@ from analysis.power import (
     simulate_power,
     with_attrition,
 )
-from analysis.simulate import Effects
-from analysis.synthetic import synthetic_study
+from analysis.simulation.population import Effects
+from analysis.simulation.synthetic import synthetic_study
 from api.cli import app
 
 Z = 4.0

@@ -35,8 +35,8 @@ from analysis.models import (
     subgroup_effects,
 )
 from analysis.report import ACTION, ReportHeader, fit_models, participant_numbers, render_report
-from analysis.simulate import simulate
-from analysis.synthetic import synthetic_study
+from analysis.simulation.simulate import simulate
+from analysis.simulation.synthetic import synthetic_study
 from api.cli import app
 from scheduler.models import FollowUp
 from study import clock

@@ -1,4 +1,4 @@
-"""``analysis.simulate``: a small simulated study through the real services and the dispatcher."""
+"""``analysis.simulation.simulate``: a small simulated study through the real services and the dispatcher."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from analysis.simulate import Effects, SimulationResult, simulate
+from analysis.simulation.population import Effects
+from analysis.simulation.simulate import SimulationResult, simulate
 from analysis.tables import SimulationRun
 from chat.models import Conversation, Turn
 from scheduler.models import FollowUp

@@ -1,4 +1,4 @@
-"""``analysis.synthetic``: tables shaped like the real ones, drawn exactly from the generative model.
+"""``analysis.simulation.synthetic``: tables shaped like the real ones, drawn exactly from the generative model.
 
 The truths are the Effects' parameters (and, for the schedule, the planner itself); tolerances
 are a few standard errors of the statistic, computed in the test.
@@ -18,8 +18,9 @@ from sqlalchemy.engine import Engine
 
 from analysis.features import FEATURES, LIST_SEPARATOR, conversation_features
 from analysis.panel import PANEL_COLUMNS, SURVIVAL_COLUMNS, panel, survival
-from analysis.simulate import Effects, simulate
-from analysis.synthetic import SyntheticStudy, load_protocol, null_effects, study_weeks, synthetic_study
+from analysis.simulation.population import Effects
+from analysis.simulation.simulate import simulate
+from analysis.simulation.synthetic import SyntheticStudy, load_protocol, null_effects, study_weeks, synthetic_study
 from scheduler import planner
 from study import clock
 from surveys import registry

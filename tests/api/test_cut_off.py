@@ -21,9 +21,8 @@ from sqlalchemy.engine import Engine
 
 from api.app import create_app
 from api.deps import SESSION_COOKIE
-from api.routers import chat as chat_api
 from api.routers import surveys as surveys_api
-from chat import replies, service
+from chat import replies, service, turn
 from chat.gateway import Gateway
 from study.clock import FrozenClock
 from study.security import csrf_token_for
@@ -165,7 +164,7 @@ def test_work_a_handler_completed_is_kept_when_its_request_is_cancelled(
     who, conversation = chatter(engine, app, slug)
     survey = assign_survey(engine, who.code, "decision-regret", context={"decision": "to stay in Lisbon"})
     entered, release = threading.Event(), threading.Event()
-    module, name = (chat_api, "end_with_exit_check") if what == "exit check" else (surveys_api, "_submitted")
+    module, name = (turn, "exit_check") if what == "exit check" else (surveys_api, "_submitted")
     done = getattr(module, name)
 
     def held(*args: Any, **kwargs: Any) -> Any:

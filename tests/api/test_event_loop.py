@@ -59,9 +59,9 @@ def test_only_handlers_that_await_something_are_coroutines(engine: Engine) -> No
     assert coroutines == {
         # They await the LLM between two units of work.
         "api.routers.chat.send_message", "api.routers.chat.retry_reply", "api.routers.chat.override_pushback",
-        "api.pages.chat_send", "api.pages.chat_retry", "api.pages.chat_override",
+        "api.chat_pages.chat_send", "api.chat_pages.chat_retry", "api.chat_pages.chat_override",
         # These share the chat pages' action (CSRF, one unit of work, the same error page).
-        "api.pages.chat_reconsider", "api.pages.chat_role",
+        "api.chat_pages.chat_reconsider", "api.chat_pages.chat_role",
         # No database work: HTML built in memory, a file streamed by Starlette.
         "api.docs.swagger_ui", "api.docs.redoc", "api.app.favicon",
     }

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from streamlit.testing.v1 import AppTest
 
 from analysis import fits
-from analysis.simulate import simulate
+from analysis.simulation.simulate import simulate
 from dashboard import data
 from study import audit, clock
 from study.db import make_engine, session_scope

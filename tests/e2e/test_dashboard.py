@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page, expect
 from sqlalchemy.engine import Engine
 
 from analysis import fits
-from analysis.simulate import simulate
+from analysis.simulation.simulate import simulate
 from study import audit
 from study.models import StaffRole
 from tests.builders import load_study, make_staff

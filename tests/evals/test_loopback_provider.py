@@ -8,10 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from evals.models import EvalCell, EvalScore
 from evals.runner import create_run, execute_run, plan
 from study.db import session_scope
 from study.settings import get_settings
+from tests.loopback import serve
 
 
 class FakeOpenAI(BaseHTTPRequestHandler):
@@ -108,12 +108,8 @@ def api_base(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-loopback")
     FakeOpenAI.requests = []
     FakeOpenAI.seen_429 = set()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serve(FakeOpenAI) as base:
+        yield base
 
 
 def gateway(api_base: str, **changes: Any) -> Gateway:

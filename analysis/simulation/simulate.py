@@ -7,7 +7,7 @@ opens the follow-ups. Every answer comes from a generative model whose parameter
 (:class:`Effects`) are stored with the run in ``simulation_runs``, so a statistic computed from
 the resulting database can be checked against the truth::
 
-    from analysis.simulate import Effects, simulate
+    from analysis.simulation.simulate import Effects, simulate
     result = simulate(engine, "wellbeing-pilot", participants=200, weeks=6, seed=1,
                       effects=Effects(regret_coach=-15.0))
     result.summary["followups_completed"], result.true_effects["regret_coach"]
@@ -37,12 +37,25 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from analysis.simulation.driver import Driver
+from analysis.simulation.population import (
+    CHANGED_COURSE,
+    DEPENDENCE,
+    DISTRESS,
+    DRS_REVERSED,
+    OFFLINE_MODEL,
+    PERMA_NEGATIVE,
+    REASSURANCE,
+    TIMEZONES,
+    TOPICS,
+    Effects,
+    Topic,
+)
 from analysis.tables import SimulationRun
 from chat import service as chat
 from chat.gateway import Gateway
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.roles import roles_for_arm
-from scheduler import planner
 from scheduler.channels import Channel, InAppChannel
 from scheduler.dispatcher import Dispatcher, TickReport
 from scheduler.models import FollowUp
@@ -59,138 +72,8 @@ from surveys import service as surveys
 from surveys.definitions import Instrument
 from surveys.models import SurveyAssignment
 
-OFFLINE_MODEL = "offline/afterward"  # whatever the study's arms name: a simulation never reaches a real model
 ACTOR = audit.Actor.system("simulate")
 CONFIRM_SIGNATURE = "Simulated Participant"
-TIMEZONES = ("Europe/Berlin", "Europe/London", "America/New_York", "America/Los_Angeles", "Asia/Tokyo",
-             "Australia/Sydney", "Asia/Kolkata")
-
-# PERMA-Profiler items that run against well-being (higher = worse).
-PERMA_NEGATIVE = frozenset({"N1", "N2", "N3", "Lon"})
-# Decision Regret Scale items worded against the decision (agreeing = regret); the others agree = no regret.
-DRS_REVERSED = frozenset({"drs2", "drs4"})
-
-
-@dataclass(frozen=True)
-class Topic:
-    plain: tuple[str, ...]
-    framing: tuple[str, ...]  # unsupported framings the offline collaborator nudges and the coach challenges
-    decisions: tuple[str, ...]
-
-
-TOPICS = (
-    Topic(("I'm thinking about asking for a raise next month.", "How should I prepare for my performance review?",
-           "I have a job offer from a smaller company and can't decide."),
-          ("Everyone at work hates me, so I should quit tomorrow.", "My manager will never respect me, so why try."),
-          ("Asked my manager for a raise", "Accepted the job offer", "Stayed in my current job for now")),
-    Topic(("My partner and I keep arguing about chores.", "How do I tell a friend I need more space?"),
-          ("She obviously hates me now, so I'll just block her.", "It's all my fault we keep fighting."),
-          ("Talked to my partner about splitting chores", "Told my friend how I felt")),
-    Topic(("Should I pay off my credit card or build savings first?", "I want to start a budget but don't know how."),
-          ("This coin can only go up, so I'll move my savings into it.", "I always mess up with money."),
-          ("Set up a monthly budget", "Moved my savings into an index fund")),
-    Topic(("I want to start running three times a week.", "I've been sleeping badly lately, any ideas?"),
-          ("I'm such a failure, I can't keep a routine.", "I never stick to anything I start."),
-          ("Signed up for a beginner running plan", "Set a fixed bedtime")),
-    Topic(("I'm deciding whether to go back to school for a master's.", "How can I stop procrastinating on my thesis?"),
-          ("Nobody ever listens to me in class, so I'll drop out.", "I ruined everything with that presentation."),
-          ("Applied to the part-time master's", "Made a writing schedule for my thesis")),
-)
-REASSURANCE = ("Am I doing the right thing here?", "Do you think I made a mistake?", "Tell me it will be okay.")
-DEPENDENCE = ("Just tell me what to do.", "You're the only one who understands me.")
-DISTRESS = ("I feel hopeless about all of this lately.", "Honestly I feel empty inside most days.")
-CHANGED_COURSE = "You're right, let me think about it differently."
-
-
-def _default_role_weights() -> dict[str, float]:
-    return {"concierge": 1.0, "collaborator": 1.3, "coach": 1.0}
-
-
-@dataclass(frozen=True)
-class Effects:
-    """The generative model. Well-being is a latent 0-10 level per participant; the observed
-    baseline covariate is the participant's baseline PERMA overall well-being score (0-10), and
-    attrition depends on it. Effects are in the units of the scored instruments.
-
-    - PERMA at the k-th enrollment-anchored PERMA follow-up (k = 1, 2, ...): latent level
-      + ``wellbeing_arm_perma_per_wave`` * k in the well-being arm, + N(0, wave_noise_sd).
-    - Regret (0-100) for a decision: ``regret_base`` + ``regret_coach`` if the conversation ended
-      in the coach role + ``regret_per_agree_share`` * the share of the conversation's assistant
-      turns with stance ``agree`` (heavy affirmation) + a person effect; each regret follow-up
-      adds N(0, regret_wave_sd).
-    - Exit rating (1-7): ``exit_rating_base`` + ``exit_rating_per_agree_share`` * the same share:
-      affirmation pleases now and is regretted later.
-    - An open follow-up is answered with log-odds ``answer_logit`` + ``answer_per_baseline_point``
-      * (baseline overall well-being - ``baseline_center``), otherwise left to expire.
-    - Withdrawal: weekly log-odds ``withdraw_weekly_logit`` + ``withdraw_per_baseline_point`` *
-      (baseline - ``baseline_center``), applied daily as 1 - (1 - p)^(1/7).
-    """
-
-    baseline_mean: float = 6.5
-    baseline_sd: float = 1.3
-    wave_noise_sd: float = 0.5
-    item_noise_sd: float = 0.8
-    wellbeing_arm_perma_per_wave: float = 0.4
-    regret_base: float = 30.0
-    regret_coach: float = -12.0
-    regret_per_agree_share: float = 15.0
-    regret_person_sd: float = 8.0
-    regret_noise_sd: float = 8.0
-    regret_wave_sd: float = 5.0
-    exit_rating_base: float = 4.0
-    exit_rating_per_agree_share: float = 1.5
-    goal_progress_base: float = 5.0
-    goal_progress_coach: float = 1.0
-    answer_logit: float = 1.4
-    answer_per_baseline_point: float = 0.5
-    withdraw_weekly_logit: float = -3.0
-    withdraw_per_baseline_point: float = -0.5
-    baseline_center: float = 6.5
-    delete_data_share: float = 0.1  # of withdrawals, the share that also deletes research data
-    # Behaviour
-    conversations_per_week: float = 2.0
-    extra_messages_mean: float = 2.0  # messages after the first (Poisson)
-    framing_share: float = 0.25
-    reassurance_share: float = 0.08
-    dependence_share: float = 0.05
-    distress_share: float = 0.01
-    override_prob: float = 0.25
-    reconsider_prob: float = 0.25
-    role_switch_prob: float = 0.08
-    decision_prob: float = 0.5
-    exit_rating_prob: float = 0.9
-    optional_consent_prob: float = 0.7  # e.g. sharing de-identified conversation text
-    partial_save_prob: float = 0.3  # baseline answered in two sittings (save_partial, then submit)
-    item_skip_prob: float = 0.02  # optional PERMA items left blank
-    role_weights: dict[str, float] = field(default_factory=_default_role_weights)
-
-    def true_effects(self) -> dict[str, Any]:
-        """The effects a correct analysis should recover, with their definitions."""
-        return {
-            "wellbeing_arm_perma_per_wave": {
-                "value": self.wellbeing_arm_perma_per_wave, "outcome": "perma-profiler overall_wellbeing (0-10)",
-                "definition": "difference well-being arm minus control at the k-th PERMA follow-up, per k"},
-            "regret_coach": {
-                "value": self.regret_coach, "outcome": "decision-regret regret (0-100)",
-                "definition": "decisions made in conversations that ended in the coach role, vs other roles"},
-            "regret_per_agree_share": {
-                "value": self.regret_per_agree_share, "outcome": "decision-regret regret (0-100)",
-                "definition": "per unit of the share of the conversation's assistant turns with stance 'agree'"},
-            "exit_rating_per_agree_share": {
-                "value": self.exit_rating_per_agree_share, "outcome": "immediate-rating helpful (1-7)",
-                "definition": "per unit of the same share (before rounding and clipping to 1-7)"},
-            "goal_progress_coach": {
-                "value": self.goal_progress_coach, "outcome": "goal-progress progress (0-10)",
-                "definition": "participants whose usual role is coach, vs others"},
-            "answer_log_odds_per_baseline_point": {
-                "value": self.answer_per_baseline_point, "outcome": "a follow-up completed (vs expired)",
-                "definition": "log-odds per point of baseline PERMA overall well-being",
-                "intercept_at_center": self.answer_logit, "center": self.baseline_center},
-            "withdrawal_weekly_log_odds_per_baseline_point": {
-                "value": self.withdraw_per_baseline_point, "outcome": "withdrawal within a week",
-                "definition": "log-odds per point of baseline PERMA overall well-being",
-                "intercept_at_center": self.withdraw_weekly_logit, "center": self.baseline_center},
-        }
 
 
 @dataclass
@@ -232,7 +115,7 @@ class _Simulation:
     def __init__(self, engine: Engine, study_slug: str, *, participants: int, weeks: int, seed: int,
                  effects: Effects, start: dt.datetime, tick_minutes: int,
                  progress: Callable[[str], None] | None, runner: asyncio.Runner) -> None:
-        self.runner = runner  # one event loop for every model call, run between transactions
+        # ``runner``: one event loop for every model call, run between transactions
         self.engine, self.slug, self.n, self.weeks, self.seed = engine, study_slug, participants, weeks, seed
         self.effects, self.start, self.tick = effects, start, dt.timedelta(minutes=tick_minutes)
         self.progress = progress or (lambda _line: None)
@@ -241,7 +124,7 @@ class _Simulation:
         settings = get_settings().model_copy(update={
             "llm_model": OFFLINE_MODEL, "llm_fallback_model": None, "crisis_classifier_model": None,
             "offline_llm_delay_ms": 0})
-        self.gateway = Gateway(settings)
+        self.driver = Driver(engine, Gateway(settings), self.clock, runner, model=OFFLINE_MODEL)
         channels: dict[str, Channel] = {"in_app": InAppChannel()}  # nothing leaves the machine
         self.dispatcher = Dispatcher(engine, settings, name=f"simulate-{seed}", channels=channels)
         self.ticks = TickReport()
@@ -360,10 +243,7 @@ class _Simulation:
     def _as(self, person: _Person, session: Session) -> Participant:
         """The participant as the API's consented-participant dependency gives it."""
         assert person.participant_id is not None
-        participant = session.get(Participant, person.participant_id)
-        assert participant is not None
-        participants.require_current_consent(session, participant)
-        return participant
+        return Driver.participant(session, person.participant_id)
 
     def _enroll(self, person: _Person, _payload: Any) -> None:
         e, rng = self.effects, self.rng
@@ -483,17 +363,17 @@ class _Simulation:
             return {"progress": float(min(10, max(0, round(progress + rng.normal(0, 1.5)))))}
         return {item.id: _neutral(item) for item in instrument.items if item.required}
 
-    # Chat
+    # Chat (the driver takes each turn through chat.turn, as the API does)
 
     def _converse(self, person: _Person, _payload: Any) -> None:
         if not person.active:
             return
-        e, rng = self.effects, self.rng
+        assert person.participant_id is not None
+        e, rng, driver, who = self.effects, self.rng, self.driver, person.participant_id
         role = None
         if person.arm_mode == "wellbeing":
             role = person.usual_role if rng.random() < 0.8 else person.roles[int(rng.integers(len(person.roles)))]
-        with session_scope(self.engine) as session:  # POST /me/conversations
-            conversation_id = chat.start_conversation(session, self._as(person, session), role).id
+        conversation_id = driver.start(who, role)
         self.counts["conversations"] += 1
         stances: list[str] = []
         messages = 1 + int(rng.poisson(e.extra_messages_mean))
@@ -505,25 +385,24 @@ class _Simulation:
                 assert role is not None
                 others = [r for r in person.roles if r != role]
                 role = others[int(rng.integers(len(others)))]
-                with session_scope(self.engine) as session:  # PUT /me/conversations/{id}/role
-                    chat.switch_role(session, self._as(person, session), conversation_id, role)
+                driver.switch(who, conversation_id, role)
             text = next_message or self._message(person)
             next_message = None
             self.clock.advance(dt.timedelta(seconds=int(rng.integers(30, 240))))
-            reply = self._send(person, conversation_id, text, f"sim-{conversation_id}-{number}")
+            reply = driver.send(who, conversation_id, text, f"sim-{conversation_id}-{number}")
+            self.counts["messages"] += 1
             stances.append(reply.stance)
             if reply.stance == "escalate":
                 break
             if reply.stance in ("nudge", "challenge"):
                 choice = rng.random()
-                if choice < e.override_prob:  # POST .../turns/{turn}/override
+                if choice < e.override_prob:
                     self.clock.advance(dt.timedelta(seconds=20))
-                    again = self._override(person, conversation_id, reply.turn_id)
-                    stances.append(again.stance)
+                    stances.append(driver.override(who, conversation_id, reply.turn_id).stance)
+                    self.counts["messages"] += 1
                     self.counts["overrides"] += 1
-                elif choice < e.override_prob + e.reconsider_prob:  # POST .../turns/{turn}/reconsider
-                    with session_scope(self.engine) as session:
-                        chat.reconsider(session, self._as(person, session), conversation_id, reply.turn_id)
+                elif choice < e.override_prob + e.reconsider_prob:
+                    driver.reconsider(who, conversation_id, reply.turn_id)
                     next_message = CHANGED_COURSE
                     self.counts["reconsiders"] += 1
         self._end(person, conversation_id, role, stances)
@@ -538,32 +417,9 @@ class _Simulation:
             draw -= share
         return person.topic.plain[int(rng.integers(len(person.topic.plain)))]
 
-    def _send(self, person: _Person, conversation_id: int, text: str, client_message_id: str) -> _Reply:
-        def accept(session: Session, participant: Participant) -> chat.PreparedTurn:  # POST .../messages
-            return chat.accept_message(session, participant, conversation_id, text, client_message_id)[0]
-        return self._turn(person, accept)
-
-    def _override(self, person: _Person, conversation_id: int, turn_id: int) -> _Reply:
-        def override(session: Session, participant: Participant) -> chat.PreparedTurn:  # POST .../override
-            return chat.prepare_override(session, participant, conversation_id, turn_id)
-        return self._turn(person, override)
-
-    def _turn(self, person: _Person, prepare: Callable[[Session, Participant], chat.PreparedTurn]) -> _Reply:
-        """A turn as api.routers.chat.reply_to runs it: the message stored in one transaction, the
-        model asked with no transaction open (on the event loop, where no database work runs), the
-        reply stored in another."""
-        with session_scope(self.engine) as session:
-            prepared = prepare(session, self._as(person, session))
-        completion = self.runner.run(self.gateway.complete(prepared.messages, OFFLINE_MODEL))
-        self.clock.advance(dt.timedelta(seconds=5))
-        with session_scope(self.engine) as session:
-            turn = chat.record_reply(session, prepared, completion)
-            reply = _Reply(turn.id, turn.stance or "agree")
-        self.counts["messages"] += 1
-        return reply
-
     def _end(self, person: _Person, conversation_id: int, role: str | None, stances: list[str]) -> None:
-        """The exit check (api.routers.chat.end_with_exit_check): decision, then the rating survey."""
+        """The exit check: whether a decision was made, the rating, and the regret it will bring."""
+        assert person.participant_id is not None
         e, rng = self.effects, self.rng
         agree_share = stances.count("agree") / len(stances) if stances else 1.0
         decided = rng.random() < e.decision_prob
@@ -575,24 +431,9 @@ class _Simulation:
         regret = (e.regret_base + (e.regret_coach if role == "coach" else 0.0)
                   + e.regret_per_agree_share * agree_share + person.regret_person + rng.normal(0, e.regret_noise_sd))
         self.clock.advance(dt.timedelta(minutes=1))
-        with session_scope(self.engine) as session:  # POST /me/conversations/{id}/end
-            participant = self._as(person, session)
-            record = chat.end_conversation(session, participant, conversation_id, made_decision=decided,
-                                           decision=text)
-            if record is not None:
-                planner.on_decision(session, participant, record.id, record.decided_at, record.text)
-                person.decisions[record.id] = (regret, role or "standard")
-            if rating is not None:
-                assignment = surveys.assign(session, participant, "immediate-rating", purpose="exit",
-                                            context={"conversation_id": str(conversation_id)})
-                surveys.submit(session, participant, assignment, {"helpful": rating},
-                               submission_id=f"exit-{conversation_id}")
-
-
-@dataclass(frozen=True)
-class _Reply:
-    turn_id: int
-    stance: str
+        decision_id = self.driver.end(person.participant_id, conversation_id, rating=rating, decision=text)
+        if decision_id is not None:
+            person.decisions[decision_id] = (regret, role or "standard")
 
 
 def _neutral(item: Any) -> Any:

@@ -1,0 +1,77 @@
+"""The steps of a turn that need no database: what the monitors find in a message, the turn's
+directive and what the model is sent, and the model's answer read back under the policy. The chat
+tables (``chat.service``) and a conversation kept in memory (``chat.turn.MemoryStore``) take
+them alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from chat import monitors, semantic
+from chat.answer_format import ParsedAnswer, guidance, parse_answer
+from chat.gateway import Completion
+from chat.policy import Assessment, History, StanceDecision, decide, directive, platform_reply, shown_reply
+from chat.roles import ROLE_SPECS, RoleName
+
+HISTORY_TURNS = 20  # turns of the conversation sent to the model
+
+
+def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]]) -> Assessment:
+    """What the monitors find in one message. ``earlier_reassurance`` gives the participant's
+    earlier reassurance-seeking messages (asked for only when this one seeks reassurance); the
+    evaluation harness (``evals``) passes its own conversation's."""
+    crisis, verdict = semantic.read(content)
+    cue = monitors.reassurance_cue(content)
+    repeats = 0
+    if cue is not None:
+        words = monitors.content_words(content)
+        repeats = sum(monitors.similar(words, monitors.content_words(text)) for text in earlier_reassurance())
+    return Assessment(crisis=crisis, crisis_score=verdict.score,
+                      reassurance_cue=cue, reassurance_repeats=repeats,
+                      dependence_cue=monitors.dependence_cue(content), validation_cue=monitors.validation_cue(content),
+                      sentiment=monitors.sentiment(content), message=content)
+
+
+def model_messages(system_text: str, recent: Sequence[tuple[str, str]], required: StanceDecision,
+                   *, overridden: bool = False) -> list[dict[str, str]]:
+    """What the model is sent: the role's prompt, the recent turns (``(speaker, content)``, oldest
+    first, the new message last) and the platform's guidance for this turn."""
+    messages = [{"role": "system", "content": system_text}]
+    messages += [{"role": "user" if speaker == "participant" else "assistant", "content": content}
+                 for speaker, content in recent]
+    note = guidance(required, overridden=overridden)
+    if note:
+        messages.append({"role": "system", "content": note})
+    return messages
+
+
+def plan(role: RoleName, assessment: Assessment, history: History, system_text: str,
+         recent: Sequence[tuple[str, str]], *, overridden: bool = False) -> tuple[StanceDecision, list[dict[str, str]]]:
+    """The turn's directive and what the model is sent (the last ``HISTORY_TURNS`` of ``recent``).
+    After "go ahead anyway" the reply does what was asked; safety stances stand whatever was overridden."""
+    required = directive(ROLE_SPECS[role], assessment, history)
+    if overridden and required.overridable:
+        required = StanceDecision("agree")
+    return required, model_messages(system_text, recent[-HISTORY_TURNS:], required, overridden=overridden)
+
+
+def settle_reply(role: RoleName, required: StanceDecision, history: History, content: str, answer: str,
+                 *, after_override: bool = False) -> tuple[ParsedAnswer, StanceDecision, str]:
+    """The model's answer read back: what it proposed, the turn's final stance (the policy's) and
+    the reply the participant reads (never one written as if helping, under a safety stance)."""
+    parsed = parse_answer(answer)
+    final = decide(ROLE_SPECS[role], required, parsed.proposed, history, content)
+    if after_override and final.overridable:
+        final = StanceDecision("agree")
+    reply = shown_reply(final, parsed.proposed, parsed.reply)
+    if not reply:
+        reply = "I'm sorry, I lost my train of thought. Could you say that again?"
+    return parsed, final, reply
+
+
+def safety_fallback(required: StanceDecision) -> Completion | None:
+    """What is stored when the model did not answer: under a safety escalation the platform's own
+    safety reply (never left waiting on the model); otherwise nothing, the message kept for a retry."""
+    if required.stance != "escalate":
+        return None
+    return Completion(text=platform_reply(required), model="platform/safety")
