@@ -31,7 +31,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from analysis.models import StudyData
+from analysis.estimates import StudyData
 from analysis.reading import Source, connect, resolve_study_id
 from analysis.report import MODEL_TITLES, ModelSuite, fit_models
 from analysis.tables import ModelFit

@@ -1,5 +1,5 @@
 """The analysis report: one self-contained HTML file with the study's numbers at the top and every
-model of ``analysis.models`` below (tables, plots, and who is in each fit), for researchers and
+model of ``analysis.estimates`` below (tables, plots, and who is in each fit), for researchers and
 admins; every run is audited (``study.analyze``).
 
     >>> from analysis.report import write_report
@@ -48,8 +48,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from analysis.exports import ExportRefused, open_study
-from analysis.models import (
+from analysis.estimates import (
     DropoutSurvival,
     FeatureScreen,
     ImmediateVsDelayed,
@@ -65,6 +64,7 @@ from analysis.models import (
     regret_model,
     subgroup_effects,
 )
+from analysis.exports import ExportRefused, open_study
 from analysis.panel import participant_states
 from analysis.reading import Source, connect, resolve_study_id
 from analysis.software import packages_line
@@ -186,7 +186,7 @@ class ModelSuite:
 def fit_models(data: StudyData, *, perma_outcomes: Sequence[str] = ("overall_wellbeing",), n_boot: int = 500,
                seed: int = 0, focal_role: str = "coach",
                progress: Callable[[str, float], None] | None = None) -> ModelSuite:
-    """Fit the report's models with their defaults (``analysis.models``): PERMA trajectories of
+    """Fit the report's models with their defaults (``analysis.estimates``): PERMA trajectories of
     ``perma_outcomes`` (each a mixed model; ``analysis.panel.PERMA_SCORES`` for every domain), the
     immediate-vs-delayed table (``n_boot`` bootstrap replicates, seeded by ``seed``), the regret
     model, the feature screen, dropout survival and the subgroup effects. ``progress(model,
@@ -656,7 +656,7 @@ def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.d
     options = suite.options
     top = (f"<header><h1>Analysis report: {html.escape(header.title)}</h1>"
            f'<p class="lede">Study <code>{html.escape(header.study)}</code>. Every model of '
-           "<code>analysis.models</code> with its defaults; the numbers mean what they mean in the exports and "
+           "<code>analysis.estimates</code> with its defaults; the numbers mean what they mean in the exports and "
            "the dashboard.</p>"
            f'<dl class="facts"><dt>Data read at</dt><dd id="read-at">{html.escape(_format(header.read_at, "text"))}'
            f'</dd><dt>Report written at</dt><dd>{html.escape(_format(generated, "text"))}</dd>'

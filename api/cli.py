@@ -550,7 +550,7 @@ def analyze(
     bootstrap: Annotated[int, typer.Option(help="Bootstrap replicates of the immediate-vs-delayed table")] = 500,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and the cross-validation folds")] = 0,
 ) -> None:
-    """Fit the models of analysis.models and write the report: study numbers, tables and plots; audited."""
+    """Fit the models of analysis.estimates and write the report: study numbers, tables and plots; audited."""
     from analysis.report import ReportRefused, write_report
     from study.db import get_engine
 
