@@ -577,7 +577,8 @@ def models_fit(
 ) -> None:
     """Fit the report's models and store them for the dashboard (one fit of a study at a time); audited."""
     from analysis.exports import ExportRefused, open_study
-    from analysis.fits import request_fit, run_fit
+    from analysis.fit_worker import run_claimed
+    from analysis.fits import request_fit
     from study.db import get_engine
 
     engine = get_engine()
@@ -599,16 +600,10 @@ def models_fit(
         if claimed is None:
             _fail(f"a fit of '{study}' is running already; its tables appear in the dashboard when it ends")
             return
-    typer.echo(f"fitting the models (fit {claimed})")
     try:
-        stored = run_fit(engine, claimed)
+        run_claimed(engine, claimed, typer.echo)
     except LookupError as exc:
         _fail(str(exc))
-        return
-    typer.echo(f"fit {stored.id}: {len(stored.tables)} tables from {stored.participants} participants "
-               f"in {stored.seconds:.1f} s")
-    for note in stored.notes:
-        typer.echo(f"  {note}")
 
 
 @app.command("scheduler")
