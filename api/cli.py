@@ -1015,9 +1015,18 @@ def dashboard(
 
 
 def main() -> None:
+    from pydantic import ValidationError
+
     wiring.wire()  # every command (the dispatcher too) has withdrawal and completion wired first
     try:
         app()
     except DomainError as exc:
         typer.secho(exc.message, fg=typer.colors.RED, err=True)
+        sys.exit(1)
+    except ValidationError as exc:
+        if exc.title != "Settings":
+            raise
+        # A refused configuration (e.g. production without its secrets) in one line, not a traceback.
+        typer.secho("refusing to start: " + "; ".join(str(e["msg"]).removeprefix("Value error, ")
+                                                      for e in exc.errors()), fg=typer.colors.RED, err=True)
         sys.exit(1)
