@@ -19,8 +19,8 @@ def models_fit(
                                                  "admin of the study)")] = None,
     bootstrap: Annotated[int, typer.Option(min=1, help="Bootstrap replicates of the immediate-vs-delayed "
                                                        "table")] = 200,
-    claimed: Annotated[int | None, typer.Option(help="Run this already claimed fit (what the dashboard "
-                                                     "starts)")] = None,
+    claimed: Annotated[int | None, typer.Option(help="Run this already claimed fit (as the dashboard's "
+                                                     "analysis.fit_worker does)")] = None,
 ) -> None:
     """Fit the report's models and store them for the dashboard (one fit of a study at a time); audited."""
     from analysis.exports import ExportRefused, open_study
