@@ -1,6 +1,9 @@
 # One image for every Afterward process; docker-compose.yml picks the CLI command.
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LITELLM_LOCAL_MODEL_COST_MAP=True
+# A plain `docker run` of the image is production: it refuses to start without AFTERWARD_SECRET_KEY,
+# AFTERWARD_CONTACT_ENCRYPTION_KEYS, AFTERWARD_AUDIT_KEY and a real AFTERWARD_LLM_MODEL (study/settings.py).
+ENV AFTERWARD_ENVIRONMENT=production
 WORKDIR /app
 # Exactly the locked releases, each checked against its hash (requirements/, made by `make lock`);
 # extra.txt: the crisis classifier's model files without sentence-transformers, and setuptools for the build.

@@ -7,7 +7,8 @@ by chunk, so memory stays flat as a study grows; SPSS and Stata files are writte
 of the CSV files are neutralized against formula injection (``analysis.spreadsheet``).
 
 A de-identified export (``shift_dates``) also renames every participant and id for this export
-alone and writes the rows in an order that tells nothing of who enrolled when (``_Deidentified``).
+alone and writes the rows in an order that tells nothing of who enrolled when
+(``analysis.deidentify``). The file formats are ``analysis.export_formats``.
 
     >>> from analysis.exports import export_study
     >>> export_study(engine, "wellbeing-pilot", Path("out"), format="parquet", actor=Actor.system("cli"))
@@ -16,24 +17,16 @@ alone and writes the rows in an order that tells nothing of who enrolled when (`
 from __future__ import annotations
 
 import datetime as dt
-import pickle
 import random
 import re
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
-import pyreadstat
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
@@ -46,11 +39,13 @@ from analysis.codebook import (
     write_codebook_markdown,
     write_datapackage,
 )
+from analysis.deidentify import ID_SPACES, PSEUDONYM, SHIFT_MAX_DAYS, Deidentified, Shuffled, shift_participant_dates
+from analysis.export_formats import TableWriter, normalize, stata_names
 from analysis.features import FEATURES
 from analysis.panel import PANEL_COLUMNS, iter_conversations_and_panel
 from analysis.reading import stream_frames
 from analysis.software import packages_line
-from analysis.spreadsheet import CSV_TEXT_NOTE, neutralized
+from analysis.spreadsheet import CSV_TEXT_NOTE
 from chat.models import Decision, Turn
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
@@ -84,7 +79,6 @@ CHUNK_PARTICIPANTS = 2_000  # the conversations and panel tables are computed th
 EMAIL_PATTERN = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 PHONE_PATTERN = re.compile(r"(?<![\w+])\+?\(?\d[\d\s().\-/]{5,}\d(?!\w)")
 PHONE_MIN_DIGITS = 9
-SHIFT_MAX_DAYS = 364  # dates move back by 1..364 whole days, as REDCap does
 
 ROLES = {"concierge": "Concierge", "collaborator": "Collaborator", "coach": "Coach",
          "standard": "Standard assistant (default mode)"}
@@ -465,260 +459,6 @@ def item_column(item_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", item_id)[:32]
 
 
-STATA_NAME_LIMIT = 32
-
-
-def _stata_names(spec: TableSpec) -> tuple[TableSpec, dict[str, str]]:
-    """Stata names are at most 32 characters: longer ones are cut, numbered where two would
-    clash, and the codebook gives the full name."""
-    used = {c.name for c in spec.columns if len(c.name) <= STATA_NAME_LIMIT}
-    renamed: dict[str, str] = {}
-    columns = []
-    for column in spec.columns:
-        if len(column.name) > STATA_NAME_LIMIT:
-            short, n = column.name[:STATA_NAME_LIMIT], 1
-            while short in used:
-                n += 1
-                short = f"{column.name[:STATA_NAME_LIMIT - 1 - len(str(n))]}_{n}"
-            used.add(short)
-            renamed[column.name] = short
-            column = replace(column, name=short, description=f"{column.description} (full name: {column.name})")
-        columns.append(column)
-    return TableSpec(spec.name, spec.description, columns), renamed
-
-
-# Normalizing chunks to their spec: the same dtypes in every chunk and every format.
-
-
-def _normalize(chunk: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
-    out = pd.DataFrame(index=chunk.index)
-    for column in spec.columns:
-        values = chunk[column.name] if column.name in chunk.columns else pd.Series(None, index=chunk.index)
-        if column.type == "datetime":
-            out[column.name] = pd.to_datetime(values, utc=True).astype("datetime64[us, UTC]")
-        elif column.type == "integer":
-            out[column.name] = pd.to_numeric(values).astype("Int64")
-        elif column.type == "number":
-            out[column.name] = pd.to_numeric(values).astype("float64")
-        elif column.type == "boolean":
-            out[column.name] = values.astype("boolean")
-        else:
-            out[column.name] = values.astype("string")
-    return out
-
-
-def _shift(chunk: pd.DataFrame, spec: TableSpec, offsets: dict[str, int], rng: random.Random) -> pd.DataFrame:
-    if "participant_code" not in chunk.columns:
-        return chunk
-    for code in chunk["participant_code"].dropna().unique():
-        if code not in offsets:
-            offsets[code] = rng.randint(1, SHIFT_MAX_DAYS)
-    days = pd.to_timedelta(chunk["participant_code"].map(offsets).astype("float64"), unit="D")
-    for column in spec.columns:
-        if column.type == "datetime" and column.dated:
-            chunk[column.name] = chunk[column.name] - days
-    return chunk
-
-
-# De-identified exports: participants and ids renamed for one export, rows in a random order.
-
-# Every id column and the table whose ids it holds (tests check that no integer *_id column is
-# missing). An id keeps its table's new name wherever it appears, so the tables still join.
-ID_SPACES: dict[str, str] = {
-    "turn_id": "turns", "conversation_id": "conversations", "context_conversation_id": "conversations",
-    "decision_conversation_id": "conversations", "decision_id": "decisions", "context_decision_id": "decisions",
-    "followup_id": "followups", "response_id": "responses", "safety_event_id": "safety_events"}
-ANCHOR = re.compile(r"^decision:(\d+)$")  # an anchor_key naming a decision's id
-PSEUDONYM = "D"  # de-identified participant codes: D0001, D0002, ... (real codes start with P)
-
-
-class _Permutation:
-    """A keyed pseudorandom permutation of the ids 1 .. 2**32 - 1 (database ids are below 2**31):
-    a four-round Feistel network on two 16-bit halves with AES-128 as its round function
-    (Luby-Rackoff), the id space's number in every block, so each table's ids move independently;
-    cycle-walking keeps 0 out. AES in ECB mode is used here as a block-by-block pseudorandom
-    function, never to encrypt a message."""
-
-    ROUNDS, HALF = 4, 16
-    MASK = (1 << HALF) - 1
-
-    def __init__(self, key: bytes) -> None:
-        self.cipher = Cipher(algorithms.AES(key), modes.ECB())
-
-    def _round(self, space: int, number: int, half: np.ndarray) -> np.ndarray:
-        blocks = np.zeros((len(half), 16), dtype=np.uint8)
-        blocks[:, 0], blocks[:, 1] = space, number
-        blocks[:, 2], blocks[:, 3] = half >> 8, half & 0xFF
-        encryptor = self.cipher.encryptor()
-        out = np.frombuffer(encryptor.update(blocks.tobytes()) + encryptor.finalize(), dtype=np.uint8)
-        out = out.reshape(-1, 16).astype(np.int64)
-        return (out[:, 0] << 8) | out[:, 1]
-
-    def _once(self, space: int, values: np.ndarray) -> np.ndarray:
-        left, right = values >> self.HALF, values & self.MASK
-        for number in range(self.ROUNDS):
-            left, right = right, left ^ self._round(space, number, right)
-        return (left << self.HALF) | right
-
-    def __call__(self, space: int, values: np.ndarray) -> np.ndarray:
-        out = self._once(space, values)
-        while (zero := out == 0).any():
-            out[zero] = self._once(space, out[zero])
-        return out
-
-
-class _Deidentified:
-    """One de-identified export's new names. The study's participants are put in a random order
-    and named ``D0001``, ``D0002``, ... in it; every id goes through a keyed permutation (key
-    drawn for this export, kept only in memory), the same one in every table; rows are written
-    in the participants' random order (``_Shuffled``)."""
-
-    def __init__(self, connection: Connection, study_id: int, rng: random.Random) -> None:
-        codes = list(connection.scalars(select(Participant.code).where(Participant.study_id == study_id)))
-        rng.shuffle(codes)
-        width = max(4, len(str(len(codes))))
-        self.pseudonyms = {code: f"{PSEUDONYM}{i + 1:0{width}d}" for i, code in enumerate(codes)}
-        self.ranks = {pseudonym: i for i, pseudonym in enumerate(self.pseudonyms.values())}
-        self.permutation = _Permutation(rng.randbytes(16))
-        self.spaces = {table: i for i, table in enumerate(sorted(set(ID_SPACES.values())))}
-        self.rng = rng
-
-    def ids(self, values: pd.Series, table: str) -> pd.Series:
-        out = values.copy()
-        present = values.notna().to_numpy()
-        out[present] = self.permutation(self.spaces[table], values[present].to_numpy("int64"))
-        return out
-
-    def rename(self, frame: pd.DataFrame) -> pd.DataFrame:
-        for name in frame.columns:
-            if name == "participant_code":
-                frame[name] = frame[name].map(self.pseudonyms, na_action="ignore").astype("string")
-            elif name in ID_SPACES:
-                frame[name] = self.ids(frame[name], ID_SPACES[name])
-            elif name == "anchor_key":
-                anchors = frame[name].str.extract(ANCHOR, expand=False)
-                decisions = self.ids(pd.to_numeric(anchors).astype("Int64"), "decisions")
-                frame[name] = frame[name].where(anchors.isna(), "decision:" + decisions.astype("string"))
-        return frame
-
-
-class _Shuffled:
-    """Writes a de-identified table in the participants' random order (each participant's rows in
-    the order read: their own sequence, which their shifted dates keep anyway), rows without a
-    participant (de-identified safety records) last, in a random order. Rows wait in temporary
-    files, one per bucket of ``bucket_size`` participants, so memory holds one bucket at a time."""
-
-    def __init__(self, writer: _Writer, names: _Deidentified, folder: Path, bucket_size: int) -> None:
-        self.writer, self.names, self.bucket_size = writer, names, bucket_size
-        self.folder = folder / writer.path.stem
-        self.folder.mkdir()
-        self.read = 0
-
-    @property
-    def rows(self) -> int:
-        return self.writer.rows
-
-    def write(self, frame: pd.DataFrame) -> None:
-        nobody = len(self.names.ranks)
-        ranks = frame["participant_code"].map(self.names.ranks, na_action="ignore").fillna(nobody).astype("int64")
-        order = np.arange(self.read, self.read + len(frame))
-        self.read += len(frame)
-        unknown = (ranks == nobody).to_numpy()
-        order[unknown] = [self.names.rng.getrandbits(62) for _ in range(int(unknown.sum()))]
-        keyed = frame.assign(_rank=ranks.to_numpy(), _order=order)
-        for bucket, part in keyed.groupby(keyed["_rank"] // self.bucket_size):
-            with (self.folder / f"{bucket:09d}.pickle").open("ab") as handle:
-                pickle.dump(part, handle)  # our own temporary file, read back below
-
-    def close(self) -> None:
-        for path in sorted(self.folder.iterdir()):
-            parts = []
-            with path.open("rb") as handle:
-                while handle.peek(1):
-                    parts.append(pickle.load(handle))  # written by write() above
-            bucket = pd.concat(parts).sort_values(["_rank", "_order"], kind="stable")
-            self.writer.write(bucket.drop(columns=["_rank", "_order"]).reset_index(drop=True))
-            path.unlink()
-        self.writer.close()
-
-
-# Writers
-
-
-_ARROW: dict[str, pa.DataType] = {"integer": pa.int64(), "number": pa.float64(), "string": pa.string(),
-                                  "boolean": pa.bool_(), "datetime": pa.timestamp("us", tz="UTC")}
-
-
-class _Writer:
-    """Writes one table chunk by chunk: Parquet and CSV through Arrow (CSV datetimes as ISO 8601
-    with their UTC offset, booleans as true/false, missing values empty); SPSS and Stata whole
-    at the end (pyreadstat cannot append)."""
-
-    def __init__(self, path: Path, spec: TableSpec, export_format: str) -> None:
-        self.path, self.spec, self.format = path, spec, export_format
-        self.schema = pa.schema([pa.field(c.name, _ARROW[c.type]) for c in spec.columns])
-        self.arrow: pq.ParquetWriter | pa_csv.CSVWriter | None = None
-        self.parts: list[pd.DataFrame] = []
-        self.rows = 0
-        if export_format == "parquet":
-            self.arrow = pq.ParquetWriter(path, self.schema)
-        elif export_format == "csv":
-            self.text_schema = pa.schema([pa.field(f.name, pa.string() if f.type == _ARROW["datetime"] else f.type)
-                                          for f in self.schema])
-            self.arrow = pa_csv.CSVWriter(path, self.text_schema,
-                                          write_options=pa_csv.WriteOptions(quoting_style="needed"))
-
-    def write(self, chunk: pd.DataFrame) -> None:
-        self.rows += len(chunk)
-        if self.arrow is None:
-            self.parts.append(chunk)
-            return
-        if self.format == "csv":
-            chunk = neutralized(chunk)
-        table = pa.Table.from_pandas(chunk, schema=self.schema, preserve_index=False)
-        if self.format == "csv":
-            table = pa.Table.from_arrays(
-                [pc.strftime(column, format="%Y-%m-%dT%H:%M:%S+00:00") if column.type == _ARROW["datetime"]
-                 else column for column in table.columns], schema=self.text_schema)
-        self.arrow.write_table(table)
-
-    def close(self) -> None:
-        if self.arrow is not None:
-            self.arrow.close()
-        else:
-            frame = pd.concat(self.parts, ignore_index=True) if self.parts else _normalize(pd.DataFrame(), self.spec)
-            _write_labelled(self.path, frame, self.spec, self.format)
-
-
-def _write_labelled(path: Path, frame: pd.DataFrame, spec: TableSpec, export_format: str) -> None:
-    """SPSS/Stata: categories and booleans as labelled integers, datetimes as naive UTC."""
-    out = pd.DataFrame(index=frame.index)
-    value_labels: dict[str, dict[int | float, str]] = {}
-    for column in spec.columns:
-        values = frame[column.name]
-        if column.type == "datetime":
-            out[column.name] = values.dt.tz_convert("UTC").dt.tz_localize(None).astype("datetime64[ns]")
-        elif column.type == "boolean":
-            out[column.name] = values.astype("float64")
-        elif column.type == "string" and column.enum:
-            out[column.name] = values.map(column.value_codes()).astype("float64")
-        elif column.type in ("integer", "number"):
-            out[column.name] = values.astype("float64")
-        else:
-            out[column.name] = values.fillna("").astype(object)
-        labels = column.value_labels()
-        if labels:
-            value_labels[column.name] = {float(code): label for code, label in labels.items()}
-    limit = 80 if export_format == "stata" else 255  # variable label lengths the formats allow
-    titles: list[str | None] = [column.full_description()[:limit] for column in spec.columns]
-    if export_format == "spss":
-        pyreadstat.write_sav(out, str(path), column_labels=titles, variable_value_labels=value_labels,
-                             file_label=spec.name)
-    else:
-        pyreadstat.write_dta(out, str(path), column_labels=titles, variable_value_labels=value_labels,
-                             file_label=spec.name[:80], version=15)
-
-
 # The export
 
 
@@ -788,7 +528,7 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
           tempfile.TemporaryDirectory(prefix="afterward-deidentified-") as scratch):
         study = open_study(connection, study_slug, actor)
         build = _Builder(connection, study, chunk_rows, chunk_participants)
-        names = _Deidentified(connection, study.id, rng) if shift_dates else None
+        names = Deidentified(connection, study.id, rng) if shift_dates else None
         instruments = connection.scalars(build.scoped(select(SurveyResponse.instrument_id).distinct(),
                                                       SurveyResponse.participant_id)
                                          .order_by(SurveyResponse.instrument_id)).all()
@@ -800,16 +540,16 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
             for spec in group:
                 if drop_free_text:
                     spec.columns = [c for c in spec.columns if not c.free_text]
-                written, short = _stata_names(spec) if format == "stata" else (spec, {})
+                written, short = stata_names(spec) if format == "stata" else (spec, {})
                 path = out_dir / file_name(spec.name, format)
-                plain = _Writer(path, written, format)
-                writer = plain if names is None else _Shuffled(plain, names, Path(scratch), chunk_participants)
+                plain = TableWriter(path, written, format)
+                writer = plain if names is None else Shuffled(plain, names, Path(scratch), chunk_participants)
                 outputs.append((spec, written, short, writer, path))
             for parts in chunks(connection):
                 for (spec, _, short, writer, _), chunk in zip(outputs, parts, strict=True):
-                    frame = _normalize(chunk, spec)
+                    frame = normalize(chunk, spec)
                     if names is not None:
-                        frame = names.rename(_shift(frame, spec, offsets, rng))
+                        frame = names.rename(shift_participant_dates(frame, spec, offsets, rng))
                     writer.write(frame.rename(columns=short))
             for spec, written, _, writer, path in outputs:
                 writer.close()

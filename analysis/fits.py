@@ -2,13 +2,13 @@
 
 A mixed model over every participant and wave takes minutes on a large study, so the dashboard
 never fits one while a page waits: a fit is claimed (one running per study), made in a process of
-its own (``afterward models fit``) by the same ``analysis.report.fit_models`` as the report, and
-its tables stored with the time its data were read. Pages show the newest finished fit and say
-how old it is; one older than the setting ``model_fit_max_age_minutes`` is fitted again in the
-background.
+its own (``python -m analysis.fit_worker``; ``afterward models fit`` from a shell) by the same
+``analysis.report.fit_models`` as the report, and its tables stored with the time its data were
+read. Pages show the newest finished fit and say how old it is; one older than the setting
+``model_fit_max_age_minutes`` is fitted again in the background.
 
     >>> fit_id = request_fit(engine, "wellbeing-pilot", requested_by="r@uni.example")
-    >>> run_fit(engine, fit_id)          # what `afterward models fit` does, in its own process
+    >>> run_fit(engine, fit_id)          # what analysis.fit_worker does, in its own process
     >>> latest_fit(engine, "wellbeing-pilot").tables["regret.coefficients"]
 """
 
@@ -31,7 +31,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from analysis.models import StudyData
+from analysis.estimates import StudyData
 from analysis.reading import Source, connect, resolve_study_id
 from analysis.report import MODEL_TITLES, ModelSuite, fit_models
 from analysis.tables import ModelFit
@@ -206,13 +206,13 @@ def latest_fit(source: Source, study: int | str) -> StoredFit | None:
 
 
 def start_fit(database_url: str, fit_id: int) -> subprocess.Popen[bytes]:
-    """Run a claimed fit in a new process (``afterward models fit --claimed``), detached from the
+    """Run a claimed fit in a new process (``python -m analysis.fit_worker``), detached from the
     caller: a page that asked for it returns at once. Its output goes to ``var/model-fits.log``."""
     root = Path(__file__).resolve().parent.parent
     log = root / "var" / "model-fits.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "AFTERWARD_DATABASE_URL": database_url}
     with log.open("ab") as handle:
-        return subprocess.Popen([sys.executable, "-m", "api", "models", "fit", "--claimed", str(fit_id)],
+        return subprocess.Popen([sys.executable, "-m", "analysis.fit_worker", str(fit_id)],
                                 cwd=root, env=env, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -1,5 +1,5 @@
 """The analysis report: one self-contained HTML file with the study's numbers at the top and every
-model of ``analysis.models`` below (tables, plots, and who is in each fit), for researchers and
+model of ``analysis.estimates`` below (tables, plots, and who is in each fit), for researchers and
 admins; every run is audited (``study.analyze``).
 
     >>> from analysis.report import write_report
@@ -29,9 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import html
-import io
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,17 +37,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from analysis.exports import ExportRefused, open_study
-from analysis.models import (
+from analysis.estimates import (
     DropoutSurvival,
     FeatureScreen,
     ImmediateVsDelayed,
@@ -65,8 +59,10 @@ from analysis.models import (
     regret_model,
     subgroup_effects,
 )
+from analysis.exports import ExportRefused, open_study
 from analysis.panel import participant_states
 from analysis.reading import Source, connect, resolve_study_id
+from analysis.report_plots import Forest, figure_html, forest_plot, km_plot, trajectory_plot
 from analysis.software import packages_line
 from study import audit
 from study.clock import now
@@ -186,7 +182,7 @@ class ModelSuite:
 def fit_models(data: StudyData, *, perma_outcomes: Sequence[str] = ("overall_wellbeing",), n_boot: int = 500,
                seed: int = 0, focal_role: str = "coach",
                progress: Callable[[str, float], None] | None = None) -> ModelSuite:
-    """Fit the report's models with their defaults (``analysis.models``): PERMA trajectories of
+    """Fit the report's models with their defaults (``analysis.estimates``): PERMA trajectories of
     ``perma_outcomes`` (each a mixed model; ``analysis.panel.PERMA_SCORES`` for every domain), the
     immediate-vs-delayed table (``n_boot`` bootstrap replicates, seeded by ``seed``), the regret
     model, the feature screen, dropout survival and the subgroup effects. ``progress(model,
@@ -315,109 +311,6 @@ def _sample(sample: Sample, what: str, table_id: str) -> str:
             f"{_table(missing, cols, table_id)}</details></div>")
 
 
-# Plots: matplotlib figures as inline SVG
-
-
-def _svg(figure: Figure, key: str, label: str) -> str:
-    """The figure as an inline ``<svg>`` element: text as text (no embedded glyphs), no metadata,
-    every element id (and every reference to one) prefixed with ``key``, so that the page's
-    figures never share an id (matplotlib names each figure's parts figure_1, axes_1, ...)."""
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": key, "font.size": 9}):
-        figure.savefig(buffer, format="svg", bbox_inches="tight",
-                       metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
-    text = buffer.getvalue()
-    text = text[text.index("<svg"):]
-    ids = set(re.findall(r'\sid="([^"]+)"', text))
-    text = re.sub(r'(\sid="|url\(#|href="#)([^")]+)',
-                  lambda m: f"{m.group(1)}{key}-{m.group(2)}" if m.group(2) in ids else m.group(0), text)
-    return text.replace("<svg ", f'<svg role="img" aria-label="{html.escape(label)}" data-plot="{key}" ', 1)
-
-
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>"
-
-
-def _trajectory_plot(means: pd.DataFrame, outcome: str) -> str:
-    """Model means per wave and group with their 95% bands; observed means as crosses."""
-    figure = Figure(figsize=(7, 3.6), layout="constrained")
-    ax = figure.subplots()
-    groups = list(dict.fromkeys(means["group"]))
-    spread = 0.6 * (np.arange(len(groups)) - (len(groups) - 1) / 2)  # days apart, so intervals do not overlap
-    for shift, group in zip(spread, groups, strict=True):
-        rows = means[means["group"] == group].sort_values("days")
-        days = rows["days"].to_numpy(float) + shift
-        mean, low, high = (rows[c].to_numpy(float) for c in ("mean", "ci_low", "ci_high"))
-        (line,) = ax.plot(days, mean, marker="o", label=str(group))
-        ax.fill_between(days, low, high, alpha=0.18, color=line.get_color(), linewidth=0)
-        ax.errorbar(days, mean, yerr=[mean - low, high - mean], fmt="none", color=line.get_color(), capsize=3)
-        ax.scatter(days, rows["observed_mean"].to_numpy(float), marker="x", color=line.get_color(), alpha=0.7)
-    ticks = means.drop_duplicates("wave").sort_values("days")
-    if len(ticks) == 1:  # one wave so far: room around it
-        ax.set_xlim(float(ticks["days"].iloc[0]) - 4, float(ticks["days"].iloc[0]) + 4)
-    ax.set_xticks(ticks["days"].to_numpy(float), [f"{w}\n(day {d:.0f})" for w, d in zip(ticks["wave"], ticks["days"],
-                                                                                        strict=True)])
-    ax.set_ylabel(f"{outcome.replace('_', ' ')} (0-10)")
-    ax.set_title("Model means at the mean baseline, 95% bands; x: observed means", fontsize=9)
-    ax.legend(frameon=False, fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    return _svg(figure, f"trajectory-{outcome}", f"PERMA {outcome} by wave and group")
-
-
-@dataclass(frozen=True)
-class _Forest:
-    """One panel of a forest plot: a row per label, estimate with interval, filled or hollow."""
-
-    title: str
-    labels: list[str]
-    estimate: np.ndarray
-    low: np.ndarray
-    high: np.ndarray
-    filled: np.ndarray
-    reference: float
-    xlabel: str
-
-
-def _forest(panels: Sequence[_Forest], key: str, label: str) -> str:
-    rows = max(len(p.labels) for p in panels)
-    figure = Figure(figsize=(4.4 * len(panels) + 1.5, 0.24 * rows + 1.2), layout="constrained")
-    axes = figure.subplots(1, len(panels), squeeze=False)[0]
-    ax: Axes
-    for ax, panel in zip(axes, panels, strict=True):
-        y = np.arange(len(panel.labels))[::-1].astype(float)
-        ax.hlines(y, panel.low, panel.high, color="#2f5d8a", linewidth=1.4)
-        ax.scatter(panel.estimate[panel.filled], y[panel.filled], color="#2f5d8a", zorder=3, s=18)
-        ax.scatter(panel.estimate[~panel.filled], y[~panel.filled], facecolors="white", edgecolors="#2f5d8a",
-                   zorder=3, s=18)
-        ax.axvline(panel.reference, color="#777777", linestyle="--", linewidth=0.8)
-        ax.set_yticks(y, panel.labels, fontsize=8)
-        ax.set_ylim(-0.7, len(panel.labels) - 0.3)
-        ax.set_title(panel.title, fontsize=9)
-        ax.set_xlabel(panel.xlabel, fontsize=8)
-        ax.grid(axis="x", alpha=0.3)
-    return _svg(figure, key, label)
-
-
-def _km_plot(curves: pd.DataFrame) -> str:
-    """Kaplan-Meier curves (steps) with 95% bands, by arm and by first role."""
-    groupings = [by for by in ("arm", "role") if (curves["by"] == by).any()]
-    figure = Figure(figsize=(4.2 * len(groupings) + 0.6, 3.4), layout="constrained")
-    axes = figure.subplots(1, len(groupings), squeeze=False, sharey=True)[0]
-    for ax, by in zip(axes, groupings, strict=True):
-        for group, rows in curves[curves["by"] == by].groupby("group", sort=True):
-            days = rows["days"].to_numpy(float)
-            (line,) = ax.step(days, rows["survival"].to_numpy(float), where="post", label=str(group))
-            ax.fill_between(days, rows["ci_low"].to_numpy(float), rows["ci_high"].to_numpy(float), step="post",
-                            alpha=0.15, color=line.get_color(), linewidth=0)
-        ax.set_ylim(0, 1.03)
-        ax.set_xlabel("days since enrollment")
-        ax.set_title(f"by {'first role' if by == 'role' else by}", fontsize=9)
-        ax.legend(frameon=False, fontsize=8)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("still answering follow-ups")
-    return _svg(figure, "kaplan-meier", "Kaplan-Meier curves of time to dropping out, by arm and by first role")
-
-
 # Sections
 
 
@@ -459,10 +352,10 @@ def _headline(fit: ImmediateVsDelayed | None) -> str:
                 low.append(row[f"{predictor}_low"])
                 high.append(row[f"{predictor}_high"])
         values = np.array(estimate, dtype=float)
-        panels.append(_Forest(title, labels, values, np.array(low, dtype=float), np.array(high, dtype=float),
-                              np.array([not label.endswith("exit rating") for label in labels]), reference, title))
-    plot = _figure(_forest(panels, "headline", "Immediate vs delayed: R² and AUC with 95% intervals"),
-                   "Filled: the well-being-mode features; hollow: the exit rating alone. Dashed: no information.")
+        panels.append(Forest(title, labels, values, np.array(low, dtype=float), np.array(high, dtype=float),
+                             np.array([not label.endswith("exit rating") for label in labels]), reference, title))
+    plot = figure_html(forest_plot(panels, "headline", "Immediate vs delayed: R² and AUC with 95% intervals"),
+                       "Filled: the well-being-mode features; hollow: the exit rating alone. Dashed: no information.")
     used = "; ".join(f"{r['outcome']}: {r['features_used']}" for r in table.drop_duplicates("outcome")
                      .to_dict(orient="records"))
     definitions = "; ".join(f"{r['outcome']}: {r['definition']}" for r in table[table["metric"] == "auc"]
@@ -482,10 +375,10 @@ def _perma(fit: PermaTrajectories | None) -> str:
     for outcome, sample in fit.samples.items():
         means = fit.marginal_means[fit.marginal_means["outcome"] == outcome]
         parts.append(f"<h3>{html.escape(outcome.replace('_', ' '))}</h3>")
-        parts.append(_figure(_trajectory_plot(means, outcome),
-                             f"PERMA {outcome.replace('_', ' ')}: the mixed model's mean per wave and group at "
-                             f"the mean baseline ({means['at_baseline'].iloc[0]:.2f}), 95% bands; crosses: observed "
-                             "means."))
+        parts.append(figure_html(trajectory_plot(means, outcome),
+                                 f"PERMA {outcome.replace('_', ' ')}: the mixed model's mean per wave and group at "
+                                 f"the mean baseline ({means['at_baseline'].iloc[0]:.2f}), 95% bands; crosses: "
+                                 "observed means."))
         parts.append(_sample(sample, outcome.replace("_", " "), f"perma-{outcome}-missingness"))
     mean_cols = [_Col("outcome", "outcome", "text"), _Col("group", "group", "text"), _Col("wave", "wave", "text"),
                  _Col("day", "days"), _Col("model mean (95% CI)", "mean", "interval", "ci_low", "ci_high"),
@@ -529,13 +422,13 @@ def _screen(fit: FeatureScreen | None) -> str:
     titles = {"regret": "decision regret (points per SD of the feature)",
               "perma_change": "PERMA change (points per SD of the feature)"}
     for outcome, rows in table.groupby("outcome", sort=False) if not table.empty else ():
-        panel = _Forest(titles.get(str(outcome), str(outcome)), [str(f) for f in rows["feature"]],
-                        rows["estimate_per_sd"].to_numpy(float), rows["ci_low_per_sd"].to_numpy(float),
-                        rows["ci_high_per_sd"].to_numpy(float), rows["significant_bh"].to_numpy(bool), 0.0,
-                        "estimate per SD, 95% CI")
-        parts.append(_figure(_forest([panel], f"forest-{outcome}", f"Forest plot of feature effects on {outcome}"),
-                             f"{outcome}: filled if significant after Benjamini-Hochberg adjustment at "
-                             f"{fit.alpha:g}; ordered by raw p."))
+        panel = Forest(titles.get(str(outcome), str(outcome)), [str(f) for f in rows["feature"]],
+                       rows["estimate_per_sd"].to_numpy(float), rows["ci_low_per_sd"].to_numpy(float),
+                       rows["ci_high_per_sd"].to_numpy(float), rows["significant_bh"].to_numpy(bool), 0.0,
+                       "estimate per SD, 95% CI")
+        plot = forest_plot([panel], f"forest-{outcome}", f"Forest plot of feature effects on {outcome}")
+        parts.append(figure_html(plot, f"{outcome}: filled if significant after Benjamini-Hochberg adjustment at "
+                                       f"{fit.alpha:g}; ordered by raw p."))
     cols = [_Col("outcome", "outcome", "text"), _Col("feature", "feature", "text"), _Col("meaning", "label", "text"),
             _Col("per unit (95% CI)", "estimate", "interval", "ci_low", "ci_high"),
             _Col("per SD (95% CI)", "estimate_per_sd", "interval", "ci_low_per_sd", "ci_high_per_sd"),
@@ -561,8 +454,8 @@ def _dropout(fit: DropoutSurvival | None) -> str:
            _Col("log hazard ratio", "coef"), _Col("SE", "se"), _Col("p", "p", "p")]
     hazards = [_Col("term", "term", "text"), _Col("statistic", "test_statistic"), _Col("p", "p", "p"),
                _Col("time transform", "transform", "text")]
-    return (_figure(_km_plot(fit.curves), "Kaplan-Meier estimates of the share still answering follow-ups, with "
-                    "95% intervals (exponential Greenwood), by arm and by the first conversation's role.")
+    return (figure_html(km_plot(fit.curves), "Kaplan-Meier estimates of the share still answering follow-ups, with "
+                        "95% intervals (exponential Greenwood), by arm and by the first conversation's role.")
             + _table(fit.groups, groups, "dropout-groups", "Participants and dropouts per group")
             + _table(fit.logrank, logrank, "dropout-logrank", "Log-rank tests")
             + _table(fit.cox, cox, "dropout-cox", "Cox model")
@@ -585,11 +478,11 @@ def _subgroups(fit: SubgroupEffects | None) -> str:
         if rows.empty:
             continue
         labels = [f"{s}: {lv}" if s != "all" else "all" for s, lv in zip(rows["subgroup"], rows["level"], strict=True)]
-        panel = _Forest(f"{outcome}: {contrast}", labels, rows["estimate"].to_numpy(float),
-                        rows["ci_low"].to_numpy(float), rows["ci_high"].to_numpy(float),
-                        (rows["subgroup"] == "all").to_numpy(bool), 0.0, "difference, 95% CI")
-        parts.append(_figure(_forest([panel], f"subgroups-{outcome}-{len(parts)}", f"Subgroup effects on {outcome}"),
-                             f"{outcome}, {contrast}: overall (filled) and within each subgroup level."))
+        panel = Forest(f"{outcome}: {contrast}", labels, rows["estimate"].to_numpy(float),
+                       rows["ci_low"].to_numpy(float), rows["ci_high"].to_numpy(float),
+                       (rows["subgroup"] == "all").to_numpy(bool), 0.0, "difference, 95% CI")
+        plot = forest_plot([panel], f"subgroups-{outcome}-{len(parts)}", f"Subgroup effects on {outcome}")
+        parts.append(figure_html(plot, f"{outcome}, {contrast}: overall (filled) and within each subgroup level."))
     cols = [_Col("outcome", "outcome", "text"), _Col("contrast", "contrast", "text"),
             _Col("subgroup", "subgroup", "text"), _Col("level", "level", "text"),
             _Col("difference (95% CI)", "estimate", "interval", "ci_low", "ci_high"), _Col("p", "p", "p"),
@@ -656,7 +549,7 @@ def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.d
     options = suite.options
     top = (f"<header><h1>Analysis report: {html.escape(header.title)}</h1>"
            f'<p class="lede">Study <code>{html.escape(header.study)}</code>. Every model of '
-           "<code>analysis.models</code> with its defaults; the numbers mean what they mean in the exports and "
+           "<code>analysis.estimates</code> with its defaults; the numbers mean what they mean in the exports and "
            "the dashboard.</p>"
            f'<dl class="facts"><dt>Data read at</dt><dd id="read-at">{html.escape(_format(header.read_at, "text"))}'
            f'</dd><dt>Report written at</dt><dd>{html.escape(_format(generated, "text"))}</dd>'

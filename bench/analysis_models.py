@@ -32,7 +32,7 @@ import pandas as pd
 import statsmodels.api as sm
 from common import ROOT  # first: sets the environment and sys.path
 
-from analysis.models import StudyData, dropout_survival, perma_trajectories, regret_model
+from analysis.estimates import StudyData, dropout_survival, perma_trajectories, regret_model
 from analysis.panel import PERMA
 from analysis.report import ReportHeader, fit_models, participant_numbers, render_report
 from analysis.simulation.synthetic import SyntheticStudy, null_effects, synthetic_study

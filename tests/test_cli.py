@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shlex
+import subprocess
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -56,6 +60,36 @@ def test_the_image_holds_every_package() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     for package in (p.rstrip("*") for p in packages):
         assert f"COPY {package} ./{package}" in dockerfile, package
+
+
+def dockerfile_env() -> dict[str, str]:
+    """The variables the Dockerfile's ENV instructions set (continuation lines joined)."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            for word in shlex.split(line[4:]):
+                key, _, value = word.partition("=")
+                env[key] = value
+    return env
+
+
+def test_the_image_runs_in_production() -> None:
+    """A plain `docker run` of the image (no compose file) is production, so it refuses the
+    development secret instead of using it."""
+    assert dockerfile_env()["AFTERWARD_ENVIRONMENT"] == "production"
+
+
+@pytest.mark.parametrize("command", [["api"], ["scheduler"], ["db", "upgrade"]])
+def test_a_production_start_without_its_secrets_refuses_in_one_line(command: list[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AFTERWARD_")}
+    env.update({k: v for k, v in dockerfile_env().items() if k.startswith("AFTERWARD_")})
+    done = subprocess.run([sys.executable, "-m", "api", *command], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.startswith("refusing to start: AFTERWARD_SECRET_KEY must be set"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_study_load_reports_field_and_line(cli_database: Engine, tmp_path: Path, example_protocol: str) -> None:

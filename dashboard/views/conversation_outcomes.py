@@ -31,7 +31,7 @@ def render(context: auth.Context) -> None:
     if screen is not None and not screen.empty:
         st.subheader("Feature effects")
         st.caption("Each feature's association with regret and PERMA change, one at a time, per standard deviation "
-                   "of the feature, cluster-robust by participant (analysis.models.feature_screen)")
+                   "of the feature, cluster-robust by participant (analysis.estimates.feature_screen)")
         forest(screen, "label", "estimate_per_sd", "ci_low_per_sd", "ci_high_per_sd", "outcome")
         show.table(screen, "Feature screen", file_name="feature-screen")
     regret = fitted.frames.get("regret.coefficients")

@@ -41,7 +41,7 @@ def render(context: auth.Context) -> None:
                                                               "observed_mean", "observed_n"])
                    + base.mark_errorbar().encode(y="ci_low:Q", y2="ci_high:Q"),
                    caption="PERMA trajectories: the mixed model's mean per wave and arm at the mean baseline, "
-                           "with 95% intervals (analysis.models.perma_trajectories)")
+                           "with 95% intervals (analysis.estimates.perma_trajectories)")
         show.table(means, "PERMA marginal means", file_name="perma-marginal-means")
     elif fitted.fit is not None:
         show.empty("PERMA follow-ups to model")

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.aggregates import ALL, SUPPRESSED, THRESHOLD
+from analysis.aggregates import ALL
+from analysis.disclosure import SUPPRESSED, THRESHOLD
 
 LOW = "< 5"
 Cell = tuple[str, int, str]  # (table, row, column); the table's name may carry the surface it was seen on

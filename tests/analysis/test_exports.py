@@ -23,7 +23,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
-from analysis.exports import ID_SPACES, ExportRefused, ExportResult, export_study, scrub
+from analysis.deidentify import ID_SPACES
+from analysis.exports import ExportRefused, ExportResult, export_study, scrub
 from analysis.features import conversation_features
 from analysis.panel import panel
 from scheduler.service import save_profile

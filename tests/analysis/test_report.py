@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
-from analysis.models import (
+from analysis.estimates import (
     StudyData,
     dropout_survival,
     feature_screen,

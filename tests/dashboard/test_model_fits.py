@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import delete, select
 
 from analysis import fits
-from analysis.models import StudyData
+from analysis.estimates import StudyData
 from analysis.report import fit_models
 from analysis.tables import ModelFit
 from study import audit, clock

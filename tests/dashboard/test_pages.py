@@ -12,7 +12,7 @@ from sqlalchemy import distinct, func, select
 from streamlit.testing.v1 import AppTest
 
 from analysis.aggregates import aggregate_tables
-from analysis.models import StudyData, perma_trajectories
+from analysis.estimates import StudyData, perma_trajectories
 from analysis.report import participant_numbers
 from study import clock
 from study.db import session_scope

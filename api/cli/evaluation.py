@@ -1,0 +1,160 @@
+"""``afterward eval``: evaluate prompts and models before deployment (grids, judge, human ratings, model cards)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from sqlalchemy import func, select
+
+from api.cli.common import fail
+from study.db import session_scope
+from study.errors import DomainError
+
+app = typer.Typer(no_args_is_help=True, help="Evaluate prompts and models before deployment (grids, judge, "
+                                              "human ratings, model cards).")
+
+
+@contextmanager
+def _failing_in_one_line() -> Iterator[None]:
+    """A bad grid, a refused step or a file that cannot be read or written fails the command with
+    its message."""
+    from evals.grid import GridError
+
+    try:
+        yield
+    except (GridError, DomainError, OSError) as exc:
+        fail(exc.message if isinstance(exc, DomainError) else str(exc))
+
+
+def _eval_execute(run_id: int, progress: bool) -> None:
+    from evals.runner import execute_run
+    from study.db import get_engine
+
+    def announce(estimate: Any) -> None:
+        for line in estimate.lines():
+            typer.echo(line)
+
+    outcome = execute_run(get_engine(), run_id, progress=progress, before_start=announce)
+    typer.echo(f"run {run_id}: {outcome.executed} cells done now, {outcome.failed} failed, in {outcome.seconds:.1f} s")
+    for error in outcome.errors[:5]:
+        typer.echo(f"  {error}", err=True)
+    if outcome.finished:
+        typer.echo(f"run {run_id} is complete: afterward eval report {run_id} --out report.html; "
+                   f"afterward eval cards --run {run_id}")
+    else:
+        typer.echo(f"{outcome.remaining} cell(s) still to do: afterward eval resume {run_id}")
+
+
+@app.command("run")
+def eval_run(
+    grid_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="The grid (YAML)")],
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Start a grid run: prints the token and cost estimate, then runs every cell (resumable)."""
+    from evals.grid import load_grid
+    from evals.runner import check_models, create_run, plan
+    from study.db import get_engine
+
+    with _failing_in_one_line():
+        grid = load_grid(grid_file)
+        check_models(grid)
+        run_id = create_run(get_engine(), plan(grid, grid_file.parent))
+        typer.echo(f"created evaluation run {run_id} ({grid.name})")
+        _eval_execute(run_id, progress)
+
+
+@app.command("resume")
+def eval_resume(run_id: int, progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True) -> None:
+    """Continue a run that was stopped: finished cells are not run again."""
+    with _failing_in_one_line():
+        _eval_execute(run_id, progress)
+
+
+@app.command("runs")
+def eval_runs() -> None:
+    """Evaluation runs: id, name, status, cells done of all."""
+    from evals.models import EvalCell, EvalRun
+
+    with session_scope(read_only=True) as session:
+        for run in session.scalars(select(EvalRun).order_by(EvalRun.id)):
+            done = session.scalar(select(func.count()).select_from(EvalCell).where(
+                EvalCell.run_id == run.id, EvalCell.status == "done"))
+            total = session.scalar(select(func.count()).select_from(EvalCell).where(EvalCell.run_id == run.id))
+            typer.echo(f"{run.id}\t{run.name}\t{run.status}\t{done}/{total} cells\t{run.created_at:%Y-%m-%d %H:%M}")
+
+
+@app.command("report")
+def eval_report(run_id: int, out: Annotated[Path, typer.Option("--out", help="The HTML file to write")]) -> None:
+    """Write the run's report: results with intervals, paired comparisons, judge agreement."""
+    from evals.report import write_report
+    from study.db import get_engine
+
+    with _failing_in_one_line():
+        write_report(get_engine(), run_id, out)
+    typer.echo(f"wrote the evaluation report of run {run_id} to {out}")
+
+
+@app.command("cards")
+def eval_cards(
+    run: Annotated[int | None, typer.Option("--run", help="Write this run's cards first")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model's cards")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write each card as JSON and Markdown here")] = None,
+) -> None:
+    """The latest model card of each model and condition, with the change since the previous one."""
+    import json
+
+    from evals.cards import latest_cards, write_cards
+    from study.db import get_engine
+
+    with _failing_in_one_line():
+        if run is not None:
+            typer.echo(f"wrote {len(write_cards(get_engine(), run))} card(s) for run {run}")
+        listings = latest_cards(get_engine(), model=model)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            for listing in listings:
+                stem = f"{listing.card['model']}--{listing.card['condition']}".replace("/", "_")
+                (out / f"{stem}.json").write_text(json.dumps(listing.card, indent=2), encoding="utf-8")
+                (out / f"{stem}.md").write_text(listing.markdown, encoding="utf-8")
+    if not listings:
+        typer.echo("no model cards yet: afterward eval cards --run RUN_ID")
+    for listing in listings:
+        typer.echo(listing.line())
+
+
+@app.command("export-ratings")
+def eval_export_ratings(
+    run_id: int, out: Annotated[Path, typer.Option("--out", help="The CSV for raters")],
+    per_stratum: Annotated[int, typer.Option(min=1, help="Cells per domain x probe x condition")] = 2,
+    seed: int = 0,
+) -> None:
+    """A stratified sample of the run's cells for human raters (condition and model blinded)."""
+    from evals.agreement import export_sample
+    from study.db import get_engine
+
+    with _failing_in_one_line():
+        count = export_sample(get_engine(), run_id, out, per_stratum=per_stratum, seed=seed)
+    typer.echo(f"wrote {count} cells to rate to {out}")
+
+
+@app.command("import-ratings")
+def eval_import_ratings(
+    run_id: int, file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
+    rater: Annotated[str, typer.Option(help="Who rated (a code, not a name)")],
+) -> None:
+    """Import a rater's CSV and print the judge's agreement with the ratings so far."""
+    from evals.agreement import agreement, import_ratings
+    from study.db import get_engine
+
+    with _failing_in_one_line():
+        count = import_ratings(get_engine(), run_id, file, rater=rater)
+        checked = agreement(get_engine(), run_id)
+    typer.echo(f"imported {count} ratings by {rater}")
+    for row in checked.table.to_dict(orient="records"):
+        flag = "  BELOW THRESHOLD" if row["below_threshold"] else ""
+        typer.echo(f"  {row['dimension']}: kappa {row['kappa']:.3f} ({row['kappa_low']:.3f} to "
+                   f"{row['kappa_high']:.3f}), Spearman {row['spearman']:.3f}, n {row['n']}{flag}")
