@@ -5,6 +5,7 @@ notifications and channel alerts."""
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from typing import Any
 
 from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
@@ -14,6 +15,7 @@ import study.safety  # noqa: F401 - safety_events, which safety notifications re
 from study.clock import now
 from study.db import Base, UTCDateTime
 from study.models import ParticipantResearchData
+from study.outbox import LeasedRow, one_of
 
 
 class Anchor(ParticipantResearchData, Base):
@@ -30,6 +32,14 @@ class Anchor(ParticipantResearchData, Base):
     context: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)  # piped into the survey
 
 
+class FollowUpStatus(enum.StrEnum):
+    PLANNED = "planned"  # waiting for due_at
+    SENT = "sent"  # opened: its survey is open and its deliveries go out
+    COMPLETED = "completed"  # answered
+    EXPIRED = "expired"  # its window closed without a response (or before it could be opened)
+    CANCELLED = "cancelled"  # withdrawn, stopped, re-planned away or given up
+
+
 class FollowUp(ParticipantResearchData, Base):
     """One planned survey invitation. ``intended_local`` is what the protocol asked for in the
     participant's time zone; ``due_at`` is that moment in UTC, moved out of quiet hours."""
@@ -38,6 +48,7 @@ class FollowUp(ParticipantResearchData, Base):
     __table_args__ = (
         UniqueConstraint("participant_id", "followup_key", "anchor_key"),
         Index("ix_followups_due", "status", "due_at"),
+        one_of("status", FollowUpStatus),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -53,7 +64,7 @@ class FollowUp(ParticipantResearchData, Base):
     due_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     closes_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     reminder_offsets: Mapped[list[int]] = mapped_column(JSON, default=list)  # seconds after due_at
-    status: Mapped[str] = mapped_column(String(16), default="planned")  # planned|sent|completed|expired|cancelled
+    status: Mapped[str] = mapped_column(String(16), default=FollowUpStatus.PLANNED)
     claimed_by: Mapped[str | None] = mapped_column(String(64))
     lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     assignment_id: Mapped[int | None] = mapped_column(ForeignKey("survey_assignments.id", ondelete="SET NULL"))
@@ -66,58 +77,37 @@ class FollowUp(ParticipantResearchData, Base):
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 
-class Delivery(ParticipantResearchData, Base):
+class Delivery(ParticipantResearchData, LeasedRow, Base):
     """One message on one channel: the invitation (``sequence`` 0) or reminder n. The
     idempotency key is stable across retries and dispatchers; email uses it as Message-ID."""
 
     __tablename__ = "deliveries"
-    __table_args__ = (Index("ix_deliveries_due", "status", "next_attempt_at"),)
 
-    id: Mapped[int] = mapped_column(primary_key=True)
     followup_id: Mapped[int] = mapped_column(ForeignKey("followups.id", ondelete="CASCADE"), index=True)
     participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(String(16))  # invitation | reminder
     sequence: Mapped[int] = mapped_column(Integer)
     channel: Mapped[str] = mapped_column(String(16))  # email | webhook | in_app
-    idempotency_key: Mapped[str] = mapped_column(String(128), unique=True)
     due_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
-    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|sending|sent|failed|cancelled
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
-    claimed_by: Mapped[str | None] = mapped_column(String(64))
-    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    last_error: Mapped[str | None] = mapped_column(Text)
-    sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 
-class SafetyNotification(Base):
+class SafetyNotification(LeasedRow, Base):
     """One on-call notice of a safety event to one of the protocol's safety contacts: ``round`` 0
     when the event is new, n when it is still unreviewed n re-notify periods after it was raised.
-    Planned and sent by the dispatcher like a delivery (claimed with a lease, retried, alerting).
+    Planned and sent by the dispatcher like a delivery (``study.outbox``: claimed with a lease,
+    retried, alerting).
 
     It is about the study's safety, not contact with the participant: it names no participant and
     holds no message text, and withdrawal neither cancels nor deletes it."""
 
     __tablename__ = "safety_notifications"
-    __table_args__ = (Index("ix_safety_notifications_due", "status", "next_attempt_at"),)
 
-    id: Mapped[int] = mapped_column(primary_key=True)
     safety_event_id: Mapped[int] = mapped_column(ForeignKey("safety_events.id", ondelete="CASCADE"), index=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"))
     round: Mapped[int] = mapped_column(Integer)
     channel: Mapped[str] = mapped_column(String(16))  # email | webhook
     recipient: Mapped[str] = mapped_column(String(2000))  # a staff address or webhook URL, from the protocol
-    idempotency_key: Mapped[str] = mapped_column(String(128), unique=True)
-    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|sending|sent|failed|cancelled
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
-    claimed_by: Mapped[str | None] = mapped_column(String(64))
-    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    last_error: Mapped[str | None] = mapped_column(Text)
-    sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 
 class ChannelAlert(Base):

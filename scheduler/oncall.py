@@ -10,7 +10,8 @@ once, claimed like a delivery); a contact is told again only when a new period s
 
 Notices are about the study's safety, not contact with the participant: they name no
 participant, carry no message text, and withdrawal does not cancel them. A dispatcher plans only
-for the channels it can send on (a simulation's dispatcher, with none, tells nobody).
+for the channels it can send on (a simulation's dispatcher, with none, tells nobody). Notices are
+sent through the outbox (``OnCallNotices``); a failing one raises a staff alert at once.
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler.channels import EmailChannel, OnCallChannel, OnCallNotice, OnCallWebhookChannel
 from scheduler.models import SafetyNotification
+from scheduler.outbox import OutboxKind
 from study.db import is_postgres
 from study.models import Study
+from study.outbox import OutboxStatus
 from study.protocol import Protocol
 from study.safety import SafetyEvent
 from study.settings import Settings
@@ -89,8 +92,8 @@ def plan(session: Session, at: dt.datetime, channels: Collection[str]) -> int:
         for channel, recipient in contacts(protocol, channels):
             key = idempotency_key(event_id, round_, channel, recipient)
             wanted[key] = {"safety_event_id": event_id, "study_id": study_id, "round": round_, "channel": channel,
-                           "recipient": recipient, "idempotency_key": key, "status": "pending", "attempts": 0,
-                           "next_attempt_at": at, "created_at": at}
+                           "recipient": recipient, "idempotency_key": key, "status": OutboxStatus.PENDING,
+                           "attempts": 0, "next_attempt_at": at, "created_at": at}
     if not wanted:
         return 0
     known = set(session.scalars(select(SafetyNotification.idempotency_key)
@@ -118,3 +121,34 @@ def compose(session: Session, settings: Settings, notification_id: int) -> tuple
         idempotency_key=notification.idempotency_key, recipient=notification.recipient, study=study.slug,
         study_title=study.title, event_id=event.id, category=event.category, raised_at=event.created_at,
         round=notification.round, link=event_link(settings, study.slug, event.id)), None
+
+
+class OnCallNotices(OutboxKind[OnCallNotice]):
+    model = SafetyNotification
+    noun = "on-call notice"
+    message_noun = "the notice"
+    counter = "notified"
+
+    def __init__(self, settings: Settings, channels: dict[str, OnCallChannel]) -> None:
+        super().__init__(settings)
+        self.channels = channels
+        self.alert_after = 1  # a notice that does not arrive is a safety problem, not a nuisance
+
+    def columns(self) -> Sequence[Any]:
+        return (SafetyNotification.channel, SafetyNotification.safety_event_id)
+
+    def about(self, row: Row[Any]) -> str:
+        return f"on-call notice {row.id} of safety event {row.safety_event_id}"
+
+    def where(self, row: Row[Any]) -> str:
+        return f"on-call {row.channel}: notice {row.id}"
+
+    def alert_channel(self, row: Row[Any]) -> str:
+        return ALERT_PREFIX + row.channel
+
+    def compose(self, session: Session, row: Row[Any]) -> tuple[OnCallNotice | None, str | None]:
+        return compose(session, self.settings, row.id)
+
+    def sender(self, row: Row[Any]) -> tuple[str, Callable[[OnCallNotice], None] | None]:
+        channel = self.channels.get(row.channel)
+        return f"the on-call {row.channel} channel", None if channel is None else channel.notify

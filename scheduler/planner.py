@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from scheduler.models import Anchor, FollowUp
+from scheduler.models import Anchor, FollowUp, FollowUpStatus
 from study.clock import now
 from study.db import bulk_insert
 from study.models import Participant, ParticipantStatus, Study
@@ -123,7 +123,7 @@ def _rows(participant: Participant, anchors: Iterable[Anchor | _AnchorRow], prot
             anchor_key=anchor.key, instrument_id=spec.instrument, protocol_version=version,
             context=dict(anchor.context), timezone=participant.timezone, intended_local=when.intended_local,
             due_at=when.due_at, closes_at=when.closes_at, reminder_offsets=when.reminder_offsets,
-            status="planned", reminders_sent=0, created_at=at, updated_at=at))
+            status=FollowUpStatus.PLANNED, reminders_sent=0, created_at=at, updated_at=at))
     return rows
 
 
@@ -234,7 +234,8 @@ def replan_study(session: Session, study_id: int) -> Replan:
     report = Replan()
     at = now()
     stale = session.scalars(select(FollowUp).where(
-        FollowUp.study_id == study_id, FollowUp.status == "planned", FollowUp.protocol_version != version)).all()
+        FollowUp.study_id == study_id, FollowUp.status == FollowUpStatus.PLANNED,
+        FollowUp.protocol_version != version)).all()
     anchors = {(a.participant_id, a.key): a for a in session.scalars(
         select(Anchor).join(Participant, Participant.id == Anchor.participant_id)
         .where(Participant.study_id == study_id))}
@@ -242,7 +243,7 @@ def replan_study(session: Session, study_id: int) -> Replan:
         spec = specs.get(followup.followup_key)
         anchor = anchors.get((followup.participant_id, followup.anchor_key))
         if spec is None or anchor is None or spec.anchor != anchor.kind:
-            followup.status, followup.ended_at = "cancelled", at
+            followup.status, followup.ended_at = FollowUpStatus.CANCELLED, at
             followup.end_reason = f"not in protocol version {version}"
             report.cancelled += 1
             continue

@@ -11,12 +11,13 @@ from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
 from scheduler import planner
-from scheduler.models import Anchor, Delivery, FollowUp
+from scheduler.models import Anchor, Delivery, FollowUp, FollowUpStatus
 from scheduler.schemas import FollowUpPreviewRead, SchedulePreviewQuery, SchedulePreviewRead
 from study import audit, participants, recruitment
 from study.clock import now
 from study.errors import Conflict
 from study.models import Participant, Study, StudyStatus, WithdrawalLevel
+from study.outbox import OutboxStatus
 from study.studies import current_protocol, current_version
 from study.wiring import Lifecycle
 from surveys import registry
@@ -41,9 +42,15 @@ def save_profile(session: Session, participant: Participant, *, timezone: str,
 
 
 def cancel_deliveries(session: Session, followup_id: int, reason: str) -> None:
-    session.execute(update(Delivery).where(Delivery.followup_id == followup_id,
-                                           Delivery.status.in_(("pending", "sending")))
-                    .values(status="cancelled", last_error=reason))
+    _cancel_deliveries(session, Delivery.followup_id == followup_id, reason)
+
+
+def _cancel_deliveries(session: Session, deliveries: ColumnElement[bool], reason: str) -> None:
+    """Cancel the deliveries among ``deliveries`` not sent yet (a claimed one too: it is recorded
+    only while it is still sending)."""
+    session.execute(update(Delivery)
+                    .where(deliveries, Delivery.status.in_((OutboxStatus.PENDING, OutboxStatus.SENDING)))
+                    .values(status=OutboxStatus.CANCELLED, last_error=reason))
 
 
 
@@ -66,13 +73,13 @@ def coming_up(session: Session, participant: Participant) -> list[ComingUp]:
     """The planned and open follow-ups, by instrument and anchor (a decision is named once), soonest first."""
     groups: dict[tuple[str, str], list[FollowUp]] = {}
     for followup in schedule(session, participant):
-        if followup.status in ("planned", "sent"):
+        if followup.status in PENDING:
             groups.setdefault((followup.instrument_id, followup.anchor_key), []).append(followup)
     titles = {instrument: registry.get(session, instrument).title for instrument, _ in groups}
 
     def when(followup: FollowUp) -> str:
         local = followup.due_at.astimezone(ZoneInfo(followup.timezone))
-        return "open now" if followup.status == "sent" else f"around {local.day} {local:%B}"
+        return "open now" if followup.status == FollowUpStatus.SENT else f"around {local.day} {local:%B}"
 
     return [ComingUp(titles[instrument], followups[0].context.get("decision"), [when(f) for f in followups])
             for (instrument, _), followups in groups.items()]
@@ -102,11 +109,11 @@ def schedule_preview(session: Session, study: Study, query: SchedulePreviewQuery
 
 def _on_completion(session: Session, assignment: SurveyAssignment) -> None:
     for followup in session.scalars(select(FollowUp).where(FollowUp.assignment_id == assignment.id)):
-        followup.status, followup.ended_at, followup.updated_at = "completed", now(), now()
+        followup.status, followup.ended_at, followup.updated_at = FollowUpStatus.COMPLETED, now(), now()
         cancel_deliveries(session, followup.id, "the survey was completed")
 
 
-PENDING = ("planned", "sent")  # follow-ups still to come: not yet sent, or sent and open
+PENDING = (FollowUpStatus.PLANNED, FollowUpStatus.SENT)  # follow-ups still to come: not yet sent, or sent and open
 
 
 def _cancel_pending(session: Session, followups: ColumnElement[bool], deliveries: ColumnElement[bool],
@@ -116,9 +123,8 @@ def _cancel_pending(session: Session, followups: ColumnElement[bool], deliveries
     at = now()
     cancelled: int = session.execute(
         update(FollowUp).where(followups, FollowUp.status.in_(PENDING))
-        .values(status="cancelled", ended_at=at, updated_at=at, end_reason=reason)).rowcount  # type: ignore[attr-defined]
-    session.execute(update(Delivery).where(deliveries, Delivery.status.in_(("pending", "sending")))
-                    .values(status="cancelled", last_error=reason))
+        .values(status=FollowUpStatus.CANCELLED, ended_at=at, updated_at=at, end_reason=reason)).rowcount  # type: ignore[attr-defined]
+    _cancel_deliveries(session, deliveries, reason)
     return cancelled
 
 
@@ -130,7 +136,7 @@ def _on_withdrawal(session: Session, participant: Participant, level: Withdrawal
 def stop_study_followups(session: Session, study: Study, reason: str) -> int:
     """Cancel every follow-up of the study still to come, as withdrawal does for one participant,
     and the open surveys they sent; returns the follow-ups cancelled."""
-    opened = select(FollowUp.assignment_id).where(FollowUp.study_id == study.id, FollowUp.status == "sent",
+    opened = select(FollowUp.assignment_id).where(FollowUp.study_id == study.id, FollowUp.status == FollowUpStatus.SENT,
                                                   FollowUp.assignment_id.is_not(None))
     session.execute(update(SurveyAssignment).where(SurveyAssignment.id.in_(opened), SurveyAssignment.status == "open")
                     .values(status="cancelled"))

@@ -15,6 +15,7 @@ from study import audit
 from study.clock import now
 from study.errors import NotFound
 from study.models import Participant
+from study.outbox import OutboxStatus
 from study.staff import reader_access
 
 
@@ -22,7 +23,7 @@ def followups(session: Session, actor: audit.Actor, study_id: int, status: str |
     """Every follow-up of the study (only those in ``status``) with its timing and delivery record,
     in due order; audited as ``followups.read``."""
     reader_access(session, actor, study_id)
-    failed = (select(Delivery.followup_id, func.count().label("n")).where(Delivery.status == "failed")
+    failed = (select(Delivery.followup_id, func.count().label("n")).where(Delivery.status == OutboxStatus.FAILED)
               .group_by(Delivery.followup_id).subquery())
     query = (select(FollowUp, Participant.code, func.coalesce(failed.c.n, 0))
              .join(Participant, Participant.id == FollowUp.participant_id)

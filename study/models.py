@@ -10,7 +10,6 @@ from sqlalchemy import (
     JSON,
     CheckConstraint,
     ForeignKey,
-    Index,
     Integer,
     LargeBinary,
     String,
@@ -21,6 +20,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from study.clock import now
 from study.db import Base, UTCDateTime
+from study.outbox import LeasedRow
 
 
 class ParticipantStatus(enum.StrEnum):
@@ -239,26 +239,15 @@ class SignInAttempt(Base):
     at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now, index=True)
 
 
-class SignInEmail(Base):
+class SignInEmail(LeasedRow, Base):
     """A sign-in link a participant asked for, to be emailed to the address on file. Queued by the
-    request and sent by the dispatcher like a delivery (claimed with a lease, retried, alerting);
-    the idempotency key is the email's Message-ID and the link's single-use nonce."""
+    request and sent by the dispatcher like a delivery (``study.outbox``: claimed with a lease,
+    retried, alerting); the idempotency key is the email's Message-ID and the link's single-use nonce."""
 
     __tablename__ = "sign_in_emails"
-    __table_args__ = (Index("ix_sign_in_emails_due", "status", "next_attempt_at"),)
 
-    id: Mapped[int] = mapped_column(primary_key=True)
     participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"), index=True)
-    idempotency_key: Mapped[str] = mapped_column(String(64), unique=True)
-    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|sending|sent|failed|cancelled
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
-    claimed_by: Mapped[str | None] = mapped_column(String(64))
-    lease_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    last_error: Mapped[str | None] = mapped_column(Text)
-    sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)  # the link's
-    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 
 class UsedSignInLink(Base):

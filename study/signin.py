@@ -37,6 +37,7 @@ from study.clock import now
 from study.db import is_postgres
 from study.errors import DomainError, Forbidden, Gone, Invalid, NotFound, TooManyAttempts
 from study.models import Participant, ParticipantStatus, SignInAttempt, SignInEmail, UsedSignInLink
+from study.outbox import OutboxStatus
 from study.participants import create_session, require_active
 from study.security import decrypt_contact, email_lookup_hash, human_code, return_code_hash
 from study.settings import get_settings
@@ -254,9 +255,9 @@ def request_link(session: Session, address: str, *, client: str) -> int:
     at = now()
     for participant in found:
         session.add(SignInEmail(
-            participant_id=participant.id, idempotency_key=f"sign-in-{secrets.token_hex(12)}", status="pending",
-            attempts=0, next_attempt_at=at, expires_at=at + dt.timedelta(minutes=settings.sign_in_link_minutes),
-            created_at=at))
+            participant_id=participant.id, idempotency_key=f"sign-in-{secrets.token_hex(12)}",
+            status=OutboxStatus.PENDING, attempts=0, next_attempt_at=at,
+            expires_at=at + dt.timedelta(minutes=settings.sign_in_link_minutes), created_at=at))
         audit.record(session, SIGN_IN_ACTOR, "participant.sign_in_link_requested",
                      study_id=participant.study_id, participant_code=participant.code)
     session.flush()

@@ -15,7 +15,7 @@ def scheduler_process(name: str | None = None, poll_seconds: float | None = None
     """Run the follow-up dispatcher (its own process; several may run against PostgreSQL)."""
     import logging
 
-    from scheduler.dispatcher import run
+    from scheduler.process import run
     from study.db import get_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
