@@ -93,7 +93,7 @@ def test_links_and_mail_follow_the_ports_make_run_is_given(engine: Engine, platf
     assert f"127.0.0.1:{smtp_port}: the port is taken" in taken.stderr
 
     # The printed invite works, and a follow-up sent by the scheduler process links to the same port.
-    with httpx.Client(base_url=base, timeout=30, trust_env=False) as client:
+    with httpx.Client(base_url=base, timeout=WAIT_SECONDS, trust_env=False) as client:
         enrolled = client.post("/api/v1/enrollment", json={"invite_code": invites[0]})
         assert enrolled.status_code == 201, enrolled.text
         client.headers["Authorization"] = f"Bearer {enrolled.json()['token']}"
