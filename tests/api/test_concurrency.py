@@ -20,7 +20,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from study.db import make_engine
 from study.models import StaffRole
+from study.settings import get_settings
 from tests.builders import CONFIRMATIONS, load_study, make_invites, make_staff
 from tests.live import live_server
 from tests.surveys.test_scoring import ANSWERS
@@ -28,10 +30,16 @@ from tests.waiting import WAIT_SECONDS
 
 
 @pytest.fixture
-def server(engine: Engine, example_protocol: str) -> Iterator[str]:
+def server(engine: Engine, example_protocol: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     load_study(engine, example_protocol)
-    with live_server(engine) as url:
+    # The lock timeout bounds the wait, it is not what is measured: with both cores busy a writer
+    # can hold SQLite's lock past the 5 s default, and the retryable 503 says nothing of a hang.
+    monkeypatch.setenv("AFTERWARD_DB_LOCK_TIMEOUT_MS", str(int(WAIT_SECONDS * 1000)))
+    get_settings.cache_clear()
+    patient = make_engine(engine.url.render_as_string(hide_password=False))
+    with live_server(patient) as url:
         yield url
+    patient.dispose()
 
 
 @dataclass
