@@ -82,7 +82,7 @@ def test_the_full_grid_is_killed_resumed_and_reported(engine: Engine, tmp_path: 
                                 str(DEFAULT_GRID), "--no-progress"], env=env, cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        until(lambda: len(_done(engine)) >= 150, "150 cells done", processes=[process])
+        until(lambda: len(_done(engine)) >= 150, "150 cells done", processes=[process], timeout=600)
     except AssertionError:
         process.kill()
         raise AssertionError(process.communicate()[0].decode()) from None
