@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,6 +10,7 @@ import uvicorn
 from sqlalchemy.engine import Engine
 
 from tests.mail import free_port
+from tests.waiting import WAIT_SECONDS, until
 
 
 @contextmanager
@@ -22,13 +22,10 @@ def live_server(engine: Engine) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
+    until(lambda: server.started or not thread.is_alive(), "the test server to start")
+    assert server.started, "the test server did not start"
     try:
         yield f"http://127.0.0.1:{config.port}"
     finally:
         server.should_exit = True
-        thread.join(timeout=15)
+        thread.join(timeout=WAIT_SECONDS)

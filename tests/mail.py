@@ -8,7 +8,6 @@ import email.policy
 import re
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from email.message import EmailMessage
@@ -16,6 +15,8 @@ from typing import Any
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
+
+from tests.waiting import until
 
 
 def free_port() -> int:
@@ -50,14 +51,12 @@ class Inbox:
         with self._lock:
             return [m for m in self.messages if str(m["To"]) == address]
 
-    def wait_for(self, count: int, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if len(self.messages) >= count:
-                    return
-            time.sleep(0.05)
-        raise AssertionError(f"expected {count} messages, got {len(self.messages)}")
+    def wait_for(self, count: int) -> None:
+        until(lambda: self.count() >= count, f"{count} messages")
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.messages)
 
 
 def link_in(message: EmailMessage) -> str:

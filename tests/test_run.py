@@ -11,8 +11,7 @@ import re
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,6 +27,7 @@ from study.models import Participant
 from study.settings import Settings, get_settings
 from tests.builders import CONFIRMATIONS
 from tests.mail import free_port
+from tests.waiting import WAIT_SECONDS, answers, until
 
 AFTERWARD = Path(sys.executable).parent / "afterward"
 runner = CliRunner()
@@ -48,23 +48,6 @@ def afterward(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
                           check=False)
 
 
-def wait_until(condition: Callable[[], bool], what: str, processes: list[subprocess.Popen[bytes]],
-               timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for process in processes:
-            assert process.poll() is None, f"{process.args!r} exited while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2, trust_env=False).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 @pytest.fixture
 def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
@@ -73,7 +56,7 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
         process.terminate()
     for process in started:
         try:
-            process.wait(timeout=15)
+            process.wait(timeout=WAIT_SECONDS)
         except subprocess.TimeoutExpired:
             process.kill()
 
@@ -99,8 +82,9 @@ def test_links_and_mail_follow_the_ports_make_run_is_given(engine: Engine, platf
     start(processes, platform_env, tmp_path / "scheduler.log", "scheduler", "--poll-seconds", "0.5")
     start(processes, platform_env, tmp_path / "api.log", "api", "--host", "127.0.0.1", "--port", port,
           "--no-access-log")
-    wait_until(lambda: answers(f"{base}/healthz"), "the API", processes)
-    wait_until(lambda: "development mailbox on" in (tmp_path / "mailbox.log").read_text(), "the mailbox", processes)
+    until(lambda: answers(f"{base}/healthz"), "the API", processes=processes)
+    until(lambda: "development mailbox on" in (tmp_path / "mailbox.log").read_text(), "the mailbox",
+          processes=processes)
     assert f"links for participants point at {base}" in (tmp_path / "api.log").read_text()
 
     # The mailbox listens on AFTERWARD_SMTP_PORT: make run's check before starting another finds it taken.
@@ -109,7 +93,7 @@ def test_links_and_mail_follow_the_ports_make_run_is_given(engine: Engine, platf
     assert f"127.0.0.1:{smtp_port}: the port is taken" in taken.stderr
 
     # The printed invite works, and a follow-up sent by the scheduler process links to the same port.
-    with httpx.Client(base_url=base, timeout=30, trust_env=False) as client:
+    with httpx.Client(base_url=base, timeout=WAIT_SECONDS, trust_env=False) as client:
         enrolled = client.post("/api/v1/enrollment", json={"invite_code": invites[0]})
         assert enrolled.status_code == 201, enrolled.text
         client.headers["Authorization"] = f"Bearer {enrolled.json()['token']}"
@@ -124,7 +108,7 @@ def test_links_and_mail_follow_the_ports_make_run_is_given(engine: Engine, platf
                                     .order_by(FollowUp.due_at).limit(1)).one()
             session.execute(update(FollowUp).where(FollowUp.id == first).values(
                 due_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)))
-        wait_until(lambda: mail.is_dir() and any(mail.glob("*.eml")), "the follow-up email", processes)
+        until(lambda: mail.is_dir() and any(mail.glob("*.eml")), "the follow-up email", processes=processes)
         message = email.message_from_bytes(next(mail.glob("*.eml")).read_bytes(), policy=email.policy.default)
         assert str(message["To"]) == "p@example.org"
         body = message.get_body(("plain",))

@@ -2,14 +2,16 @@
 against a real uvicorn server over real sockets, with /healthz polled throughout.
 
 Before database work moved off the event loop, the first reproducer (autosave while pressing
-"Next") hung the whole server on PostgreSQL and stalled it with 500s on SQLite.
+"Next") hung the whole server on PostgreSQL and stalled it with 500s on SQLite. What is measured
+is what a hang shows whatever the machine's speed: requests that never finish, 5xx answers, and
+/healthz not answered while the load runs. That the event loop never waits on the database is
+held deterministically by tests/api/test_event_loop.py, not by timing /healthz here.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -18,25 +20,32 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from study.db import make_engine
 from study.models import StaffRole
+from study.settings import get_settings
 from tests.builders import CONFIRMATIONS, load_study, make_invites, make_staff
 from tests.live import live_server
 from tests.surveys.test_scoring import ANSWERS
-
-HEALTH_LIMIT_SECONDS = 1.0
+from tests.waiting import WAIT_SECONDS
 
 
 @pytest.fixture
-def server(engine: Engine, example_protocol: str) -> Iterator[str]:
+def server(engine: Engine, example_protocol: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     load_study(engine, example_protocol)
-    with live_server(engine) as url:
+    # The lock timeout bounds the wait, it is not what is measured: with both cores busy a writer
+    # can hold SQLite's lock past the 5 s default, and the retryable 503 says nothing of a hang.
+    monkeypatch.setenv("AFTERWARD_DB_LOCK_TIMEOUT_MS", str(int(WAIT_SECONDS * 1000)))
+    get_settings.cache_clear()
+    patient = make_engine(engine.url.render_as_string(hide_password=False))
+    with live_server(patient) as url:
         yield url
+    patient.dispose()
 
 
 @dataclass
 class Outcomes:
     statuses: list[tuple[str, int, str]] = field(default_factory=list)
-    health_seconds: list[float] = field(default_factory=list)
+    health_during_load: int = 0  # /healthz answers that came while a worker's request was still to finish
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, what: str, response: httpx.Response) -> None:
@@ -49,7 +58,7 @@ class Outcomes:
 
 def browser(url: str, invite: str, onboard: bool = True) -> tuple[httpx.Client, str]:
     """A participant's browser: the session cookie, consent signed, and (optionally) enrolled."""
-    client = httpx.Client(base_url=url, timeout=30)
+    client = httpx.Client(base_url=url, timeout=WAIT_SECONDS)
     joined = client.post("/api/v1/enrollment", json={"invite_code": invite})
     assert joined.status_code == 201, joined.text
     csrf = joined.json()["csrf_token"]
@@ -66,25 +75,26 @@ def browser(url: str, invite: str, onboard: bool = True) -> tuple[httpx.Client, 
 def run_together(url: str, outcomes: Outcomes, workers: list[Callable[[], None]]) -> None:
     """Run the workers at once while /healthz is polled; every wait is bounded."""
     done = threading.Event()
+    threads = [threading.Thread(target=work) for work in workers]
 
     def poll_health() -> None:
-        with httpx.Client(base_url=url, timeout=10) as client:
+        with httpx.Client(base_url=url, timeout=WAIT_SECONDS) as client:
             while not done.is_set():
-                started = time.perf_counter()
                 response = client.get("/healthz")
-                outcomes.health_seconds.append(time.perf_counter() - started)
                 outcomes.add("healthz", response)
-                time.sleep(0.02)
+                if any(thread.is_alive() for thread in threads):
+                    with outcomes.lock:
+                        outcomes.health_during_load += 1
+                done.wait(0.02)  # a pause between polls, not a wait for anything
 
     health = threading.Thread(target=poll_health)
     health.start()
-    threads = [threading.Thread(target=work) for work in workers]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=120)
+        thread.join(timeout=WAIT_SECONDS)
     done.set()
-    health.join(timeout=15)
+    health.join(timeout=WAIT_SECONDS)
     assert not any(t.is_alive() for t in [*threads, health]), "a request never finished: the server hangs"
 
 
@@ -114,8 +124,7 @@ def test_autosave_while_pressing_next_keeps_the_server_up(server: str, engine: E
     assert outcomes.server_errors() == []
     assert {status for what, status, _ in outcomes.statuses if what == "autosave"} == {200}
     assert {status for what, status, _ in outcomes.statuses if what == "next"} == {303}
-    assert max(outcomes.health_seconds) < HEALTH_LIMIT_SECONDS, max(outcomes.health_seconds)
-    assert len(outcomes.health_seconds) >= 3  # sampled while the load ran
+    assert outcomes.health_during_load >= 3, "/healthz was not answered while the load ran"
 
 
 def test_staff_reading_participants_during_onboarding_keeps_the_server_up(server: str, engine: Engine) -> None:
@@ -131,7 +140,7 @@ def test_staff_reading_participants_during_onboarding_keeps_the_server_up(server
         return work
 
     def read_participants() -> None:
-        with httpx.Client(base_url=server, timeout=30,
+        with httpx.Client(base_url=server, timeout=WAIT_SECONDS,
                           headers={"Authorization": f"Bearer {staff_token}"}) as staff:
             for _ in range(20):
                 outcomes.add("participants", staff.get(f"/api/v1/staff/studies/{slug}/participants"))
@@ -144,7 +153,7 @@ def test_staff_reading_participants_during_onboarding_keeps_the_server_up(server
     assert outcomes.server_errors() == []
     assert {status for what, status, _ in outcomes.statuses if what == "onboarding"} == {303}
     assert {status for what, status, _ in outcomes.statuses if what == "participants"} == {200}
-    assert max(outcomes.health_seconds) < HEALTH_LIMIT_SECONDS, max(outcomes.health_seconds)
+    assert outcomes.health_during_load >= 1, "/healthz was not answered while the load ran"
 
 
 def test_escalations_and_profile_updates_at_once_keep_the_server_up(server: str, engine: Engine) -> None:
@@ -180,7 +189,7 @@ def test_escalations_and_profile_updates_at_once_keep_the_server_up(server: str,
     assert outcomes.server_errors() == []
     assert {status for what, status, _ in outcomes.statuses if what != "healthz"} <= {200, 201}
     assert sum(what == "escalation" for what, _, _ in outcomes.statuses) == 12
-    assert max(outcomes.health_seconds) < HEALTH_LIMIT_SECONDS, max(outcomes.health_seconds)
+    assert outcomes.health_during_load >= 1, "/healthz was not answered while the load ran"
 
 
 def test_parallel_submits_of_one_submission_id_all_get_the_stored_answer(server: str, engine: Engine) -> None:
@@ -190,7 +199,7 @@ def test_parallel_submits_of_one_submission_id_all_get_the_stored_answer(server:
     survey_id = client.get("/api/v1/me/surveys").json()[0]["assignment_id"]
     body = {"answers": ANSWERS, "submission_id": "parallel-0001"}
     outcomes = Outcomes()
-    start = threading.Barrier(20, timeout=30)
+    start = threading.Barrier(20, timeout=WAIT_SECONDS)
 
     def submit() -> None:
         start.wait()
@@ -220,7 +229,7 @@ def test_parallel_submits_of_the_survey_page_all_end_on_the_thank_you_page(serve
     assert last is not None
     form = {"csrf": csrf, "step": last.group(1), "go": "submit", "submission_id": "double-click-0001"}
     outcomes = Outcomes()
-    start = threading.Barrier(10, timeout=30)
+    start = threading.Barrier(10, timeout=WAIT_SECONDS)
 
     def submit() -> None:
         start.wait()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -40,18 +39,14 @@ def test_a_held_lock_answers_503_with_retry_after_and_reads_go_on(impatient_engi
                 holder.execute(text("SELECT id FROM survey_assignments WHERE id = :id FOR UPDATE"), {"id": survey})
             else:
                 holder.execute(text("UPDATE studies SET title = title"))
-            started = time.monotonic()
+            # Answered while the lock is still held: the wait ended at the lock timeout, not when the lock did.
             response = client.put(f"/api/v1/me/surveys/{survey}/answers", headers=who.headers,
                                   json={"answers": {"A1": 4}})
-            waited = time.monotonic() - started
             assert response.status_code == 503, response.text
             assert response.headers["Retry-After"] == "1"
             assert "try again" in response.json()["error"]["message"]
-            assert waited < 5
-            # Reading never waits for a writer.
-            started = time.monotonic()
+            # Reading never waits for a writer: a read that needed the lock would meet the same 503.
             assert client.get(f"/api/v1/me/surveys/{survey}", headers=who.headers).status_code == 200
-            assert time.monotonic() - started < LOCK_TIMEOUT_MS / 1000
             holder.rollback()
         saved = client.put(f"/api/v1/me/surveys/{survey}/answers", headers=who.headers, json={"answers": {"A1": 4}})
         assert saved.status_code == 200  # the retry goes through once the lock is gone

@@ -8,8 +8,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -27,8 +25,10 @@ from chat.gateway import Gateway
 from study.clock import FrozenClock
 from study.security import csrf_token_for
 from study.settings import Settings, get_settings
+from tests import waiting
 from tests.builders import ParticipantHandle, assign_survey, enroll_fully, make_invites, put_in_arm, start_chat
 from tests.live import live_server
+from tests.waiting import until_async as until
 
 DRS_ANSWERS = {"drs1": 2, "drs2": 4, "drs3": 1, "drs4": 5, "drs5": 2}
 
@@ -44,14 +44,6 @@ def turns(engine: Engine) -> list[Any]:
 
 def claim(engine: Engine) -> Any:
     return rows(engine, "SELECT awaiting_reply_since FROM conversations")[0][0]
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    """Wait for ``condition`` (database reads: on a thread, never on the loop), at most ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(condition):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def chatter(engine: Engine, app: FastAPI, slug: str) -> tuple[ParticipantHandle, int]:
@@ -120,10 +112,7 @@ def test_a_streamed_reply_is_stored_after_the_client_disconnects(engine: Engine,
             assert next(events.iter_lines()) == "event: message"
         # The connection is closed: the page was left while the model was still writing.
         assert [speaker for speaker, *_ in turns(engine)] == ["participant"]
-        deadline = time.monotonic() + 30
-        while len(turns(engine)) < 2:
-            assert time.monotonic() < deadline, "the reply was never stored"
-            time.sleep(0.05)
+        waiting.until(lambda: len(turns(engine)) == 2, "the reply stored")
         stored = client.get(f"/api/v1/me/conversations/{conversation}").json()
     assert [(t["speaker"], t["reply_status"]) for t in stored["turns"]] == [("participant", "answered"),
                                                                             ("assistant", None)]

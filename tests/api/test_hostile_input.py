@@ -32,6 +32,7 @@ from tests.builders import (
     start_chat,
 )
 from tests.live import live_server
+from tests.waiting import WAIT_SECONDS
 
 SLUG = "wellbeing-pilot"
 
@@ -264,7 +265,7 @@ def test_parallel_submits_and_first_autosaves_store_one_row(engine: Engine, slug
     with live_server(engine) as url:
         clients = []
         for invite in make_invites(engine, slug, count=2):
-            client = httpx.Client(base_url=url, timeout=30)
+            client = httpx.Client(base_url=url, timeout=WAIT_SECONDS)
             token = client.post("/api/v1/enrollment", json={"invite_code": invite}).json()["token"]
             client.cookies.clear()
             client.headers["Authorization"] = f"Bearer {token}"
@@ -287,7 +288,7 @@ def test_parallel_submits_and_first_autosaves_store_one_row(engine: Engine, slug
             for thread in threads:
                 thread.start()
             for thread in threads:
-                thread.join(timeout=60)
+                thread.join(timeout=WAIT_SECONDS)
 
         at_once(lambda i: saver.put(f"/api/v1/me/surveys/{saved_survey}/answers", json={"answers": {"A1": i}}))
         at_once(lambda i: submitter.post(f"/api/v1/me/surveys/{submitted_survey}/submit",

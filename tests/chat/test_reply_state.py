@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from study.db import session_factory, session_scope
 from study.models import Participant
 from study.safety import SafetyEvent
 from tests.builders import CONFIRMATIONS, FRAMING, load_study, make_invites
+from tests.waiting import WAIT_SECONDS, until
 
 HOPELESS = "I feel hopeless about this"  # the platform's monitors require a check-in on it
 PLAIN = Completion(text="Let's look at this together.", model="offline/afterward")
@@ -82,11 +82,8 @@ def _two_replies_in_flight(engine: Engine, clock: FrozenClock, code: str,
 
 def _wait_until_blocked(engine: Engine, pid: int) -> None:
     with engine.connect() as connection:
-        for _ in range(200):
-            if connection.execute(sa.text("SELECT cardinality(pg_blocking_pids(:pid))"), {"pid": pid}).scalar_one():
-                return
-            time.sleep(0.05)
-    raise AssertionError("the second reply never waited for the first one's row lock")
+        until(lambda: connection.execute(sa.text("SELECT cardinality(pg_blocking_pids(:pid))"), {"pid": pid})
+              .scalar_one(), "the second reply to wait for the first one's row lock")
 
 
 def test_concurrent_replies_both_count(engine: Engine, frozen_clock: FrozenClock,
@@ -116,7 +113,7 @@ def test_concurrent_replies_both_count(engine: Engine, frozen_clock: FrozenClock
             thread.start()
             _wait_until_blocked(engine, pid)
             holder.commit()
-            thread.join(timeout=30)
+            thread.join(timeout=WAIT_SECONDS)
         assert not thread.is_alive()
         assert not errors, errors
     counts, awaiting, turn_count = _state(engine, conversation_id)
@@ -178,7 +175,7 @@ def _set_owner(engine: Engine, conversation_id: int, owner: str) -> None:
 
 
 def _owner_that_died() -> str:
-    with subprocess.Popen(["sleep", "30"]) as child:
+    with subprocess.Popen(["sleep", "infinity"]) as child:
         owner = processes.owner_of(child.pid)
         child.kill()
     return owner
@@ -210,7 +207,7 @@ def test_a_live_siblings_claim_is_never_taken_and_a_silent_one_only_after_its_le
     code, conversation_id = conversation
     first = _accept(engine, code, conversation_id, "Should I sell the car?")
     host_and_scope = processes.this_process().partition("@")[2]
-    with subprocess.Popen(["sleep", "60"]) as sibling:
+    with subprocess.Popen(["sleep", "infinity"]) as sibling:
         try:
             # Another worker of this machine, alive; then one on another machine, whose death no one here sees.
             for owner in (processes.owner_of(sibling.pid), f"4242.1@{host_and_scope.rpartition('.')[0]}.0123456789ab"):

@@ -42,6 +42,7 @@ import sqlalchemy as sa
 from tests.builders import CONFIRMATIONS
 from tests.mail import free_port
 from tests.postgres import scratch_schema
+from tests.waiting import WAIT_SECONDS, answers, until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "wellbeing-pilot.yaml"
@@ -53,7 +54,7 @@ MAX_EXAMPLES = int(os.environ.get("AFTERWARD_CONTRACT_MAX_EXAMPLES", "30"))
 # A pass that runs longer than this is stopped and counted as a failure (a hang is a finding too).
 PASS_TIMEOUT_SECONDS = float(os.environ.get("AFTERWARD_CONTRACT_PASS_TIMEOUT", "240"))
 REQUEST_TIMEOUT_SECONDS = 10.0
-SERVER_START_SECONDS = 60.0
+SERVER_START_SECONDS = WAIT_SECONDS
 
 # Operations that end the caller's own access. Explored last, in a pass of their own, so they do
 # not turn the rest of the run into a series of 401/403 answers.
@@ -239,17 +240,8 @@ def api_server(database_url: str, port: int, log_path: Path) -> Iterator[subproc
 
 
 def wait_until_up(server: subprocess.Popen[bytes], base_url: str) -> None:
-    deadline = time.monotonic() + SERVER_START_SECONDS
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the API exited with status {server.returncode} while starting")
-        try:
-            if httpx.get(f"{base_url}/healthz", timeout=2, trust_env=False).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"the API did not answer /healthz within {SERVER_START_SECONDS:.0f} s")
+    until(lambda: answers(f"{base_url}/healthz"), "the API to answer /healthz", timeout=SERVER_START_SECONDS,
+          processes=[server])
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from sqlalchemy.engine import Engine
 from api.app import create_app
 from study.settings import get_settings
 from tests.mail import free_port
+from tests.waiting import WAIT_SECONDS, until
 
 # A bound on waiting for what a page shows, not a claim about speed: with both cores busy a reply
 # took longer than Playwright's default 5 s (the state waited for still arrives; only the machine differs).
@@ -57,14 +57,11 @@ def live_server(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
                                            access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the live server did not start")
-        time.sleep(0.05)
+    until(lambda: server.started or not thread.is_alive(), "the live server to start")
+    assert server.started, "the live server did not start"
     yield base
     server.should_exit = True
-    thread.join(10)
+    thread.join(WAIT_SECONDS)
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +23,7 @@ from tests.builders import load_study, make_staff
 from tests.dashboard.conftest import PASSWORD
 from tests.e2e.test_participant_journey import axe_problems
 from tests.mail import free_port
+from tests.waiting import WAIT_SECONDS, answers, until
 
 AFTERWARD = Path(sys.executable).parent / "afterward"
 PAGES = ["Overview", "Enrollment", "Follow-ups", "Outcomes", "Conversations → outcomes", "Safety review",
@@ -51,22 +50,15 @@ def dashboard(engine: Engine, example_protocol: str, tmp_path: Path) -> Iterator
     process = subprocess.Popen([str(AFTERWARD), "dashboard", "--port", str(port)], env=env, stdout=log,
                                stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as response:  # noqa: S310 - local
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline or process.poll() is not None:
-            process.kill()
-            raise RuntimeError("the dashboard did not start: " + (tmp_path / "dashboard.log").read_text())
-        time.sleep(0.3)
+    try:
+        until(lambda: answers(f"{base}/_stcore/health"), "the dashboard to start", processes=[process])
+    except AssertionError:
+        process.kill()
+        raise RuntimeError("the dashboard did not start: " + (tmp_path / "dashboard.log").read_text()) from None
     yield base
     process.terminate()
     try:
-        process.wait(30)  # Streamlit's shutdown can take a while on a loaded machine; then stop it hard
+        process.wait(WAIT_SECONDS)  # Streamlit's shutdown can take a while on a loaded machine; then stop it hard
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(10)
@@ -81,7 +73,9 @@ def wait_for_page(page: Page, title: str) -> None:
     # Altair charts are drawn after the page's elements arrive: wait for each to have its canvas.
     page.wait_for_function("() => [...document.querySelectorAll('[data-testid=stVegaLiteChart]')]"
                            ".every(chart => chart.querySelector('canvas, svg'))", timeout=60_000)
-    page.wait_for_timeout(500)
+    # Nothing left from the previous run of the script (faded while stale) or still loading.
+    expect(page.locator("[data-stale=true]")).to_have_count(0)
+    expect(page.get_by_test_id("stSkeleton")).to_have_count(0)
 
 
 def test_sign_in_and_every_page(browser: Browser, dashboard: str, artifacts: Path) -> None:

@@ -1,20 +1,26 @@
-"""A reply is never lost to a closed tab: the participant sends a message, closes the tab a second
-later while the model is still writing, opens the chat again and finds the reply."""
+"""A reply is never lost to a closed tab: the participant sends a message, closes the tab while the
+model is still writing, opens the chat again and finds the reply. The model is held until the
+test lets it answer, so "still writing" is a state the test makes, not a race with the clock."""
 
 from __future__ import annotations
 
-import time
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from playwright.sync_api import Browser, expect
 from sqlalchemy.engine import Engine
 
+from chat.offline import OfflineLLM
 from study.settings import get_settings
 from tests.builders import load_study, make_invites, put_in_arm
 from tests.e2e.conftest import Camera
 from tests.e2e.test_participant_journey import axe_problems, join_and_consent, new_page
+from tests.waiting import WAIT_SECONDS, until
 
 MESSAGE = "Should I take the job in Porto?"
 
@@ -24,12 +30,34 @@ def stored_turns(engine: Engine) -> list[str]:
         return list(connection.execute(sa.text("SELECT speaker FROM turns ORDER BY seq")).scalars())
 
 
+@pytest.fixture
+def answer(live_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """The offline model answers (streamed or not) only once this event is set (at the latest when
+    the test ends, before the live server stops)."""
+    answer = threading.Event()
+    complete, stream = OfflineLLM.acompletion, OfflineLLM.astreaming
+
+    async def held_completion(self: OfflineLLM, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.to_thread(answer.wait, WAIT_SECONDS)
+        return await complete(self, *args, **kwargs)
+
+    async def held_stream(self: OfflineLLM, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        await asyncio.to_thread(answer.wait, WAIT_SECONDS)
+        async for chunk in stream(self, *args, **kwargs):
+            yield chunk
+
+    monkeypatch.setattr(OfflineLLM, "acompletion", held_completion)
+    monkeypatch.setattr(OfflineLLM, "astreaming", held_stream)
+    monkeypatch.setenv("AFTERWARD_LLM_TIMEOUT_SECONDS", str(2 * WAIT_SECONDS))  # the hold is not a timeout
+    get_settings.cache_clear()
+    yield answer
+    answer.set()
+
+
 def test_a_reply_written_after_the_tab_closed_is_there_when_the_chat_is_opened_again(
     browser: Browser, live_server: str, engine: Engine, example_protocol: str, artifacts: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    answer: threading.Event,
 ) -> None:
-    monkeypatch.setenv("AFTERWARD_OFFLINE_LLM_DELAY_MS", "6000")  # the model takes 6 s to answer
-    get_settings.cache_clear()
     [invite] = make_invites(engine, load_study(engine, example_protocol))
     page = new_page(browser, bypass_csp=True)  # axe runs on the page opened again
     join_and_consent(page, live_server, invite)
@@ -43,14 +71,9 @@ def test_a_reply_written_after_the_tab_closed_is_there_when_the_chat_is_opened_a
     chat = page.url
 
     page.get_by_label("Your message").fill(MESSAGE)
-    sent = time.monotonic()
     page.get_by_role("button", name="Send").click()
-    deadline = sent + 10
-    while stored_turns(engine) != ["participant"]:  # the message is saved before the model is asked
-        assert time.monotonic() < deadline, "the message was never stored"
-        time.sleep(0.05)
-    page.wait_for_timeout(max(0.0, 1.0 - (time.monotonic() - sent)) * 1000)  # one second after Send
-    assert stored_turns(engine) == ["participant"]  # the model is still writing
+    # The message is saved before the model is asked; the model is still writing when the tab closes.
+    until(lambda: stored_turns(engine) == ["participant"], "the message stored")
     context = page.context
     page.close()
 
@@ -62,9 +85,11 @@ def test_a_reply_written_after_the_tab_closed_is_there_when_the_chat_is_opened_a
     expect(notice).to_contain_text("The assistant is still writing its reply; it is saved even if you leave.")
     assert axe_problems(again) == []
     camera.shot("still-writing")
+    assert stored_turns(engine) == ["participant"]
+    answer.set()
     # The page asks until the reply is stored, then shows it.
     reply = again.locator(".msg.assistant .bubble")
-    expect(reply).to_have_count(1, timeout=30_000)
+    expect(reply).to_have_count(1)
     expect(reply).not_to_be_empty()
     expect(again.get_by_text("still writing its reply")).to_have_count(0)
     expect(again.get_by_role("button", name="Try again")).to_have_count(0)

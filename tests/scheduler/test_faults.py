@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from study.settings import Settings, get_settings
 from tests.builders import enroll_fully, load_study, make_invites, make_staff
 from tests.conftest import POSTGRES_URL
 from tests.mail import free_port, smtp_server
+from tests.waiting import WAIT_SECONDS, until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,13 +57,18 @@ def start_dispatcher(engine: Engine, smtp_port: int, name: str, logs: Path) -> s
                             stdout=subprocess.DEVNULL, stderr=(logs / f"{name}.log").open("wb"))
 
 
-def wait_until(condition: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out")
+def email_statuses(engine: Engine) -> Counter[str]:
+    with engine.connect() as connection:
+        return Counter(connection.execute(sa.text("SELECT status FROM deliveries WHERE channel = 'email'")).scalars())
+
+
+def stop_after_everything_is_sent(engine: Engine, count: int, dispatchers: list[subprocess.Popen[bytes]]) -> None:
+    """Once every delivery is recorded as sent, stop the dispatchers and wait for them to exit: a
+    dispatcher that exits cleanly has finished its last send, so nothing can arrive after this."""
+    until(lambda: email_statuses(engine) == {"sent": count}, "every delivery recorded as sent", processes=dispatchers)
+    for dispatcher in dispatchers:
+        dispatcher.terminate()
+    assert [dispatcher.wait(WAIT_SECONDS) for dispatcher in dispatchers] == [0] * len(dispatchers)
 
 
 @pytest.fixture
@@ -73,7 +78,7 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     for process in started:
         if process.poll() is None:
             process.terminate()
-            process.wait(10)
+            process.wait(WAIT_SECONDS)
 
 
 def test_a_dispatcher_killed_mid_batch_and_restarted_delivers_every_invitation(
@@ -85,14 +90,14 @@ def test_a_dispatcher_killed_mid_batch_and_restarted_delivers_every_invitation(
     with smtp_server(delay_seconds=0.05) as (inbox, port):
         first = start_dispatcher(engine, port, "first", tmp_path)
         processes.append(first)
-        wait_until(lambda: len(inbox.messages) >= 8)
+        until(lambda: len(inbox.messages) >= 8, "the first dispatcher's first messages")
         first.send_signal(signal.SIGKILL)
-        first.wait(10)
+        first.wait(WAIT_SECONDS)
         received_before_kill = len(inbox.messages)
         assert received_before_kill < count, "the kill came too late to test anything"
-        processes.append(start_dispatcher(engine, port, "second", tmp_path))
-        wait_until(lambda: len(set(inbox.message_ids())) >= count)
-        time.sleep(1.0)  # anything sent twice would arrive by now
+        second = start_dispatcher(engine, port, "second", tmp_path)
+        processes.append(second)
+        stop_after_everything_is_sent(engine, count, [second])
         ids = inbox.message_ids()
     duplicates = sum(n - 1 for n in Counter(ids).values())
     # Each email carries a Message-ID derived from its idempotency key: at most the one message in
@@ -101,22 +106,21 @@ def test_a_dispatcher_killed_mid_batch_and_restarted_delivers_every_invitation(
     assert len(set(ids)) == count
     assert duplicates <= 1, Counter(ids).most_common(3)
     with engine.connect() as connection:
-        statuses = Counter(connection.execute(sa.text(
-            "SELECT status FROM deliveries WHERE channel = 'email'")).scalars())
         assignments = connection.execute(sa.text("SELECT count(*) FROM survey_assignments "
                                                  "WHERE purpose = 'followup'")).scalar_one()
-    assert statuses == {"sent": count}
+    assert email_statuses(engine) == {"sent": count}
     assert assignments == count  # each follow-up opened exactly once
 
 
-def test_sigterm_stops_a_dispatcher_mid_batch_within_seconds_and_hands_the_rest_back(
+def test_sigterm_stops_a_dispatcher_mid_batch_and_hands_the_rest_back(
     engine: Engine, app_client: TestClient, example_protocol: str, processes: list[subprocess.Popen[bytes]],
     tmp_path: Path,
 ) -> None:
     count = 40
     due_now(engine, app_client, example_protocol, count)
     # The installed command, as an operator (or systemd, or Kubernetes) runs it; one batch holds
-    # every delivery, and the mail server takes 0.3 s a message: the batch would need 12 s.
+    # every delivery, and the mail server takes 0.3 s a message: the batch would need 12 s. Measured
+    # against the batch, not the clock: it exits cleanly with part of the batch sent, the rest handed back.
     command = Path(sys.executable).parent / "afterward"
     env = {**os.environ, "AFTERWARD_DATABASE_URL": engine.url.render_as_string(hide_password=False),
            "AFTERWARD_SCHEDULER_BATCH_SIZE": "200"}
@@ -126,18 +130,15 @@ def test_sigterm_stops_a_dispatcher_mid_batch_within_seconds_and_hands_the_rest_
                                       cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                       stderr=(tmp_path / "stopping.log").open("wb"))
         processes.append(dispatcher)
-        wait_until(lambda: len(inbox.messages) >= 3)
-        signalled = time.monotonic()
+        until(lambda: len(inbox.messages) >= 3, "the batch's first messages", processes=[dispatcher])
         dispatcher.send_signal(signal.SIGTERM)
         try:
-            code = dispatcher.wait(5)
+            code = dispatcher.wait(WAIT_SECONDS)
         except subprocess.TimeoutExpired:
             log = (tmp_path / "stopping.log").read_text()
-            pytest.fail(f"the dispatcher was still running 5 s after SIGTERM:\n{log}")
-        stopped_after = time.monotonic() - signalled
+            pytest.fail(f"the dispatcher was still running {WAIT_SECONDS:.0f} s after SIGTERM:\n{log}")
         received = len(inbox.messages)
     assert code == 0, (tmp_path / "stopping.log").read_text()
-    assert stopped_after < 5
     assert 3 <= received < count, "it did not stop mid-batch"
     with engine.connect() as connection:
         rows = connection.execute(sa.text("SELECT status, attempts, lease_until FROM deliveries "
@@ -156,10 +157,9 @@ def test_two_dispatchers_on_postgresql_deliver_no_duplicates(
     count = 60
     due_now(engine, app_client, example_protocol, count)
     with smtp_server(delay_seconds=0.02) as (inbox, port):
-        processes += [start_dispatcher(engine, port, "left", tmp_path),
-                      start_dispatcher(engine, port, "right", tmp_path)]
-        wait_until(lambda: len(inbox.messages) >= count)
-        time.sleep(1.0)
+        both = [start_dispatcher(engine, port, "left", tmp_path), start_dispatcher(engine, port, "right", tmp_path)]
+        processes += both
+        stop_after_everything_is_sent(engine, count, both)
         ids = inbox.message_ids()
     assert len(ids) == len(set(ids)) == count
     with engine.connect() as connection:
