@@ -56,7 +56,7 @@ def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> 
     turns = chat_service.turns(session, conversation)
     resources = {shown.concern: chat_api.crisis_resources(session, participant, shown.concern).text
                  for shown in turns if shown.stance in ("check_in", "escalate")}
-    responses = chat_api.pushback_responses(session, conversation.id)
+    responses = chat_service.pushback_responses(session, conversation.id)
     switches: dict[int, list[str]] = {}  # after how many turns -> "Coach to Collaborator"
     for switch in chat_service.role_switches(session, conversation):
         switches.setdefault(switch.after_seq, []).append(

@@ -484,6 +484,13 @@ def _pushback_turn(session: Session, participant: Participant, conversation: Con
     return turn
 
 
+def pushback_responses(session: Session, conversation_id: int) -> dict[int, str]:
+    """What the participant did with each nudge or challenge: turn id -> override | reconsider."""
+    rows = session.execute(select(PushbackResponse.turn_id, PushbackResponse.action)
+                           .where(PushbackResponse.conversation_id == conversation_id))
+    return {turn_id: action for turn_id, action in rows}
+
+
 def latest_pushback_id(session: Session, conversation_id: int) -> int | None:
     """The conversation's latest assistant turn that did not simply agree: the only note that can
     still be answered ("Go ahead anyway" or "Let me reconsider"), if it is a nudge or challenge."""

@@ -62,3 +62,11 @@ def test_no_module_is_longer_than_700_lines() -> None:
     long = [f"{path.relative_to(ROOT)}: {n}" for package in [*PACKAGES, "tests"] for path in modules(package)
             if "node_modules" not in path.parts and (n := len(path.read_text().splitlines())) > MAX_LINES]
     assert not long, "split these along their seams:\n" + "\n".join(long)
+
+
+def test_no_router_holds_sql() -> None:
+    """Routers resolve the caller and call a service; the queries live in the services."""
+    statements = re.compile(r"\b(select|insert|update|delete)\(|session\.(execute|scalars?)\(")
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in sorted((ROOT / "api" / "routers").glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if statements.search(line)]
+    assert not found, "SQL in a router:\n" + "\n".join(found)

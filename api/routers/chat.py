@@ -13,7 +13,6 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import StreamingResponse
 from pydantic_core import to_jsonable_python
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.deps import (
@@ -31,7 +30,7 @@ from api.routers.staff import ParticipantLevelAccess, staff_actor
 from chat import resources as chat_resources
 from chat import service, staff, turn
 from chat.gateway import Gateway
-from chat.models import PushbackResponse, Turn
+from chat.models import Turn
 from chat.replies import Replies
 from chat.roles import SAFETY_CONCERNS
 from chat.schemas import (
@@ -249,7 +248,7 @@ def my_conversations(session: SessionDep, participant: ConsentedParticipant) -> 
 def my_conversation(conversation_id: RowId, session: SessionDep,
                     participant: ConsentedParticipant) -> ConversationDetail:
     conversation = service.get_conversation(session, participant, conversation_id)
-    responses = pushback_responses(session, conversation.id)
+    responses = service.pushback_responses(session, conversation.id)
     latest = service.latest_pushback_id(session, conversation.id)
     return ConversationDetail(**ConversationRead.of(conversation).model_dump(), turns=[
         turn_read(session, turn, participant, responses.get(turn.id), latest)
@@ -315,13 +314,6 @@ def end_conversation(conversation_id: RowId, body: ExitCheck, session: SessionDe
     recorded for the decision-anchored follow-ups."""
     return turn.exit_check(session, participant, conversation_id, rating=body.rating,
                            made_decision=body.made_decision, decision=body.decision, effects=EXIT_EFFECTS)
-
-
-def pushback_responses(session: Session, conversation_id: int) -> dict[int, str]:
-    """What the participant did with each nudge or challenge: turn id -> override | reconsider."""
-    rows = session.execute(select(PushbackResponse.turn_id, PushbackResponse.action)
-                           .where(PushbackResponse.conversation_id == conversation_id))
-    return {turn_id: action for turn_id, action in rows}
 
 
 # Staff: safety events
