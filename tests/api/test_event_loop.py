@@ -62,6 +62,8 @@ def test_only_handlers_that_await_something_are_coroutines(engine: Engine) -> No
         "api.chat_pages.chat_send", "api.chat_pages.chat_retry", "api.chat_pages.chat_override",
         # These share the chat pages' action (CSRF, one unit of work, the same error page).
         "api.chat_pages.chat_reconsider", "api.chat_pages.chat_role",
+        # It awaits its access check (one unit) and the archive built in the thread pool.
+        "api.routers.exports.download_export",
         # No database work: HTML built in memory, a file streamed by Starlette.
         "api.docs.swagger_ui", "api.docs.redoc", "api.app.favicon",
     }
