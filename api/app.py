@@ -13,13 +13,13 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, configure_mappers
 
 from api import chat_pages, docs, errors, pages
 from api.deps import run_unit_on
 from api.edge import Edge
 from api.routers import chat, exports, followups, participants, recruitment, sign_in, staff, surveys, transcripts
-from chat import semantic
+from chat import semantic, steps
 from chat.gateway import Gateway
 from chat.replies import Replies
 from study import wiring
@@ -31,6 +31,31 @@ log = logging.getLogger("afterward.api")
 API_PREFIX = "/api/v1"
 FAVICON = Path(__file__).resolve().parent / "static" / "favicon.ico"  # pages link /static/favicon.ico
 T = TypeVar("T")
+
+
+WARM_UP_PATH = "/.afterward-warm-up"  # matches no route
+
+
+async def warm_routes(app: FastAPI) -> None:
+    """Build what FastAPI and SQLAlchemy build on first use, before the process serves: FastAPI
+    prepares each included router's routes (their request and response models, ~0.4 s for this
+    app) when a request first walks them, and SQLAlchemy configures the mappers on the first
+    query. One in-process request to an address no route matches walks every router; its 404
+    goes nowhere (bench/first_reply.py measures the first reply against later ones)."""
+    configure_mappers()
+    messages: list[object] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        messages.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": WARM_UP_PATH, "raw_path": WARM_UP_PATH.encode(), "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"localhost"), (b"accept", b"application/json")],
+             "client": ("127.0.0.1", 0), "server": ("localhost", 80), "state": {}}
+    await app(scope, receive, send)  # type: ignore[arg-type]
 
 
 def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> FastAPI:
@@ -49,19 +74,20 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
             await replies.take_over_abandoned()
         except Exception:  # the database may not answer yet: requests take such claims over as they meet them
             log.exception("could not look for abandoned reply claims at start-up")
-        # The crisis encoder (~1-2 s) and the gateway (LiteLLM's first call, ~2 s) are ready before
-        # the process serves, so no participant's first message waits for them (bench/first_reply.py);
-        # /healthz says whether the encoder is loaded.
+        # The crisis encoder (~1-2 s) and the other monitors, the gateway (LiteLLM's first call, ~2 s)
+        # and the routes (warm_routes) are ready before the process serves, so no participant's first
+        # message waits for them (bench/first_reply.py); /healthz says whether the encoder is loaded.
         if app.state.gateway is None:
             app.state.gateway = Gateway(get_settings())
         encoder: object
         gateway: object
-        encoder, gateway = await asyncio.gather(asyncio.to_thread(semantic.load), app.state.gateway.warm_up(),
+        encoder, gateway = await asyncio.gather(asyncio.to_thread(steps.warm_up), app.state.gateway.warm_up(),
                                                 return_exceptions=True)
         if isinstance(encoder, BaseException):  # the model files are missing: each message will say so
             log.error("could not load the crisis encoder at start-up", exc_info=encoder)
         if isinstance(gateway, BaseException):
             log.error("could not warm the LLM gateway up at start-up", exc_info=gateway)
+        await warm_routes(app)
         yield
         await replies.stop()
 

@@ -7,7 +7,9 @@ load) is loaded once per process: the app is started (its lifespan loads the enc
 serves, ``chat.semantic.load``), then one participant sends a message and waits for the reply, then
 ``--later`` more. ``lazy`` starts the same app without running its lifespan, as before the encoder
 was loaded at start-up, so the first message loads it. Printed: the start-up time and the first
-and later replies' latency (median over processes; later: the median of each process's medians).
+and later replies' latency (median over processes; later: the median of each process's medians),
+each split into the model's own time (``turns.latency_ms``, as the gateway measured the call) and
+the platform's (the rest).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from common import ROOT, enrolled  # first: sets the environment and sys.path
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from api.app import create_app
@@ -54,8 +57,15 @@ def child(mode: str, url: str, token: str, conversation: int, later: int) -> dic
     finally:
         if mode == "startup":
             client.__exit__(None, None, None)
-    return {"ready_s": ready, "first_ms": latencies[0] * 1000,
-            "later_ms": statistics.median(latencies[1:]) * 1000 if later else None}
+    with engine.connect() as connection:  # the model's own time for each reply, as the gateway measured it
+        model_ms = list(connection.execute(text(
+            "SELECT latency_ms FROM turns WHERE conversation_id = :c AND speaker = 'assistant' ORDER BY id"),
+            {"c": conversation}).scalars())
+    own = [latency * 1000 - model for latency, model in zip(latencies, model_ms, strict=True)]
+    return {"ready_s": ready, "first_ms": latencies[0] * 1000, "first_model_ms": model_ms[0], "first_own_ms": own[0],
+            "later_ms": statistics.median(latencies[1:]) * 1000 if later else None,
+            "later_model_ms": statistics.median(model_ms[1:]) if later else None,
+            "later_own_ms": statistics.median(own[1:]) if later else None}
 
 
 def main() -> None:
@@ -84,11 +94,15 @@ def main() -> None:
                                      cwd=ROOT)
                 results[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"{args.processes} processes per mode, {args.later} later replies each (SQLite, offline model)")
-    print(f"{'mode':<10}{'start-up s':>12}{'first reply ms':>16}{'later replies ms':>18}")
+    print("each reply: its latency, the model's own part (the gateway's measure) and the platform's (the rest)")
+    print(f"{'mode':<10}{'start-up s':>12}{'first reply ms':>16}{'model':>8}{'platform':>10}"
+          f"{'later replies ms':>18}{'model':>8}{'platform':>10}")
     for mode, runs in results.items():
-        print(f"{mode:<10}{statistics.median(r['ready_s'] for r in runs):>12.2f}"
-              f"{statistics.median(r['first_ms'] for r in runs):>16.1f}"
-              f"{statistics.median(r['later_ms'] for r in runs):>18.1f}")
+        def median(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return statistics.median(r[key] for r in runs)
+        print(f"{mode:<10}{median('ready_s'):>12.2f}{median('first_ms'):>16.1f}{median('first_model_ms'):>8.1f}"
+              f"{median('first_own_ms'):>10.1f}{median('later_ms'):>18.1f}{median('later_model_ms'):>8.1f}"
+              f"{median('later_own_ms'):>10.1f}")
 
 
 if __name__ == "__main__":

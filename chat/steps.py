@@ -32,6 +32,13 @@ def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]
                       sentiment=monitors.sentiment(content), message=content)
 
 
+def warm_up() -> None:
+    """Load the crisis encoder and run every monitor once (the sentiment lexicon loads on first
+    use too), so the first participant message waits for neither: the API does this at start-up."""
+    semantic.load()
+    assess_message("Loading the monitors: I'm not sure, am I right?", list)
+
+
 def model_messages(system_text: str, recent: Sequence[tuple[str, str]], required: StanceDecision,
                    *, overridden: bool = False) -> list[dict[str, str]]:
     """What the model is sent: the role's prompt, the recent turns (``(speaker, content)``, oldest

@@ -31,7 +31,7 @@ from evals.grid import OFFLINE_JUDGE, Condition, Grid, GridError, LoadedQueries,
 from evals.judge import RUBRIC_TEXT, Judge, JudgeError, judge_input, make_judge
 from evals.models import EvalCell, EvalRun, EvalScore
 from study.clock import now
-from study.db import bulk_insert, session_scope
+from study.db import bulk_insert, retrying, session_scope
 from study.errors import NotFound
 from study.settings import get_settings
 
@@ -277,13 +277,15 @@ async def _run_cells(engine: Engine, planned: Plan, todos: list[_Todo], gateway:
                 conversation = await pipeline.converse(gateway, conditions[todo.condition], todo.model, query, params)
             async with limit(judge.model):
                 judgement = await judge.judge(query, conversation.turns, f"{todo.cell_id}")
-            await asyncio.to_thread(_store_done, engine, todo, conversation, judgement)
+            # Paid for: stored even when SQLite's writer lock is long in coming.
+            await asyncio.to_thread(retrying, lambda: _store_done(engine, todo, conversation, judgement))
             outcome.executed += 1
         except (GatewayError, JudgeError) as exc:
             outcome.failed += 1
             if len(outcome.errors) < 20:
                 outcome.errors.append(f"{todo.condition} {todo.model} {todo.query_id}: {exc}")
-            await asyncio.to_thread(_store_failure, engine, todo, str(exc))
+            message = str(exc)
+            await asyncio.to_thread(retrying, lambda: _store_failure(engine, todo, message))
         finally:
             bar.update(1)
 

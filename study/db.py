@@ -14,11 +14,11 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import JSON, DateTime, Dialect, MetaData, Table, create_engine, event
 from sqlalchemy.engine import Engine, make_url
@@ -62,6 +62,7 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         return value.astimezone(dt.UTC)
 
 
+T = TypeVar("T")
 READ_ONLY = "afterward_read_only"  # execution option: a unit of work that only reads
 
 
@@ -236,6 +237,23 @@ def is_contention(exc: BaseException) -> bool:
         return True
     # The server ended the session (idle-in-transaction timeout, restart): the next try reconnects.
     return bool(exc.connection_invalidated)
+
+
+def retrying(work: Callable[[], T], *, within: float = 120.0) -> T:
+    """Run ``work`` (whole units of work), again after a growing pause while the database answers
+    busy (``is_contention``), for up to ``within`` seconds, then let the last error through. For
+    batch work that must not lose what it has done (an evaluation cell a provider was paid for);
+    a request answers 503 instead and its client retries."""
+    deadline = time.monotonic() + within
+    pause = 0.05
+    while True:
+        try:
+            return work()
+        except SQLAlchemyError as exc:
+            if not is_contention(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)
 
 
 @lru_cache(maxsize=8)
