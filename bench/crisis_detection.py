@@ -157,7 +157,7 @@ def main() -> None:
     if recorded:
         print("\nheld-out rounds as first scored (chat/crisis_data/heldout/first_scores.json):")
         for key, entry in recorded.items():
-            for detector, result in entry["scores"].items():
+            for detector, result in entry.get("scores", {}).items():
                 print(f"  {key:<30} {detector:<9} recall {result['recall']:.3f}  "
                       f"false pos. {result['false_positive']:.3f}  (head {entry['head']}, {entry['scored_at']})")
     if not args.no_latency:

@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from chat.monitors import CrisisFinding, normalize, sentence_with
+from chat.reading import Reading
 from chat.roles import LADDER, OVERRIDABLE_STANCES, SAFETY_CONCERNS, STANCES, Concern, RoleSpec, Stance
 
 REASSURANCE_LOOP_AFTER = 2  # earlier similar requests before a reassurance loop is named
@@ -36,8 +37,10 @@ class Assessment:
     reassurance_repeats: int = 0  # earlier similar requests, this and other conversations
     dependence_cue: str | None = None
     validation_cue: str | None = None
+    framing_cue: str | None = None  # the sentence of a one-sided or unsupported framing (chat.reading)
     sentiment: float | None = None  # VADER compound of the message
     message: str = ""  # the message itself, for reasons that quote it (not stored as a feature)
+    reading: Reading | None = None  # every concern's calibrated score (chat.reading)
 
     def features(self) -> dict[str, object]:
         return {
@@ -53,7 +56,9 @@ class Assessment:
             "dependence_cue": self.dependence_cue,
             "validation_seeking": self.validation_cue is not None,
             "validation_cue": self.validation_cue,
+            "unsupported_framing": self.framing_cue is not None,
             "sentiment": self.sentiment,
+            **(self.reading.features() if self.reading is not None else {}),
         }
 
 
@@ -119,16 +124,18 @@ def default_rationale(concern: Concern, stance: Stance, *, repeats: int = 0, rai
         return ("This could hurt someone else, so I won't help with that part. I'm glad to help you deal with what "
                 "happened in another way.")
     if quote:
-        asked = f"You asked me to agree: \u201c{quote}\u201d{'' if quote[-1] in _END else '.'}"
-        backing = f"You're asking me to back you up: \u201c{quote}\u201d{'' if quote[-1] in _END else '.'}"
+        said = f"\u201c{quote}\u201d{'' if quote[-1] in _END else '.'}"
+        asked, backing, wrote = f"You asked me to agree: {said}", f"You're asking me to back you up: {said}", \
+            f"You wrote: {said} "
     else:
         asked, backing = "You asked me to agree with your side of this.", "You're asking me to back you up."
+        wrote = ""
     texts: dict[str, dict[str, str]] = {
         "unsupported_framing": {
-            "nudge": "Part of how this is framed may not be supported by what you've told me; it could be worth "
-                     "checking before you act on it.",
-            "challenge": "I disagree with part of the framing: what you've described doesn't seem to support it, "
-                         "and acting on it could cost you.",
+            "nudge": f"{wrote}Part of how this is framed may not be supported by what you've told me; it could be "
+                     "worth checking before you act on it.",
+            "challenge": f"{wrote}I disagree with part of the framing: what you've described doesn't seem to "
+                         "support it, and acting on it could cost you.",
         },
         "validation_seeking": {
             "nudge": f"{asked} I've only heard your side of it, so a yes from me wouldn't tell you much. How might "
@@ -236,6 +243,8 @@ def directive(role: RoleSpec, assessment: Assessment, history: History) -> Stanc
         found.append(("dependence", None))
     if assessment.validation_cue is not None:
         found.append(("validation_seeking", sentence_with(assessment.message, assessment.validation_cue)))
+    if assessment.framing_cue is not None:
+        found.append(("unsupported_framing", sentence_with(assessment.message, assessment.framing_cue)))
     if assessment.reassurance_cue is not None and assessment.reassurance_repeats >= REASSURANCE_LOOP_AFTER:
         found.append(("reassurance_loop", None))
     for concern, quote in found:

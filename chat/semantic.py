@@ -41,7 +41,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from threadpoolctl import ThreadpoolController
 
 from chat.encoder import encoder, encoder_loaded
 from chat.monitors import CrisisFinding, conditional, detect_crisis, normalize
+from chat.reading import READING_PATH, Reading, ReadingHead
 
 HEAD_PATH = Path(__file__).parent / "crisis_data" / "head.npz"
 WINDOW_TOKENS = 64  # a window is consecutive sentences up to about this many tokens
@@ -72,6 +73,7 @@ class SemanticVerdict:
     acute: bool
     flagged: bool
     supports_lexicon: bool  # the score lets a lexicon cue stand
+    reading: Reading | None = None  # every concern's score, from the same encoding (chat.reading)
 
 
 def windows(text: str, token_count: Any, limit: int = WINDOW_TOKENS) -> list[str]:
@@ -153,11 +155,74 @@ def head() -> Head:
         return _head()
 
 
+@cache
+def _reading_head() -> ReadingHead | None:
+    return ReadingHead() if READING_PATH.exists() else None
+
+
+def reading_head() -> ReadingHead | None:
+    """The reading's heads (``chat.reading``); None before ``chat/reading_train.py`` has fitted them."""
+    with _lock:
+        return _reading_head()
+
+
+SAME_WORRY = 0.5  # cosine similarity of two whole messages about one worry, before a head is fitted
+SAME_WORRY_EARLIER = 10  # the most recent earlier messages compared
+
+
+def same_worry(text: str, earlier: list[str]) -> list[bool]:
+    """Whether each of the ``earlier`` messages (the last ``SAME_WORRY_EARLIER``) is about the same
+    worry as ``text``, by meaning rather than words: the cosine similarity of their embeddings
+    reaches the reading head's ``same_worry`` (fitted on threads of one writer's differently worded
+    requests about one worry against other writers' requests; ``chat/reading_train.py``)."""
+    recent = earlier[-SAME_WORRY_EARLIER:]
+    if not recent:
+        return []
+    heads = reading_head()
+    threshold = float(heads.metadata.get("same_worry", SAME_WORRY)) if heads is not None else SAME_WORRY
+    vectors = encoder().encode([text, *recent])
+    return [bool(v) for v in (vectors[1:] @ vectors[0]) >= threshold]
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences (and lines) of ``text``, as a quote shows them."""
+    return [p.strip() for p in _SENTENCE_END.split(text) if p and p.strip()]
+
+
+LAST_SENTENCES = 2  # the reading also sees the message's last sentences on their own: where a request sits
+
+
+def reading_features(text: str, x: np.ndarray, parts: list[str] | None = None) -> np.ndarray:
+    """The reading's input (``chat.reading``): the crisis classifier's features ``x`` and the
+    embedding of the message's last ``LAST_SENTENCES`` sentences (the whole message's when it has
+    no more than that), where a request for agreement or reassurance usually is."""
+    parts = sentences(text) if parts is None else parts
+    last = (encoder().encode([" ".join(parts[-LAST_SENTENCES:])])[0] if len(parts) > LAST_SENTENCES
+            else x[: x.shape[0] // 2])
+    return np.concatenate([x, last]).astype(np.float32)
+
+
+def _read_concerns(text: str, x: np.ndarray) -> Reading | None:
+    """The reading of a message from its crisis features ``x``; when a quoted concern is flagged
+    and the message has several sentences, they are encoded to find the one that carries it."""
+    heads = reading_head()
+    if heads is None:
+        return None
+    parts = sentences(text)
+    z = reading_features(text, x, parts)
+    if len(parts) > 1 and heads.needs_sentences(z):
+        rows = np.stack([np.concatenate([vector, vector, vector]) for vector in encoder().encode(parts)])
+        return heads.reading(z, (parts, rows))
+    return heads.reading(z, ([text], z[None, :]) if parts else None)
+
+
 def load() -> None:
     """Load the encoder and the head and run them once (the first run of ONNX Runtime's session
     is slower than the rest), so the first participant message waits for neither: the API does
     this at start-up."""
-    head().verdict(features(encoder().encode(pieces("Loading the crisis classifier."))))
+    x = features(encoder().encode(pieces("Loading the crisis classifier.")))
+    head().verdict(x)
+    _read_concerns("Loading the crisis classifier.", x)
 
 
 def loaded() -> bool:
@@ -185,7 +250,7 @@ def classify(text: str) -> SemanticVerdict:
             return found
     embedded = features(encoder().encode(pieces(text)))
     with _threads.limit(limits=1, user_api="blas"):
-        verdict = head().verdict(embedded)
+        verdict = replace(head().verdict(embedded), reading=_read_concerns(text, embedded))
     with _lock:
         _recent[key] = verdict
         while len(_recent) > _CACHE_SIZE:

