@@ -107,7 +107,8 @@ def test_the_link_lands_a_researcher_on_the_event_with_its_turns_and_the_review_
     assert f"Safety event #{event_id}" in shown
     assert "**Category:** risk to self" in shown
     assert "Not yet reviewed" not in shown and "Not reviewed yet." in shown
-    assert EARLIER in shown and CRISIS in shown  # the turns before the flagged one, and it
+    said = [t.value for t in app.text]
+    assert EARLIER in said and CRISIS in said  # the participant's turns: before the flagged reply, and its cause
     assert "⚠ triggered the event" in shown
     assert not [s for s in app.selectbox if s.key == "safety-event"]  # the event alone, not the queue
     [entry] = reads(engine, RESEARCHER)
