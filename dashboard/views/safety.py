@@ -1,6 +1,10 @@
 """Safety review: the queue of unreviewed safety events with the turns around each, a review form
 that records what was done (audited), escalations and overrides over time, and the mode's
-calibration card (pushback rate by role, model and prompt version over time). Researchers and admins."""
+calibration card (pushback rate by role, model and prompt version over time). Researchers and admins.
+
+When the address names one of the study's events (``links``: an on-call email's link), the page
+shows that event alone, reviewed or not, and what it is, with its turns, its reviews and the form,
+sized for a phone; "Open the review queue" goes back to the whole page."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ message and nothing of the event. The browser journey from the email is tests/e2
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
@@ -22,7 +23,7 @@ from study.db import session_scope
 from study.models import AuditEntry, StaffRole
 from study.safety import SafetyEvent, SafetyEventReview
 from study.settings import Settings, get_settings
-from tests.builders import load_study, make_staff
+from tests.builders import ParticipantHandle, load_study, make_staff
 from tests.dashboard.conftest import APP, PASSWORD
 from tests.scheduler.test_oncall import CRISIS, EARLIER, escalate
 
@@ -30,13 +31,20 @@ RESEARCHER = "clinician@uni.example"
 OUTSIDER = "outsider@other.example"
 
 
+@dataclass(frozen=True)
+class Escalated:
+    slug: str
+    event_id: int
+    who: ParticipantHandle
+
+
 @pytest.fixture
-def study(engine: Engine, app_client: TestClient, example_protocol: str,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, int]]:
+def escalated(engine: Engine, app_client: TestClient, example_protocol: str,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[Escalated]:
     """The example study with one escalation, a researcher of it, and a researcher of another
-    study; the dashboard reads this database. Yields the study's slug and the event's id."""
+    study; the dashboard reads this database."""
     slug = load_study(engine, example_protocol)
-    escalate(engine, app_client, slug)
+    who = escalate(engine, app_client, slug)
     other = load_study(engine, example_protocol.replace("id: wellbeing-pilot", "id: other-study", 1))
     make_staff(engine, slug, StaffRole.RESEARCHER, RESEARCHER)
     make_staff(engine, other, StaffRole.RESEARCHER, OUTSIDER)
@@ -46,7 +54,7 @@ def study(engine: Engine, app_client: TestClient, example_protocol: str,
     data._generations.clear()
     with engine.connect() as connection:
         [event_id] = connection.execute(select(SafetyEvent.id)).scalars().all()
-    yield slug, event_id
+    yield Escalated(slug, event_id, who)
     st.cache_data.clear()
 
 
@@ -94,8 +102,8 @@ def reads(engine: Engine, email: str) -> list[AuditEntry]:
 
 
 def test_the_link_lands_a_researcher_on_the_event_with_its_turns_and_the_review_form(
-        engine: Engine, study: tuple[str, int]) -> None:
-    slug, event_id = study
+        engine: Engine, escalated: Escalated) -> None:
+    slug, event_id = escalated.slug, escalated.event_id
     app = AppTest.from_file(str(APP), default_timeout=120)
     for name, value in link_params(slug, event_id).items():
         app.query_params[name] = value
@@ -106,9 +114,10 @@ def test_the_link_lands_a_researcher_on_the_event_with_its_turns_and_the_review_
     shown = texts(app)
     assert f"Safety event #{event_id}" in shown
     assert "**Category:** risk to self" in shown
-    assert "Not yet reviewed" not in shown and "Not reviewed yet." in shown
+    assert "Not reviewed yet." in shown
     said = [t.value for t in app.text]
-    assert EARLIER in said and CRISIS in said  # the participant's turns: before the flagged reply, and its cause
+    assert EARLIER in said  # the participant's turns: before the flagged reply,
+    assert CRISIS in said  # and the one it answered
     assert "⚠ triggered the event" in shown
     assert not [s for s in app.selectbox if s.key == "safety-event"]  # the event alone, not the queue
     [entry] = reads(engine, RESEARCHER)
@@ -131,8 +140,8 @@ def test_the_link_lands_a_researcher_on_the_event_with_its_turns_and_the_review_
     assert dict(app.query_params) == {}
 
 
-def test_a_researcher_of_another_study_sees_nothing_of_the_event(engine: Engine, study: tuple[str, int]) -> None:
-    slug, event_id = study
+def test_a_researcher_of_another_study_sees_nothing_of_the_event(engine: Engine, escalated: Escalated) -> None:
+    slug, event_id = escalated.slug, escalated.event_id
     app = signed_in(link_params(slug, event_id), OUTSIDER)
     [error] = [e.value for e in app.error]
     assert error.startswith(f"The safety event in this link is in a study where your account ({OUTSIDER}) has no "
@@ -142,7 +151,8 @@ def test_a_researcher_of_another_study_sees_nothing_of_the_event(engine: Engine,
     app.run()
     shown = texts(app)
     assert f"Safety event #{event_id}" not in shown
-    assert EARLIER not in shown and CRISIS not in shown
+    assert EARLIER not in shown
+    assert CRISIS not in shown
     assert reads(engine, OUTSIDER) == []
 
     # Their own study's slug with this event's id: not an event of their study.
@@ -153,8 +163,23 @@ def test_a_researcher_of_another_study_sees_nothing_of_the_event(engine: Engine,
     assert reads(engine, OUTSIDER) == []
 
 
-def test_a_link_to_an_unknown_event_says_so(engine: Engine, study: tuple[str, int]) -> None:
-    slug, _ = study
+def test_a_de_identified_event_says_why_its_turns_are_gone_and_can_still_be_reviewed(
+        engine: Engine, app_client: TestClient, escalated: Escalated) -> None:
+    withdrawn = app_client.post("/api/v1/me/withdrawal", headers=escalated.who.headers,
+                                json={"level": "delete_data", "confirm": True})
+    assert withdrawn.status_code == 200, withdrawn.text
+    app = follow(link_params(escalated.slug, escalated.event_id), RESEARCHER)
+    [info] = [i.value for i in app.info]
+    assert info.startswith(f"safety event {escalated.event_id} is a de-identified record")
+    assert CRISIS not in texts(app)
+    app.text_area[0].input("Known to the team; closed.")
+    app.button(key=f"FormSubmitter:review-{escalated.event_id}-Record review").click()
+    app.run()
+    assert [s.value for s in app.success] == [f"review of event #{escalated.event_id} recorded"]
+
+
+def test_a_link_to_an_unknown_event_says_so(engine: Engine, escalated: Escalated) -> None:
+    slug = escalated.slug
     app = follow(link_params(slug, 999_999), RESEARCHER)
     [error] = [e.value for e in app.error]
     assert error.startswith("No safety event 999999 in this study (Well-being mode pilot")
@@ -164,16 +189,16 @@ def test_a_link_to_an_unknown_event_says_so(engine: Engine, study: tuple[str, in
 
 @pytest.mark.parametrize("params", [{"event": "abc"}, {"event": "-1"}, {"event": "99999999999999999999"},
                                     {"event": "1.5"}, {"study": ""}])
-def test_a_malformed_link_says_so(study: tuple[str, int], params: dict[str, str]) -> None:
-    slug, event_id = study
+def test_a_malformed_link_says_so(escalated: Escalated, params: dict[str, str]) -> None:
+    slug, event_id = escalated.slug, escalated.event_id
     app = signed_in({**link_params(slug, event_id), **params}, RESEARCHER)
     [error] = [e.value for e in app.error]
     assert error.startswith("This address does not name a safety event")
     assert dict(app.query_params) == {}
 
 
-def test_a_viewer_is_told_the_event_is_for_researchers(engine: Engine, study: tuple[str, int]) -> None:
-    slug, event_id = study
+def test_a_viewer_is_told_the_event_is_for_researchers(engine: Engine, escalated: Escalated) -> None:
+    slug, event_id = escalated.slug, escalated.event_id
     make_staff(engine, slug, StaffRole.VIEWER, "viewer@uni.example")
     app = signed_in(link_params(slug, event_id), "viewer@uni.example")
     [error] = [e.value for e in app.error]

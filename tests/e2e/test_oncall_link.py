@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, ViewportSize, expect
 from sqlalchemy.engine import Engine
 
 from scheduler.dispatcher import Dispatcher
@@ -31,7 +31,7 @@ from tests.waiting import WAIT_SECONDS, answers, until
 AFTERWARD = Path(sys.executable).parent / "afterward"
 CLINICIAN = "clinician@uni.example"
 OUTSIDER = "outsider@other.example"
-PHONE = {"width": 375, "height": 812}
+PHONE: ViewportSize = {"width": 375, "height": 812}
 
 # Every element that reaches past the right edge of the screen, or scrolls sideways within it.
 OVERFLOW = """() => [...document.querySelectorAll('body *')].filter(e => {
