@@ -19,11 +19,12 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import data
 from scheduler.oncall import event_link
+from study import staff, studies
 from study.db import session_scope
-from study.models import AuditEntry, StaffRole
+from study.models import AuditEntry, StaffAccount, StaffRole
 from study.safety import SafetyEvent, SafetyEventReview
 from study.settings import Settings, get_settings
-from tests.builders import ParticipantHandle, load_study, make_staff
+from tests.builders import TEST_ACTOR, ParticipantHandle, load_study, make_staff
 from tests.dashboard.conftest import APP, PASSWORD
 from tests.scheduler.test_oncall import CRISIS, EARLIER, escalate
 
@@ -45,8 +46,10 @@ def escalated(engine: Engine, app_client: TestClient, example_protocol: str,
     study; the dashboard reads this database."""
     slug = load_study(engine, example_protocol)
     who = escalate(engine, app_client, slug)
-    other = load_study(engine, example_protocol.replace("id: wellbeing-pilot", "id: other-study", 1))
+    other = load_study(engine, example_protocol.replace("id: wellbeing-pilot", "id: other-study", 1)
+                       .replace('title: "Well-being mode pilot', 'title: "Another pilot', 1))
     make_staff(engine, slug, StaffRole.RESEARCHER, RESEARCHER)
+    also_in(engine, other, RESEARCHER)  # listed first (by slug): the link has to choose the event's study
     make_staff(engine, other, StaffRole.RESEARCHER, OUTSIDER)
     monkeypatch.setenv("AFTERWARD_DATABASE_URL", engine.url.render_as_string(hide_password=False))
     get_settings.cache_clear()
@@ -56,6 +59,13 @@ def escalated(engine: Engine, app_client: TestClient, example_protocol: str,
         [event_id] = connection.execute(select(SafetyEvent.id)).scalars().all()
     yield Escalated(slug, event_id, who)
     st.cache_data.clear()
+
+
+def also_in(engine: Engine, slug: str, email: str) -> None:
+    """Give a staff member a researcher's role in one more study."""
+    with session_scope(engine) as session:
+        account = session.scalars(select(StaffAccount).where(StaffAccount.email == email)).one()
+        staff.grant(session, account, studies.get_study(session, slug), StaffRole.RESEARCHER, TEST_ACTOR)
 
 
 def link_params(slug: str, event_id: int) -> dict[str, str]:
@@ -111,6 +121,7 @@ def test_the_link_lands_a_researcher_on_the_event_with_its_turns_and_the_review_
     assert [i.value for i in app.info] == [f"Sign in to open safety event #{event_id}."]
 
     app = follow(link_params(slug, event_id), RESEARCHER)
+    assert app.selectbox(key="afterward_study").value == slug
     shown = texts(app)
     assert f"Safety event #{event_id}" in shown
     assert "**Category:** risk to self" in shown

@@ -23,6 +23,7 @@ from study.models import StaffRole
 from study.settings import Settings
 from tests.builders import load_study, make_staff
 from tests.dashboard.conftest import PASSWORD
+from tests.dashboard.test_oncall_link import also_in
 from tests.e2e.test_dashboard import wait_for_page
 from tests.mail import free_port, smtp_server
 from tests.scheduler.test_oncall import CRISIS, EARLIER, ONCALL, body_of, escalate
@@ -72,6 +73,7 @@ def emailed_link(engine: Engine, app_client: TestClient, example_protocol: str, 
     slug = load_study(engine, example_protocol)
     make_staff(engine, slug, StaffRole.RESEARCHER, CLINICIAN)
     other = load_study(engine, example_protocol.replace("id: wellbeing-pilot", "id: other-study", 1))
+    also_in(engine, other, CLINICIAN)  # listed first: the link chooses the event's study
     make_staff(engine, other, StaffRole.RESEARCHER, OUTSIDER)
     escalate(engine, app_client, slug)
     with smtp_server() as (inbox, port):
