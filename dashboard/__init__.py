@@ -5,5 +5,6 @@ report. Started by ``afterward dashboard`` (``streamlit run dashboard/app.py``).
 holds the cached reads (``st.cache_data`` with a time limit) of ``analysis``; ``staff_reads`` the
 audited participant-level reads as the page shows them (``analysis.transcripts``, ``chat.staff``);
 ``show`` the shared pieces of a page (tables with a CSV download, Altair charts, the "refreshed at"
-line); ``pages/`` one module per page.
+line); ``links`` the address of one safety event (an on-call email's link); ``views/`` one module
+per page.
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboard import auth, data, staff_reads
+from dashboard import auth, data, links, staff_reads
 from study.errors import Forbidden
 
 VIEWS = Path(__file__).parent / "views"
@@ -45,6 +45,9 @@ def sign_in_page() -> None:
     reason = st.session_state.pop("afterward_signed_out_because", None)
     if reason:
         st.info(reason)
+    link = links.requested()
+    if isinstance(link, links.EventLink):
+        st.info(f"Sign in to open safety event #{link.event_id}.")
     with st.form("sign-in"):
         email = st.text_input("Email", autocomplete="username")
         password = st.text_input("Password", type="password", autocomplete="current-password")
@@ -58,15 +61,40 @@ def sign_in_page() -> None:
                "each further attempt has to wait, longer each time.")
 
 
+def follow_link(email: str, studies: list[auth.Membership]) -> None:
+    """Apply a link to a safety event (``links``) once: choose its study, or say why it cannot be shown."""
+    link = links.to_apply()
+    if link is None:
+        return
+    problem = link if isinstance(link, str) else None
+    if isinstance(link, links.EventLink):
+        membership = next((m for m in studies if m.slug == link.slug), None)
+        if membership is None:
+            problem = (f"The safety event in this link is in a study where your account ({email}) has no role, so it "
+                       "cannot be shown. Sign in with the staff account of that study (the on-call email names it), "
+                       "or ask one of its admins for a role.")
+        elif not membership.participant_level:
+            problem = (f"The safety event in this link is in {membership.title}, where your role (viewer) sees "
+                       "aggregate figures only. Its researchers and admins review safety events.")
+        else:
+            st.session_state[auth.STUDY_KEY] = membership.slug
+    if problem is not None:
+        links.drop()
+        st.error(problem)  # above the page the staff member lands on, for this view
+
+
 def main() -> None:
     st.set_page_config(page_title="Afterward · staff dashboard", page_icon=":material/monitoring:", layout="wide")
     held = auth.current()
     if held is None:
-        st.navigation([st.Page(sign_in_page, title="Sign in", url_path="sign-in", default=True)],
-                      position="hidden").run()
+        # Each page's address signs in too, so a link to one (an on-call email's) opens it once signed in.
+        st.navigation([st.Page(sign_in_page, title="Sign in", url_path="sign-in", default=True)]
+                      + [st.Page(sign_in_page, title="Sign in", url_path=spec.module, visibility="hidden")
+                         for spec in PAGES], position="hidden").run()
         return
     staff_reads.begin_run()  # what this run reads and audits comes into view now (see staff_reads)
     studies = auth.memberships(held.email)
+    follow_link(held.email, studies)
     with st.sidebar:
         st.caption(f"Signed in as {held.email}")
         if st.button("Sign out", key="sign-out"):

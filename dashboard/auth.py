@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import streamlit as st
 from sqlalchemy import select, update
 
+from dashboard import links
 from study import client_address as addresses
 from study import staff as staff_service
 from study.clock import now
@@ -57,6 +58,10 @@ class Membership:
     slug: str
     title: str
     role: StaffRole
+
+    @property
+    def participant_level(self) -> bool:
+        return self.role in staff_service.PARTICIPANT_LEVEL_ROLES
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ def sign_out(reason: str | None = None) -> None:
     st.session_state.pop(CONTEXT_KEY, None)
     st.session_state.pop("afterward_reads", None)  # what was read stays with the session that read it
     st.session_state.pop("afterward_export", None)  # a prepared export is the signed-in person's alone
+    st.session_state.pop(links.APPLIED_KEY, None)  # whoever signs in next has the address's link applied
     if isinstance(held, StaffSession):
         _revoke(held.token)
     if reason:

@@ -21,6 +21,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 from sqlalchemy import Row, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -46,8 +47,11 @@ def build_oncall_channels(settings: Settings) -> dict[str, OnCallChannel]:
 
 
 def event_link(settings: Settings, study_slug: str, event_id: int) -> str:
-    """Where staff read the event (the staff API; signing in is needed)."""
-    return f"{settings.base_url.rstrip('/')}/api/v1/staff/studies/{study_slug}/safety-events/{event_id}"
+    """Where staff read and review the event: the dashboard's safety review of it, after signing in
+    (``dashboard.views.safety`` reads these parameters). Only the study's slug and the event's id:
+    no participant, nothing they wrote, no secret."""
+    query = urlencode({"study": study_slug, "event": event_id})
+    return f"{settings.dashboard_url.rstrip('/')}/safety?{query}"
 
 
 def notification_round(protocol: Protocol, raised_at: dt.datetime, at: dt.datetime) -> int:

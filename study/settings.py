@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEV_SECRET = "development-only-secret-do-not-use"  # noqa: S105 - refused outside development
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD_PORT = 8501  # `afterward dashboard`'s port unless --port is given (make run: DASHBOARD_PORT)
 
 
 class Settings(BaseSettings):
@@ -35,6 +36,9 @@ class Settings(BaseSettings):
         "default http://API_HOST:API_PORT, the address `afterward api` serves on")
     api_host: str = Field(default="127.0.0.1", description="host `afterward api` serves on (make run sets it)")
     api_port: int = Field(default=8000, ge=1, le=65535, description="port `afterward api` serves on (make run sets it)")
+    dashboard_url: str = Field(
+        default="", description="where staff reach the dashboard (the on-call email's link to a safety event); by "
+        f"default http://API_HOST:{DASHBOARD_PORT}, where `make run` starts `afterward dashboard`")
     session_ttl_days: int = 90
     sign_in_link_minutes: int = Field(default=30, ge=5, le=1440,
                                       description="how long an emailed sign-in link works (once)")
@@ -108,9 +112,11 @@ class Settings(BaseSettings):
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _default_base_url(self) -> Settings:
+    def _default_urls(self) -> Settings:
         if not self.base_url:
             self.base_url = served_url(self.api_host, self.api_port)
+        if not self.dashboard_url:  # make run serves the dashboard on the API's host
+            self.dashboard_url = served_url(self.api_host, DASHBOARD_PORT)
         return self
 
     @model_validator(mode="after")

@@ -1,6 +1,10 @@
 """Safety review: the queue of unreviewed safety events with the turns around each, a review form
 that records what was done (audited), escalations and overrides over time, and the mode's
-calibration card (pushback rate by role, model and prompt version over time). Researchers and admins."""
+calibration card (pushback rate by role, model and prompt version over time). Researchers and admins.
+
+When the address names one of the study's events (``links``: an on-call email's link), the page
+shows that event alone, reviewed or not, and what it is, with its turns, its reviews and the form,
+sized for a phone; "Open the review queue" goes back to the whole page."""
 
 from __future__ import annotations
 
@@ -8,10 +12,43 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import auth, data, show, staff_reads
-from study.errors import DomainError, Invalid
+from analysis.schemas import SafetyEventContextRead
+from dashboard import auth, data, links, show, staff_reads
+from study.errors import DomainError, Gone, Invalid, NotFound
 
 NOTE_MAX = 4000  # as the API's SafetyReview
+
+
+def turns(found: SafetyEventContextRead) -> None:
+    """The turns around the escalation, the triggering one marked."""
+    st.markdown(f"**Turns around the escalation** (conversation {found.conversation_id}; the triggering turn "
+                "is marked)")
+    for turn in found.turns:
+        who = "Participant" if turn.speaker == "participant" else f"Assistant ({turn.role}, {turn.stance})"
+        marker = " ⚠ triggered the event" if turn.id == found.trigger_turn_id else ""
+        with st.chat_message("user" if turn.speaker == "participant" else "assistant"):
+            st.markdown(f"**{who}**{marker} · {turn.created_at:%Y-%m-%d %H:%M} UTC")
+            st.text(turn.content)
+            if turn.rationale:
+                st.caption(f"rationale: {turn.rationale}")
+
+
+def review_form(context: auth.Context, event_id: int) -> None:
+    """Record what was done about the event (audited); the page shows it recorded."""
+    with st.form(f"review-{event_id}", clear_on_submit=True):
+        note = st.text_area("What was done", max_chars=NOTE_MAX, placeholder="e.g. contacted per protocol")
+        submitted = st.form_submit_button("Record review", type="primary")
+    if submitted:
+        if not note.strip():
+            st.error("say what was done before recording the review")
+            return
+        try:
+            reviewed = staff_reads.review(context, event_id, note.strip())
+        except Invalid as exc:
+            st.error(exc.message)
+            return
+        st.session_state["afterward_reviewed"] = f"review of event #{reviewed.id} recorded"
+        st.rerun()
 
 
 def queue(context: auth.Context) -> None:
@@ -38,30 +75,37 @@ def queue(context: auth.Context) -> None:
     except DomainError as exc:  # a de-identified record has no turns left; it can still be reviewed
         st.info(exc.message)
     else:
-        st.markdown(f"**Turns around the escalation** (conversation {found.conversation_id}; the triggering turn "
-                    "is marked)")
-        for turn in found.turns:
-            who = "Participant" if turn.speaker == "participant" else f"Assistant ({turn.role}, {turn.stance})"
-            marker = " ⚠ triggered the event" if turn.id == found.trigger_turn_id else ""
-            with st.chat_message("user" if turn.speaker == "participant" else "assistant"):
-                st.markdown(f"**{who}**{marker} · {turn.created_at:%Y-%m-%d %H:%M} UTC")
-                st.text(turn.content)
-                if turn.rationale:
-                    st.caption(f"rationale: {turn.rationale}")
-    with st.form(f"review-{chosen}", clear_on_submit=True):
-        note = st.text_area("What was done", max_chars=NOTE_MAX, placeholder="e.g. contacted per protocol")
-        submitted = st.form_submit_button("Record review", type="primary")
-    if submitted:
-        if not note.strip():
-            st.error("say what was done before recording the review")
-            return
-        try:
-            reviewed = staff_reads.review(context, chosen, note.strip())
-        except Invalid as exc:
-            st.error(exc.message)
-            return
-        st.session_state["afterward_reviewed"] = f"review of event #{reviewed.id} recorded"
+        turns(found)
+    review_form(context, chosen)
+
+
+def linked(context: auth.Context, event_id: int) -> None:
+    """The one event the address names (an on-call email's link): what it is, the turns around it,
+    its reviews so far and the review form."""
+    st.subheader(f"Safety event #{event_id}")
+    if st.button("Open the review queue", key="safety-queue",
+                 help="all the events that wait for review, and the calibration card"):
+        links.drop()
         st.rerun()
+    try:
+        found = staff_reads.safety_event(context, event_id)
+    except NotFound as exc:  # of another study, or none: nothing about it is shown
+        st.error(f"{exc.message[:1].upper()}{exc.message[1:]} ({context.title}). Check the link in the on-call "
+                 "email, or open the review queue for the events that wait.")
+        return
+    except Gone as exc:  # a de-identified record has no turns left; it can still be reviewed
+        st.info(exc.message)
+    else:
+        event = found.event
+        st.markdown(f"**Category:** {event.category.replace('_', ' ')} · **detected by:** {event.source} · "
+                    f"**raised:** {event.created_at:%Y-%m-%d %H:%M} UTC · **participant:** {event.participant}")
+        if not event.reviews:
+            st.warning("Not reviewed yet.")
+        for review in event.reviews:
+            st.caption(f"Reviewed {review.reviewed_at:%Y-%m-%d %H:%M} UTC by {review.reviewed_by}:")
+            st.text(review.note)
+        turns(found)
+    review_form(context, event_id)
 
 
 def calibration(context: auth.Context) -> None:
@@ -103,6 +147,10 @@ def render(context: auth.Context) -> None:
     done = st.session_state.pop("afterward_reviewed", None)
     if done:
         st.success(done)
+    event_id = links.shown(context.slug)
+    if event_id is not None:
+        linked(context, event_id)
+        return
     queue(context)
     calibration(context)
 

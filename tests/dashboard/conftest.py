@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from analysis import fits
 from analysis.simulation.simulate import simulate
 from dashboard import data
 from study import audit, clock
-from study.db import make_engine, session_scope
+from study.db import make_engine, migrate, session_scope
 from study.models import StaffRole, Study
 from study.settings import get_settings
 from tests.builders import load_study, make_staff
@@ -45,37 +47,49 @@ class Simulated:
     url: str
 
 
-def empty_database(database_template: str, folder: Path) -> Engine:
+@contextmanager
+def empty_database(database_template: str, folder: Path) -> Iterator[Engine]:
+    """A migrated database of the simulated study's own: on PostgreSQL a schema of its own, since
+    the per-test ``engine`` (which tests of this folder take too) empties the template's schema."""
     if not POSTGRES_URL:
         shutil.copy(database_template, folder / "dashboard.db")
-        return make_engine(f"sqlite:///{folder / 'dashboard.db'}")
-    engine = make_engine(database_template, pool_size=5, max_overflow=5)
-    with engine.begin() as connection:
-        tables = connection.execute(sa.text(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-            "AND tablename <> 'alembic_version'")).scalars().all()
-        connection.execute(sa.text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
-    return engine
+        engine = make_engine(f"sqlite:///{folder / 'dashboard.db'}")
+        yield engine
+        engine.dispose()
+        return
+    schema = f"afterward_dashboard_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(POSTGRES_URL)
+    with admin.begin() as connection:
+        connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    url = sa.engine.make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    migrate(url.render_as_string(hide_password=False))
+    engine = make_engine(url.render_as_string(hide_password=False), pool_size=5, max_overflow=5)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        with admin.begin() as connection:
+            connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
 
 
 @pytest.fixture(scope="session")
 def simulated(database_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulated]:
-    engine = empty_database(database_template, tmp_path_factory.mktemp("dashboard"))
-    slug = load_study(engine, EXAMPLE.read_text(encoding="utf-8"))
-    with session_scope(engine) as session:  # the arms come from the study's randomization: fix it
-        session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed="report-e2e"))
-    simulate(engine, slug, participants=60, weeks=WEEKS, seed=11, start=START, tick_minutes=120)
-    for role, email in EMAILS.items():
-        make_staff(engine, slug, role, email)
-    previous = clock.set_clock(clock.FrozenClock(NOW))  # the models as fitted at the study's end
-    try:
-        fit_id = fits.request_fit(engine, slug, requested_by=audit.Actor("staff", EMAILS[StaffRole.RESEARCHER]))
-        assert fit_id is not None
-        fits.run_fit(engine, fit_id)
-    finally:
-        clock.set_clock(previous)
-    yield Simulated(engine, slug, engine.url.render_as_string(hide_password=False))
-    engine.dispose()
+    with empty_database(database_template, tmp_path_factory.mktemp("dashboard")) as engine:
+        slug = load_study(engine, EXAMPLE.read_text(encoding="utf-8"))
+        with session_scope(engine) as session:  # the arms come from the study's randomization: fix it
+            session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed="report-e2e"))
+        simulate(engine, slug, participants=60, weeks=WEEKS, seed=11, start=START, tick_minutes=120)
+        for role, email in EMAILS.items():
+            make_staff(engine, slug, role, email)
+        previous = clock.set_clock(clock.FrozenClock(NOW))  # the models as fitted at the study's end
+        try:
+            fit_id = fits.request_fit(engine, slug, requested_by=audit.Actor("staff", EMAILS[StaffRole.RESEARCHER]))
+            assert fit_id is not None
+            fits.run_fit(engine, fit_id)
+        finally:
+            clock.set_clock(previous)
+        yield Simulated(engine, slug, engine.url.render_as_string(hide_password=False))
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from scheduler.dispatcher import Dispatcher, TickReport
+from scheduler.oncall import event_link
 from study.clock import FrozenClock
 from study.models import StaffRole
 from study.protocol import ProtocolError, parse_protocol
@@ -39,6 +40,7 @@ from tests.mail import Inbox, free_port, smtp_server
 
 ONCALL = "oncall@example.org"  # the example protocol's safety contact
 BASE_URL = "https://study.example.org"
+DASHBOARD_URL = "https://staff.study.example.org/dashboard/"  # a trailing slash is not doubled
 CRISIS = "I want to kill myself"
 EARLIER = "My manager keeps undermining me"
 
@@ -60,7 +62,13 @@ def escalate(engine: Engine, client: TestClient, slug: str) -> ParticipantHandle
 
 
 def dispatcher(engine: Engine, port: int, name: str = "test", **settings: Any) -> Dispatcher:
-    return Dispatcher(engine, Settings(smtp_port=port, base_url=BASE_URL, **settings), name=name)
+    return Dispatcher(engine, Settings(smtp_port=port, base_url=BASE_URL, dashboard_url=DASHBOARD_URL, **settings),
+                      name=name)
+
+
+def dashboard_link(slug: str, event: int) -> str:
+    """The dashboard's safety review of the event: the study's slug and the event's id, nothing else."""
+    return f"https://staff.study.example.org/dashboard/safety?study={slug}&event={event}"
 
 
 def event_id(engine: Engine) -> int:
@@ -123,14 +131,16 @@ def test_an_escalation_reaches_the_on_call_contact_within_one_poll_once_across_t
     assert (row["round"], row["channel"], row["status"], row["attempts"]) == (0, "email", "sent", 1)
     assert row["claimed_by"] in {"left", "right"}
 
-    # What it says: the category, the time and the link to the event; nothing the participant wrote.
+    # What it says: the category, the time and the link to the event in the dashboard (tests/e2e/test_oncall_link.py
+    # follows it); nothing the participant wrote.
     event = event_id(engine)
     assert str(message["Subject"]) == ("Safety escalation (risk to self) in Well-being mode pilot: "
                                        "does honest pushback leave people better off?")
     text = body_of(message)
     assert "Category: risk to self" in text
     assert "Raised: 2026-03-02 09:00 UTC" in text
-    assert f"{BASE_URL}/api/v1/staff/studies/{slug}/safety-events/{event}" in text
+    [link] = re.findall(r"https?://\S+", text)
+    assert link == dashboard_link(slug, event)
     assert_no_content(message, who)
 
 
@@ -231,7 +241,7 @@ def test_withdrawal_with_deletion_before_the_poll_does_not_stop_the_notice(
     assert withdrawn.status_code == 200, withdrawn.text
     assert dispatcher(engine, port).tick().notified == 1
     [message] = messages.to(ONCALL)
-    assert f"/safety-events/{event_id(engine)}" in body_of(message)
+    assert dashboard_link(slug, event_id(engine)) in body_of(message)
     assert_no_content(message, who)
 
 
@@ -275,9 +285,16 @@ def test_a_webhook_contact_gets_one_signed_post_without_content(
     assert payload == {"kind": "safety_escalation", "study": slug, "study_title": payload["study_title"],
                        "event_id": event_id(engine), "category": "risk_to_self",
                        "raised_at": "2026-03-02T09:00:00+00:00", "round": 0,
-                       "link": f"{BASE_URL}/api/v1/staff/studies/{slug}/safety-events/{event_id(engine)}"}
+                       "link": dashboard_link(slug, event_id(engine))}
     assert who.code not in body.decode()
     assert "kill myself" not in body.decode()
+
+
+def test_the_link_points_at_the_dashboard_make_run_starts_unless_configured() -> None:
+    assert event_link(Settings(), "pilot", 7) == "http://127.0.0.1:8501/safety?study=pilot&event=7"
+    assert event_link(Settings(api_host="::1"), "pilot", 7) == "http://[::1]:8501/safety?study=pilot&event=7"
+    assert event_link(Settings(dashboard_url="https://dash.example.org"), "pilot", 7) == (
+        "https://dash.example.org/safety?study=pilot&event=7")
 
 
 def test_a_dispatcher_given_its_own_channels_tells_nobody(
