@@ -274,11 +274,13 @@ def test_repeated_concerns_graduate_within_a_conversation(app_client: TestClient
 
 
 def test_reassurance_loop_is_noticed_across_conversations(app_client: TestClient, chatter: ParticipantHandle) -> None:
-    question = "Do you think she still loves me after the argument?"
-    first = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"), question)
+    # One worry in different words: repeats are counted by meaning (chat.semantic.same_worry).
+    first = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"),
+                "Will my biopsy results come back okay?")
     second = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"),
-                 "do you think she still loves me, even after that argument?")
-    third = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"), question)
+                 "do you think my biopsy will be fine?")
+    third = say(app_client, chatter, start_chat(app_client, chatter, "collaborator"),
+                "I keep thinking about the biopsy. Tell me the results will be okay?")
     assert [first["stance"], second["stance"]] == ["agree", "agree"]
     assert (third["stance"], third["concern"]) == ("nudge", "reassurance_loop")
     assert "3 times" in third["rationale"]
