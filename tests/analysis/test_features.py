@@ -85,7 +85,7 @@ def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock
                          completion_tokens=8)
     assert r3b.stance == "agree"
     frozen_clock.advance(MINUTE)
-    r4 = build.say(alice, c2, "Was I wrong to say that?", "That is understandable.")
+    r4 = build.say(alice, c2, "Will my biopsy come back okay?", "That is understandable.")
     assert r4.stance == "agree"
     frozen_clock.advance(MINUTE)
     r5 = build.say(alice, c2, "I want to kill myself", "Please call 988 now.")
