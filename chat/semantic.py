@@ -41,7 +41,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,8 @@ class SemanticVerdict:
     flagged: bool
     supports_lexicon: bool  # the score lets a lexicon cue stand
     reading: Reading | None = None  # every concern's score, from the same encoding (chat.reading)
+    # the whole message's embedding, for comparing messages (same_worry)
+    embedding: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 def windows(text: str, token_count: Any, limit: int = WINDOW_TOKENS) -> list[str]:
@@ -180,8 +182,15 @@ def same_worry(text: str, earlier: list[str]) -> list[bool]:
         return []
     heads = reading_head()
     threshold = float(heads.metadata.get("same_worry", SAME_WORRY)) if heads is not None else SAME_WORRY
-    vectors = encoder().encode([text, *recent])
+    # The verdicts of recent messages keep their embeddings: a turn's unit of work (which may hold
+    # SQLite's writer lock) encodes nothing for messages the encoder has read lately.
+    vectors = np.stack([_embedding(t) for t in [text, *recent]])
     return [bool(v) for v in (vectors[1:] @ vectors[0]) >= threshold]
+
+
+def _embedding(text: str) -> np.ndarray:
+    found = classify(text).embedding
+    return found if found is not None else encoder().encode([text])[0]
 
 
 def sentences(text: str) -> list[str]:
@@ -248,9 +257,10 @@ def classify(text: str) -> SemanticVerdict:
         if found is not None:
             _recent.move_to_end(key)
             return found
-    embedded = features(encoder().encode(pieces(text)))
+    vectors = encoder().encode(pieces(text))
+    embedded = features(vectors)
     with _threads.limit(limits=1, user_api="blas"):
-        verdict = replace(head().verdict(embedded), reading=_read_concerns(text, embedded))
+        verdict = replace(head().verdict(embedded), reading=_read_concerns(text, embedded), embedding=vectors[0])
     with _lock:
         _recent[key] = verdict
         while len(_recent) > _CACHE_SIZE:
