@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, configure_mappers
 
-from api import chat_pages, docs, errors, pages
+from api import chat_pages, docs, errors, pages, rehearsal
 from api.deps import run_unit_on
 from api.edge import Edge
 from api.routers import chat, exports, followups, participants, recruitment, sign_in, staff, surveys, transcripts
@@ -34,6 +34,7 @@ T = TypeVar("T")
 
 
 WARM_UP_PATH = "/.afterward-warm-up"  # matches no route
+_rehearsed = False  # rehearse_once
 
 
 async def warm_routes(app: FastAPI) -> None:
@@ -43,19 +44,20 @@ async def warm_routes(app: FastAPI) -> None:
     query. One in-process request to an address no route matches walks every router; its 404
     goes nowhere (bench/first_reply.py measures the first reply against later ones)."""
     configure_mappers()
-    messages: list[object] = []
+    await rehearsal.asgi_request(app, "GET", WARM_UP_PATH)
 
-    async def receive() -> dict[str, object]:
-        return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, object]) -> None:
-        messages.append(message)
-
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-             "path": WARM_UP_PATH, "raw_path": WARM_UP_PATH.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"localhost"), (b"accept", b"application/json")],
-             "client": ("127.0.0.1", 0), "server": ("localhost", 80), "state": {}}
-    await app(scope, receive, send)  # type: ignore[arg-type]
+async def rehearse_once() -> None:
+    """A chat turn rehearsed on a scratch database (``api.rehearsal``), once per process: what it
+    warms is the process's code, so a second app in the same process (tests) has nothing to gain."""
+    global _rehearsed
+    if _rehearsed:
+        return
+    try:
+        await rehearsal.rehearse(create_app)
+    except Exception:  # the first participant's turn will build what the rehearsal would have
+        log.exception("could not rehearse a chat turn at start-up")
+    _rehearsed = True
 
 
 def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> FastAPI:
@@ -88,6 +90,7 @@ def create_app(engine: Engine | None = None, gateway: Gateway | None = None) -> 
         if isinstance(gateway, BaseException):
             log.error("could not warm the LLM gateway up at start-up", exc_info=gateway)
         await warm_routes(app)
+        await rehearse_once()
         yield
         await replies.stop()
 
