@@ -21,9 +21,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sqlalchemy import JSON, String, case, cast, func, literal, null, or_, select, update
+from sqlalchemy import JSON, String, and_, case, cast, func, literal, null, or_, select, update
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from chat.gateway import Completion
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
@@ -183,9 +183,31 @@ def _state(conversation: Conversation) -> ConversationState:
                              conversation.concern_counts or {}, conversation.overridden_concerns or [])
 
 
-def _history(conversation: Conversation | ConversationState) -> History:
+def _history(session: Session, conversation: ConversationState, raise_again_after: int | str) -> History:
     return History(raised=Counter(conversation.concern_counts or {}),
-                   overridden=frozenset(conversation.overridden_concerns or ()))
+                   overridden=muted_concerns(session, conversation, raise_again_after))
+
+
+def muted_concerns(session: Session, conversation: ConversationState, raise_again_after: int | str) -> frozenset[str]:
+    """The overridden concerns not to raise yet (``study.protocol.Pushback``): each one overridden
+    fewer than ``raise_again_after`` participant messages ago (the message being answered counts),
+    or every one overridden when it is ``never``. One query, and only when something was overridden."""
+    overridden = frozenset(conversation.overridden_concerns or ())
+    if not overridden or raise_again_after == "never":
+        return overridden
+    note = aliased(Turn)
+    latest = (select(PushbackResponse.concern, func.max(note.seq).label("seq"))
+              .join(note, note.id == PushbackResponse.turn_id)
+              .where(PushbackResponse.conversation_id == conversation.id, PushbackResponse.action == "override",
+                     PushbackResponse.concern.in_(overridden))
+              .group_by(PushbackResponse.concern).subquery())
+    since = aliased(Turn)
+    counts = session.execute(
+        select(latest.c.concern, func.count(since.id)).select_from(latest)
+        .outerjoin(since, and_(since.conversation_id == conversation.id, since.speaker == "participant",
+                               since.seq > latest.c.seq))
+        .group_by(latest.c.concern)).all()
+    return frozenset(concern for concern, messages in counts if messages < int(raise_again_after))
 
 
 def _assess(session: Session, participant: Participant, content: str, before_turn_id: int | None) -> Assessment:
@@ -213,8 +235,9 @@ def _prepare(session: Session, conversation: Conversation | ConversationState, p
     role = conversation.role
     participant = session.get(Participant, conversation.participant_id)  # in the identity map: no query
     assert participant is not None
-    model = current_protocol(session, participant.study_id).arm(conversation.arm).model
-    history = _history(conversation)
+    protocol = current_protocol(session, participant.study_id)
+    model = protocol.arm(conversation.arm).model
+    history = _history(session, conversation, protocol.pushback.raise_again_after)
     required, messages = plan(role, assessment, history, system_prompt(role).text,
                               _recent(session, conversation.id), overridden=overridden)
     return PreparedTurn(

@@ -37,6 +37,7 @@ from chat.policy import Assessment, History, with_classifier
 from chat.roles import RoleName
 from chat.schemas import ConversationEnded, ConversationRead
 from study.models import Participant
+from study.protocol import Pushback
 from study.settings import get_settings
 
 T = TypeVar("T")
@@ -173,7 +174,8 @@ class MemoryStore:
     recent: list[tuple[str, str]] = field(default_factory=list)  # (speaker, content), oldest first
     messages: list[_Message] = field(default_factory=list)
     raised: Counter[str] = field(default_factory=Counter)
-    overridden: list[str] = field(default_factory=list)
+    overridden: dict[str, int] = field(default_factory=dict)  # concern -> the message it was last overridden on
+    raise_again_after: int | str = Pushback().raise_again_after  # the protocol's (study.protocol.Pushback)
     replies: list[dict[str, Any]] = field(default_factory=list)
     completions: list[Completion] = field(default_factory=list)
     reply_to: list[int] = field(default_factory=list)  # each reply's message (an index of ``messages``)
@@ -189,9 +191,9 @@ class MemoryStore:
     def override(self, reply_id: int) -> service.PreparedTurn:
         """"Go ahead anyway" to the note ``reply_id`` (``chat.service.prepare_override``)."""
         note = self.replies[reply_id]
-        if note["concern"] and note["concern"] not in self.overridden:
-            self.overridden.append(note["concern"])
         index = self.reply_to[reply_id]
+        if note["concern"]:
+            self.overridden[note["concern"]] = index
         return self._prepare(index, self._assess(self.messages[index].content, index), overridden=True)
 
     def _assess(self, content: str, index: int) -> Assessment:
@@ -199,7 +201,7 @@ class MemoryStore:
         return steps.assess_message(content, lambda: list(reversed(earlier)))
 
     def _prepare(self, index: int, assessment: Assessment, *, overridden: bool) -> service.PreparedTurn:
-        history = History(raised=Counter(self.raised), overridden=frozenset(self.overridden))
+        history = History(raised=Counter(self.raised), overridden=self._muted(index))
         required, messages = steps.plan(self.role, assessment, history, self.system_text, self.recent,
                                           overridden=overridden)
         return service.PreparedTurn(
@@ -207,6 +209,12 @@ class MemoryStore:
             messages=messages, required=required, history=history, after_override=overridden,
             content=self.messages[index].content,
             crisis_source=assessment.crisis.source if assessment.crisis else None, features=assessment.features())
+
+    def _muted(self, index: int) -> frozenset[str]:
+        """As ``chat.service.muted_concerns``: the messages since each override, up to ``index``'s."""
+        if self.raise_again_after == "never":
+            return frozenset(self.overridden)
+        return frozenset(c for c, at in self.overridden.items() if index - at < int(self.raise_again_after))
 
     async def reassess(self, prepared: service.PreparedTurn,
                        verdict: tuple[str, bool] | None) -> service.PreparedTurn:

@@ -217,6 +217,26 @@ class Withdrawal(_Strict):
     allow_data_deletion: bool = True
 
 
+class Pushback(_Strict):
+    """What "go ahead anyway" means for the rest of a conversation. An override answers the concern
+    it was given for; a new instance of that concern (a new plan, a new account) is raised again once
+    ``raise_again_after`` participant messages have been written since the override (1: already the
+    next one). ``never`` mutes an overridden concern for the rest of the conversation: a choice the
+    ethics board should approve explicitly, since the participant then meets no pushback on it.
+    Safety concerns are never muted, whatever is set here."""
+
+    raise_again_after: int | Literal["never"] = Field(
+        default=3,
+        description="participant messages after an override before its concern may be raised again, or 'never'")
+
+    @field_validator("raise_again_after")
+    @classmethod
+    def _sensible(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 100:
+            raise ValueError("raise_again_after must be a number of messages from 1 to 100, or 'never'")
+        return value
+
+
 class SafetyContact(_Strict):
     """Who is told when a participant is escalated: an email address, a webhook URL, or both.
     Notices say only the category, the time and where staff read the event, never what was written."""
@@ -293,6 +313,7 @@ class Protocol(_Strict):
     )
     enrollment: Enrollment = Enrollment()
     withdrawal: Withdrawal = Withdrawal()
+    pushback: Pushback = Pushback()
     safety: Safety = Safety()
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ from tests.builders import (
     ParticipantHandle,
     enroll,
     enroll_fully,
+    load_study,
     make_invites,
     make_staff,
     put_in_arm,
@@ -228,6 +229,31 @@ def test_override_is_honoured_recorded_and_not_repeated(
     agreed = [t for t in turns if t["speaker"] == "assistant" and t["stance"] == "agree"][0]
     nothing = post(app_client, chatter, f"{conversation}/turns/{agreed['id']}/override")
     assert nothing.json()["error"]["code"] == "nothing_to_override"
+
+
+# Each a new instance of the same concern: a one-sided account and a plan built on it (the offline
+# model names it, as FRAMING).
+NEW_FRAMINGS = ["Everyone at the club hates me, so I'm not going to the dinner on Friday",
+                "My landlord never listens, so I'm stopping the rent from next month",
+                "She clearly hates me, so I'm going over her head to the director",
+                "Nobody in my family ever calls, so I'm skipping Christmas this year"]
+
+
+@pytest.mark.parametrize(("setting", "raised_again_at"), [("1", 1), ("3", 3), ("never", None)])
+def test_an_overridden_concern_is_raised_again_on_a_new_instance_at_the_protocols_rate(
+    engine: Engine, app_client: TestClient, example_protocol: str, setting: str, raised_again_at: int | None,
+) -> None:
+    assert "raise_again_after: 3" in example_protocol
+    slug = load_study(engine, example_protocol.replace("raise_again_after: 3", f"raise_again_after: {setting}"))
+    who = wellbeing_participant(engine, app_client, slug)
+    conversation = start_chat(app_client, who, "coach")
+    challenge = say(app_client, who, conversation, FRAMING)
+    assert (challenge["stance"], challenge["concern"]) == ("challenge", "unsupported_framing")
+    assert post(app_client, who, f"{conversation}/turns/{challenge['id']}/override").status_code == 200
+    stances = [say(app_client, who, conversation, text)["stance"] for text in NEW_FRAMINGS]
+    # The n-th message after the override (n = 1, 2, ...) is pushed back on once n reaches the rate.
+    assert stances == ["agree" if raised_again_at is None or n < raised_again_at else "challenge"
+                       for n in range(1, len(NEW_FRAMINGS) + 1)]
 
 
 def test_escalation_shows_crisis_resources_is_not_overridable_and_alerts_staff(
