@@ -25,9 +25,10 @@ from fastapi import FastAPI
 
 from chat import service as chat_service
 from chat.gateway import Gateway
+from chat.offline import PROVIDER, WARM_UP
 from study import audit, participants, studies
 from study.db import make_engine, migrate, session_scope
-from study.settings import Settings
+from study.settings import Settings, get_settings
 from surveys import registry
 
 log = logging.getLogger("afterward.api")
@@ -94,9 +95,11 @@ async def rehearse(create_app: Callable[..., FastAPI]) -> None:
         token, conversation = await asyncio.to_thread(_participant, url)
         engine = make_engine(url)
         try:
-            offline = Gateway(Settings(llm_model="offline/afterward", llm_fallback_model=None, llm_api_base=None,
-                                       crisis_classifier_model=None, offline_llm_delay_ms=0,
-                                       allow_offline_model=True))
+            # The offline provider's start-up model: answered at once. The provider is one per
+            # process, so its configured delay is passed on unchanged (a test's slow model stays slow).
+            offline = Gateway(Settings(llm_model=f"{PROVIDER}/{WARM_UP}", llm_fallback_model=None, llm_api_base=None,
+                                       crisis_classifier_model=None, allow_offline_model=True,
+                                       offline_llm_delay_ms=get_settings().offline_llm_delay_ms))
             stage = create_app(engine, offline)
             status, body = await asgi_request(stage, "POST", f"/api/v1/me/conversations/{conversation}/messages",
                                               token=token, body={"content": MESSAGE})

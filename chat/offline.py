@@ -185,6 +185,10 @@ class OfflineLLM(CustomLLM):
         if model.endswith("fail-error"):
             raise CustomLLMError(status_code=503, message="offline provider: simulated outage")
 
+    def _delay(self, model: str) -> float:
+        """The configured delay; none for start-up's calls (the gateway's warm-up, the rehearsal turn)."""
+        return 0.0 if model == WARM_UP else self.delay_seconds
+
     def _respond(self, model: str, messages: list[dict[str, Any]], optional_params: dict[str, Any],
                  model_response: ModelResponse) -> ModelResponse:
         text = answer(messages, as_json="response_format" in optional_params, sycophantic=model.endswith(SYCOPHANT))
@@ -199,8 +203,8 @@ class OfflineLLM(CustomLLM):
         self._check(model)
         if model.endswith("fail-timeout"):
             time.sleep(3600)
-        if self.delay_seconds:
-            time.sleep(self.delay_seconds)
+        if self._delay(model):
+            time.sleep(self._delay(model))
         return self._respond(model, messages, optional_params, model_response)
 
     async def acompletion(self, model: str, messages: list, api_base: str,
@@ -210,8 +214,8 @@ class OfflineLLM(CustomLLM):
         self._check(model)
         if model.endswith("fail-timeout"):
             await asyncio.sleep(3600)
-        if self.delay_seconds and model != WARM_UP:  # the gateway's start-up call waits for nothing
-            await asyncio.sleep(self.delay_seconds)
+        if self._delay(model):
+            await asyncio.sleep(self._delay(model))
         return self._respond(model, messages, optional_params, model_response)
 
     def _chunks(self, model: str, messages: list[dict[str, Any]]) -> Iterator[GenericStreamingChunk]:
@@ -238,8 +242,8 @@ class OfflineLLM(CustomLLM):
     def streaming(self, model: str, messages: list, *args: Any, **kwargs: Any
                   ) -> Iterator[GenericStreamingChunk]:
         self._check(model)
-        if self.delay_seconds:
-            time.sleep(self.delay_seconds)
+        if self._delay(model):
+            time.sleep(self._delay(model))
         yield from self._chunks(model, messages)
 
     async def astreaming(self, model: str, messages: list, *args: Any, **kwargs: Any  # type: ignore[override]
@@ -247,7 +251,7 @@ class OfflineLLM(CustomLLM):
         self._check(model)
         if model.endswith("fail-timeout"):
             await asyncio.sleep(3600)
-        if self.delay_seconds:
-            await asyncio.sleep(self.delay_seconds)
+        if self._delay(model):
+            await asyncio.sleep(self._delay(model))
         for chunk in self._chunks(model, messages):
             yield chunk

@@ -15,6 +15,8 @@ from sqlalchemy.engine import Engine
 import api.app
 from api import rehearsal
 from api.app import create_app
+from chat import gateway
+from chat.gateway import Gateway
 from study.settings import get_settings
 
 
@@ -38,8 +40,16 @@ def unreachable_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return scratch
 
 
-def test_the_rehearsal_turn_is_answered_by_the_offline_model_on_a_scratch_database(unreachable_model: Path) -> None:
-    asyncio.run(rehearsal.rehearse(create_app))  # raises unless the reply was stored
+def test_the_rehearsal_turn_is_answered_by_the_offline_model_on_a_scratch_database(
+    unreachable_model: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A slow offline model (the shutdown tests' ten-minute replies): the rehearsal neither waits
+    # for it (its model is the provider's start-up one) nor changes it for the process.
+    monkeypatch.setenv("AFTERWARD_OFFLINE_LLM_DELAY_MS", "600000")
+    get_settings.cache_clear()
+    Gateway(get_settings())
+    asyncio.run(asyncio.wait_for(rehearsal.rehearse(create_app), timeout=300))  # raises unless the reply was stored
+    assert gateway._offline.delay_seconds == 600
     assert list(unreachable_model.iterdir()) == []
 
 
