@@ -52,8 +52,11 @@ TARGET_RECALL = {"risk_to_self": 0.95, "risk_from_others": 0.95, "harm_to_others
                  "validation_seeking": 0.93, "reassurance_seeking": 0.90, "dependence": 0.90, "one_sided": 0.85}
 # Where holding the recall would cost more than this share of false positives (out of fold), the
 # threshold rises until it does not: a nudge on a neutral request is pushback nobody asked for.
-# The danger concerns keep their recall (their decisions are the crisis classifier's, not these).
-FALSE_POSITIVE_BUDGET = {"distress": 0.10, "validation_seeking": 0.04, "reassurance_seeking": 0.05,
+# The danger concerns' flags are only recorded (check-ins and escalations are the crisis
+# classifier's decision, chat.semantic.fuse), but a flag an analyst reads in the export must mean
+# something: at 0.95 recall they flagged about 36% of messages without that concern.
+FALSE_POSITIVE_BUDGET = {"risk_to_self": 0.05, "risk_from_others": 0.05, "harm_to_others": 0.05,
+                         "distress": 0.10, "validation_seeking": 0.04, "reassurance_seeking": 0.05,
                          "dependence": 0.03, "one_sided": 0.05}
 # Two messages are "about the same worry" at this share of false matches between different
 # writers' reassurance requests (``same_worry``).

@@ -214,9 +214,10 @@ def test_override_is_honoured_recorded_and_not_repeated(
     assert "push back" not in reply["content"]
     again = post(app_client, chatter, f"{conversation}/turns/{challenge['id']}/override")
     assert again.json()["error"]["code"] == "already_answered"
-    # The same framing later in the conversation is not argued again.
+    # The same framing at the next message is not argued again (pushback.raise_again_after: 3);
+    # another concern the reading finds in it may be.
     later = say(app_client, chatter, conversation, "Everyone always ignores me anyway")
-    assert later["stance"] == "agree"
+    assert later["concern"] != "unsupported_framing"
     assert rows(engine, "SELECT action, stance, concern FROM pushback_responses") == [
         ("override", "challenge", "unsupported_framing")]
     assert rows(engine, "SELECT after_override FROM turns WHERE id = :id", id=reply["id"]) == [(True,)]
