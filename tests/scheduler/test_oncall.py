@@ -282,7 +282,8 @@ def test_a_webhook_contact_gets_one_signed_post_without_content(
                                                                    hashlib.sha256).hexdigest()
     assert headers["Idempotency-Key"].startswith(f"safety-{event_id(engine)}-0-webhook-")
     payload = json.loads(body)
-    assert payload == {"kind": "safety_escalation", "study": slug, "study_title": payload["study_title"],
+    assert payload == {"kind": "safety_escalation", "level": "escalation", "study": slug,
+                       "study_title": payload["study_title"],
                        "event_id": event_id(engine), "category": "risk_to_self",
                        "raised_at": "2026-03-02T09:00:00+00:00", "round": 0,
                        "link": dashboard_link(slug, event_id(engine))}
