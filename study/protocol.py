@@ -261,6 +261,8 @@ def _is_loopback(host: str) -> bool:
 TriageLevel = Literal["check_in", "escalation", "unanswered"]  # study.safety.SafetyLevel's values
 UnansweredAction = Literal["page", "follow_up"]
 UNANSWERED_AFTER_BOUNDS = (dt.timedelta(minutes=5), dt.timedelta(hours=24))
+DEFAULT_PAGE: tuple[TriageLevel, ...] = ("escalation", "unanswered")
+DEFAULT_ON_UNANSWERED: tuple[UnansweredAction, ...] = ("page",)
 
 
 class Triage(_Strict):
@@ -273,9 +275,9 @@ class Triage(_Strict):
     Given only one of ``page`` and ``on_unanswered``, the other follows from it; given both, they
     must agree about paging unanswered check-ins."""
 
-    page: list[TriageLevel] = Field(default_factory=lambda: ["escalation", "unanswered"])
+    page: list[TriageLevel] = Field(default_factory=lambda: list(DEFAULT_PAGE))
     unanswered_after: Duration = dt.timedelta(minutes=30)
-    on_unanswered: list[UnansweredAction] = Field(default_factory=lambda: ["page"])
+    on_unanswered: list[UnansweredAction] = Field(default_factory=lambda: list(DEFAULT_ON_UNANSWERED))
 
     @model_validator(mode="before")
     @classmethod
