@@ -29,6 +29,8 @@ from sqlalchemy.orm import Session
 
 from chat import triage
 from chat.models import Turn
+from chat.policy import AGREE, StanceDecision, default_rationale
+from chat.roles import Concern
 from study import audit
 from study.clock import now
 from study.errors import Conflict, Invalid, NotFound
@@ -247,20 +249,30 @@ def _answered_by(session: Session, conversation_id: int, turn_id: int) -> tuple[
     return None
 
 
-def reply_note(session: Session, conversation_id: int, participant_turn_id: int, content: str) -> str | None:
-    """The platform's reply to a message that only answered a check-in (the reply's stance is
-    agree): thanks and what comes next, or, for words it could not read, how to answer. None:
-    the message is not about a check-in, and the model's reply stands."""
+def reply_to_answer(session: Session, conversation_id: int, participant_turn_id: int, content: str,
+                    final: StanceDecision) -> tuple[StanceDecision, str] | None:
+    """The platform's reply to a message read as answering a check-in: thanks and what comes
+    next (a reply is not the place to push back on "no"); an escalation when its answers escalated
+    the event, so the reply shows the crisis resources. For words it could not read, how to answer.
+    None: the message is not about a check-in, or it raised a concern of its own (a decline, a
+    safety stance for words it could not read), and the policy's reply stands."""
+    if final.stance == "decline":
+        return None
     answered = _answered_by(session, conversation_id, participant_turn_id)
     if answered is not None:
         check_in, event = answered
-        if check_in.answered_at is None:
-            return triage.NEXT_QUESTION_REPLY
-        return next_step(session, check_in, event)
+        note = next_step(session, check_in, event) if check_in.answered_at is not None else None
+        if event.level == SafetyLevel.ESCALATION and note is not None:
+            kind: Concern = "risk_to_self" if check_in.kind == CheckInKind.RISK_TO_SELF else "risk_from_others"
+            return StanceDecision("escalate", kind, default_rationale(kind, "escalate")), note
+        stance = final if final.stance in ("check_in", "escalate") else AGREE
+        return stance, note or triage.NEXT_QUESTION_REPLY
+    if final.stance in ("check_in", "escalate"):
+        return None
     seq = session.scalar(select(Turn.seq).where(Turn.id == participant_turn_id))
     found = current(session, conversation_id, before_seq=seq)
     if found is not None and found.answered_at is None and triage.read_words(content, CheckInKind(found.kind)).unclear:
-        return triage.UNCLEAR_REPLY
+        return AGREE, triage.UNCLEAR_REPLY
     return None
 
 

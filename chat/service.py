@@ -545,6 +545,10 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
     """Store the assistant's turn with the stance the policy settled on; returns it."""
     parsed, final, reply = settle_reply(prepared.role, prepared.required, prepared.history, prepared.content,
                                         completion.text, after_override=prepared.after_override)
+    answered = check_ins.reply_to_answer(session, prepared.conversation_id, prepared.participant_turn_id,
+                                         prepared.content, final)
+    if answered is not None:  # a message answering a check-in: the platform's reply (chat.check_ins)
+        final, reply = answered
     # One statement: the reply's sequence number, the claim released, the concern counted (in SQL,
     # from the current row: the history the policy read may be stale by now).
     values: dict[str, Any] = {"turn_count": Conversation.turn_count + 1, "awaiting_reply_since": _release(prepared)}
@@ -557,9 +561,6 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
         raise NotFound("this conversation no longer exists")
     session.execute(update(Turn).where(Turn.id == prepared.participant_turn_id)
                     .values(reply_status="answered", reply_error=None).execution_options(synchronize_session=False))
-    if final.stance == "agree":  # a message that only answered a check-in gets the platform's thanks
-        reply = check_ins.reply_note(session, prepared.conversation_id, prepared.participant_turn_id,
-                                     prepared.content) or reply
     turn = Turn(
         conversation_id=prepared.conversation_id, participant_id=claimed.participant_id, seq=claimed.turn_count,
         speaker="assistant", role=prepared.role, content=reply,
