@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any
 
 import pytest
@@ -18,7 +19,8 @@ from chat import triage
 from study.clock import FrozenClock
 from study.models import StaffRole
 from tests.api.test_chat import detail, post, rows, wellbeing_participant
-from tests.builders import ParticipantHandle, make_staff, say, start_chat
+from tests.api.test_pages import chatting, open_chat, send
+from tests.builders import ParticipantHandle, csrf_of, make_staff, say, start_chat
 
 HOPELESS = "I feel hopeless, like I'm falling apart"  # a check-in for a risk to self
 HIT = "My boyfriend hits me when he drinks"  # a check-in for danger from someone else
@@ -262,3 +264,39 @@ def test_withdrawal_makes_a_check_in_awaiting_answers_unanswered_at_once(
     else:
         assert answers[0] is not None
         assert kept["thoughts"]["turn_id"] is not None
+
+
+# The chat page
+
+
+def test_the_chat_page_asks_one_question_at_a_time_with_three_real_buttons_and_then_says_what_happens_next(
+        engine: Engine, app_client: TestClient, slug: str, frozen_clock: FrozenClock) -> None:
+    chatting(engine, app_client, slug)
+    chat = open_chat(app_client, "concierge")
+    html = send(app_client, chat, HOPELESS)
+    [card] = re.findall(r'<section class="triage".*?</section>', html, re.DOTALL)
+    [legend] = re.findall(r"<legend>([^<]*)</legend>", card)
+    assert legend == triage.RISK_TO_SELF[0].text.replace("'", "&#39;")
+    buttons = re.findall(r'<button type="submit" name="answer" value="(\w+)" class="choice">([^<]*)</button>', card)
+    assert buttons == [("yes", "Yes"), ("no", "No"), ("declined", "Prefer not to say")]
+    assert "Question 1 of 6" in card
+    action = re.search(r'<form method="post" action="(/chat/\d+/check-ins/\d+)"', card)
+    assert action
+    answered = app_client.post(action.group(1), data={"csrf": csrf_of(html), "question": "wish_dead", "answer": "no"})
+    assert answered.status_code == 200
+    assert "<legend>Have you been having thoughts of ending your own life?</legend>" in answered.text
+    html = send(app_client, chat, "no")  # in words, from the message box
+    assert "Question 3 of 3" in html  # no questions about a method, intent or a plan after no
+    assert "(from your message)" in html
+    done = app_client.post(action.group(1), data={"csrf": csrf_of(html), "question": "behaviour", "answer": "no"})
+    [card] = re.findall(r'<section class="triage".*?</section>', done.text, re.DOTALL)
+    assert "<h3>What happens next</h3>" in card
+    assert "look over this check-in later" in card
+    assert "<button" not in card
+    # A refused answer is a page a person can act on, never a 500.
+    refused = app_client.post(action.group(1), data={"csrf": csrf_of(done.text), "question": "behaviour",
+                                                      "answer": "yes"})
+    assert refused.status_code == 409
+    assert "already answered" in refused.text
+    bogus = app_client.post(action.group(1), data={"csrf": csrf_of(done.text), "question": "mood", "answer": "yes"})
+    assert bogus.status_code == 422
