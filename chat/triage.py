@@ -100,6 +100,13 @@ def next_question(kind: CheckInKind, answers: Mapping[str, str]) -> str | None:
     return next((i for i in to_ask(kind, answers) if i not in answers), None)
 
 
+# What the answers say, as the rule (``decide``) names it.
+ACUTE, NOT_SAFE, THOUGHTS, WITHHELD = ("intent, plan or recent act", "not safe now", "thoughts of dying, no plan",
+                                       "some answers withheld")
+NO_SAFE_PLACE, SAFE_NOW, ALL_NO = "safe now, no safe place to go", "safe now", "all no"
+OUTCOMES = (ACUTE, NOT_SAFE, THOUGHTS, WITHHELD, NO_SAFE_PLACE, SAFE_NOW, ALL_NO)
+
+
 @dataclass(frozen=True)
 class Decision:
     level: SafetyLevel
@@ -137,21 +144,21 @@ def decide(kind: CheckInKind, answers: Mapping[str, str]) -> Decision | None:
     is never read as a no, and a question withheld still counts as asked.
     """
     if kind == CheckInKind.RISK_TO_SELF and any(answers.get(q) == "yes" for q in ("intent", "plan", "behaviour")):
-        return Decision(SafetyLevel.ESCALATION, "intent, plan or recent act")
+        return Decision(SafetyLevel.ESCALATION, ACUTE)
     if kind == CheckInKind.RISK_FROM_OTHERS and (answers.get("safe_now") == "no"
                                                  or answers.get("person_near") == "yes"):
-        return Decision(SafetyLevel.ESCALATION, "not safe now")
+        return Decision(SafetyLevel.ESCALATION, NOT_SAFE)
     asked = to_ask(kind, answers)
     if any(q not in answers for q in asked):
         return None
     given = [answers[q] for q in asked]
     if kind == CheckInKind.RISK_TO_SELF and "yes" in given:
-        return Decision(SafetyLevel.CHECK_IN, "thoughts of dying, no plan")
+        return Decision(SafetyLevel.CHECK_IN, THOUGHTS)
     if "declined" in given:
-        return Decision(SafetyLevel.CHECK_IN, "some answers withheld")
+        return Decision(SafetyLevel.CHECK_IN, WITHHELD)
     if kind == CheckInKind.RISK_FROM_OTHERS and answers.get("safe_place") == "no":
-        return Decision(SafetyLevel.CHECK_IN, "safe now, no safe place to go")
-    return Decision(SafetyLevel.CHECK_IN, "safe now" if kind == CheckInKind.RISK_FROM_OTHERS else "all no")
+        return Decision(SafetyLevel.CHECK_IN, NO_SAFE_PLACE)
+    return Decision(SafetyLevel.CHECK_IN, SAFE_NOW if kind == CheckInKind.RISK_FROM_OTHERS else ALL_NO)
 
 
 # Answers in words
@@ -284,12 +291,12 @@ def next_step(level: SafetyLevel, outcome: str, *, paged: bool) -> str:
                 "study's safety procedure. " if paged else "The study's safety team will see your answers. ")
         return ("Thank you for telling me; that took courage. " + told + "Please contact one of the services "
                 "shown here now, and if you are in immediate danger, call your local emergency number.")
-    if outcome.startswith("thoughts"):
+    if outcome == THOUGHTS:
         return ("Thank you for being honest about this. Thoughts like these are more common than people think, and "
                 "they're a sign of how much you're carrying. A member of the study team will read your answers. "
                 "Please think about talking to one of the services shown here today; they're free and there any "
                 "time.")
-    if outcome.startswith("safe now"):
+    if outcome in (SAFE_NOW, NO_SAFE_PLACE):
         return ("Thank you. I'm glad you're safe right now. A member of the study team will look over your answers "
                 "later. The services shown here can help you plan how to stay safe, whenever you need them.")
     return ("Thank you for answering. A member of the study team will look over this check-in later. If things get "
