@@ -49,8 +49,8 @@ def check_in(event: SafetyEventRead) -> None:
 
 
 def turns(found: SafetyEventContextRead) -> None:
-    """The turns around the escalation, the triggering one marked."""
-    st.markdown(f"**Turns around the escalation** (conversation {found.conversation_id}; the triggering turn "
+    """The turns around the event, the triggering reply marked."""
+    st.markdown(f"**Turns around the event** (conversation {found.conversation_id}; the triggering turn "
                 "is marked)")
     for turn in found.turns:
         who = "Participant" if turn.speaker == "participant" else f"Assistant ({turn.role}, {turn.stance})"
