@@ -78,7 +78,7 @@ def _chat_with_two_challenges(client: TestClient, engine: Engine, who: Participa
         pairs.append((conversation, say(client, who, conversation, framing)["id"]))
     checking_in = start_chat(client, who, "concierge")  # and a safety check-in, in a conversation of its own
     check_in = say(client, who, checking_in, "I feel hopeless, like I'm falling apart")["check_in"]["id"]
-    return {"conversation_id": pairs[0][0], "turn_ids": pairs,  # type: ignore[dict-item]
+    return {"conversation_id": pairs[0][0], "turn_ids": pairs,
             "check_in_conversation": checking_in, "check_in_id": check_in}
 
 

@@ -8,7 +8,6 @@ participant's check-in still reaches staff, and is never followed up with them."
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,11 +17,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from chat import triage
-from scheduler.dispatcher import Dispatcher, TickReport
 from study.clock import FrozenClock
 from tests.builders import ParticipantHandle, enroll_fully, load_study, make_invites, put_in_arm, say, start_chat
 from tests.mail import Inbox, smtp_server
-from tests.scheduler.test_oncall import ONCALL, assert_no_content, body_of, dispatcher
+from tests.scheduler.test_oncall import ONCALL, assert_no_content, at_once, body_of, dispatcher
 
 HOPELESS = "I feel hopeless, like I'm falling apart"
 DEADLINE = dt.timedelta(minutes=30)  # the example protocol's unanswered_after
@@ -59,19 +57,19 @@ def shown(client: TestClient, who: ParticipantHandle, conversation: int, reply: 
     return dict(check_in)
 
 
-def protocol_with(example: str, triage_yaml: str) -> str:
+def checked_in_under(engine: Engine, client: TestClient, example: str,
+                     triage_yaml: str) -> tuple[ParticipantHandle, int, dict[str, Any]]:
+    """``checked_in``, in a study whose protocol's ``safety.triage`` is ``triage_yaml``."""
     old = ("  triage:\n    page: [escalation, unanswered]\n    unanswered_after: PT30M\n"
            "    on_unanswered: [page, follow_up]\n")
     assert old in example
-    return example.replace(old, triage_yaml)
+    return checked_in(engine, client, load_study(engine, example.replace(old, f"  triage:\n{triage_yaml}")))
 
 
 def test_a_check_in_unanswered_past_the_deadline_pages_once_across_two_dispatchers_and_is_followed_up(
-    engine: Engine, app_client: TestClient, example_protocol: str, frozen_clock: FrozenClock,
-    inbox: tuple[Inbox, int],
+    engine: Engine, app_client: TestClient, slug: str, frozen_clock: FrozenClock, inbox: tuple[Inbox, int],
 ) -> None:
     messages, port = inbox
-    slug = load_study(engine, example_protocol)
     who, conversation, reply = checked_in(engine, app_client, slug)
     left, right = dispatcher(engine, port, "left"), dispatcher(engine, port, "right")
     assert left.tick().notified == 0  # a check-in pages nobody by default
@@ -81,19 +79,7 @@ def test_a_check_in_unanswered_past_the_deadline_pages_once_across_two_dispatche
     assert event(engine)["level"] == "check_in"
 
     frozen_clock.advance(dt.timedelta(seconds=2))
-    start = threading.Barrier(2)
-    reports: dict[str, TickReport] = {}
-
-    def poll(dispatch: Dispatcher) -> None:
-        start.wait()
-        reports[dispatch.name] = dispatch.tick()
-
-    threads = [threading.Thread(target=poll, args=(d,)) for d in (left, right)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not [r.errors for r in reports.values() if r.errors]
+    reports = at_once(left, right)
     assert sum(r.unanswered for r in reports.values()) == 1
     assert sum(r.notified for r in reports.values()) == 1  # paged within the same poll
     [message] = messages.to(ONCALL)
@@ -121,11 +107,9 @@ def test_a_check_in_unanswered_past_the_deadline_pages_once_across_two_dispatche
 
 
 def test_an_answered_check_in_never_goes_unanswered(
-    engine: Engine, app_client: TestClient, example_protocol: str, frozen_clock: FrozenClock,
-    inbox: tuple[Inbox, int],
+    engine: Engine, app_client: TestClient, slug: str, frozen_clock: FrozenClock, inbox: tuple[Inbox, int],
 ) -> None:
     messages, port = inbox
-    slug = load_study(engine, example_protocol)
     who, conversation, reply = checked_in(engine, app_client, slug)
     for text in ("no", "no", "no"):
         say(app_client, who, conversation, text)
@@ -138,11 +122,9 @@ def test_an_answered_check_in_never_goes_unanswered(
 
 
 def test_partly_answered_is_unanswered_at_the_deadline(
-    engine: Engine, app_client: TestClient, example_protocol: str, frozen_clock: FrozenClock,
-    inbox: tuple[Inbox, int],
+    engine: Engine, app_client: TestClient, slug: str, frozen_clock: FrozenClock, inbox: tuple[Inbox, int],
 ) -> None:
     _, port = inbox
-    slug = load_study(engine, example_protocol)
     who, conversation, _ = checked_in(engine, app_client, slug)
     say(app_client, who, conversation, "yes")  # a wish to be dead; nothing more
     frozen_clock.advance(DEADLINE)
@@ -156,9 +138,8 @@ def test_the_protocol_decides_which_levels_page_and_what_an_unanswered_check_in_
 ) -> None:
     messages, port = inbox
     # Unanswered check-ins page nobody here: the event only waits for review; no follow-up either.
-    slug = load_study(engine, protocol_with(example_protocol, "  triage:\n    page: [escalation]\n"
-                                                              "    unanswered_after: PT10M\n"))
-    who, conversation, reply = checked_in(engine, app_client, slug)
+    who, conversation, reply = checked_in_under(engine, app_client, example_protocol,
+                                                "    page: [escalation]\n    unanswered_after: PT10M\n")
     frozen_clock.advance(dt.timedelta(minutes=10))
     report = dispatcher(engine, port).tick()
     assert (report.unanswered, report.notified) == (1, 0)
@@ -173,9 +154,8 @@ def test_a_protocol_may_page_check_ins_too_and_an_escalation_counts_its_rounds_f
     inbox: tuple[Inbox, int],
 ) -> None:
     messages, port = inbox
-    slug = load_study(engine, protocol_with(example_protocol, "  triage:\n    page: [check_in, escalation]\n"
-                                                              "    unanswered_after: PT24H\n"))
-    who, conversation, reply = checked_in(engine, app_client, slug)
+    who, conversation, reply = checked_in_under(engine, app_client, example_protocol,
+                                                "    page: [check_in, escalation]\n    unanswered_after: PT24H\n")
     dispatch = dispatcher(engine, port)
     assert dispatch.tick().notified == 1
     [first] = messages.to(ONCALL)
@@ -198,11 +178,10 @@ def test_a_protocol_may_page_check_ins_too_and_an_escalation_counts_its_rounds_f
 
 
 def test_a_withdrawn_participants_check_in_still_reaches_staff_and_is_never_followed_up(
-    engine: Engine, app_client: TestClient, example_protocol: str, frozen_clock: FrozenClock,
-    inbox: tuple[Inbox, int],
+    engine: Engine, app_client: TestClient, slug: str, frozen_clock: FrozenClock, inbox: tuple[Inbox, int],
 ) -> None:
     messages, port = inbox
-    slug = load_study(engine, example_protocol)  # on_unanswered: page and follow up
+    # on_unanswered: page and follow up
     who, _, _ = checked_in(engine, app_client, slug)
     withdrawn = app_client.post("/api/v1/me/withdrawal", headers=who.headers,
                                 json={"level": "stop_contact", "confirm": True})
@@ -220,11 +199,10 @@ def test_a_withdrawn_participants_check_in_still_reaches_staff_and_is_never_foll
 
 
 def test_a_check_in_that_cannot_be_marked_raises_an_alert_and_the_others_go_on(
-    engine: Engine, app_client: TestClient, example_protocol: str, frozen_clock: FrozenClock,
-    inbox: tuple[Inbox, int], monkeypatch: pytest.MonkeyPatch,
+    engine: Engine, app_client: TestClient, slug: str, frozen_clock: FrozenClock, inbox: tuple[Inbox, int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, port = inbox
-    slug = load_study(engine, example_protocol)
     checked_in(engine, app_client, slug)
     checked_in(engine, app_client, slug)
     frozen_clock.advance(DEADLINE)

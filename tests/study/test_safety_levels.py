@@ -5,22 +5,17 @@ each earlier event an escalation paging since it was raised; the append-only rev
 from __future__ import annotations
 
 import datetime as dt
-import re
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
-from alembic.config import Config
 from sqlalchemy.engine import Engine
 
-from study.db import make_engine, migrate
 from study.safety import CheckInKind, SafetyLevel
-from tests.conftest import POSTGRES_URL
-from tests.postgres import scratch_schema
+from tests.revisions import checked_values, migrated_to
 
-ROOT = Path(__file__).resolve().parents[2]
 AT = dt.datetime(2026, 12, 3, 9, 0, tzinfo=dt.UTC)
 SETUP = (
     "INSERT INTO studies (id, slug, title, allocation_seed, allocation_count, status, created_at) "
@@ -39,20 +34,12 @@ SETUP = (
     ("safety_events", "level_known", SafetyLevel), ("safety_check_ins", "kind_known", CheckInKind)])
 def test_the_migrated_database_allows_exactly_the_enums_values(engine: Engine, table: str, name: str,
                                                                values: type[SafetyLevel | CheckInKind]) -> None:
-    [check] = [c for c in sa.inspect(engine).get_check_constraints(table) if c["name"] == f"ck_{table}_{name}"]
-    assert set(re.findall(r"'([a-z_]+)'", check["sqltext"])) == {value.value for value in values}
+    assert checked_values(engine, table, name) == {value.value for value in values}
 
 
 def test_the_triage_revision_keeps_every_event_review_and_notice_up_and_down(tmp_path: Path) -> None:
     with ExitStack() as stack:
-        url = (stack.enter_context(scratch_schema(POSTGRES_URL, "afterward_triage")) if POSTGRES_URL
-               else f"sqlite:///{tmp_path / 'triage.db'}")
-        config = Config()
-        config.set_main_option("script_location", str(ROOT / "migrations"))
-        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-        migrate(url, "0013")
-        engine = make_engine(url, timeouts=False)
-        stack.callback(engine.dispose)
+        engine, config = migrated_to(stack, tmp_path, "triage", "0013")
         with engine.begin() as connection:
             for statement in SETUP:
                 connection.execute(sa.text(statement), {"at": AT})
