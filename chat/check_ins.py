@@ -21,6 +21,7 @@ shows of it. Each function is a step inside the caller's transaction, like ``cha
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,12 +34,13 @@ from chat.policy import AGREE, StanceDecision, default_rationale
 from chat.roles import Concern
 from study import audit
 from study.clock import now
-from study.errors import Conflict, Invalid, NotFound
+from study.errors import Conflict, DomainError, Invalid, NotFound
 from study.models import Participant, WithdrawalLevel
 from study.protocol import Triage
 from study.safety import CheckInKind, SafetyCheckIn, SafetyEvent, SafetyLevel, mark_unanswered
 from study.studies import current_protocol
 
+log = logging.getLogger("afterward.chat")
 KINDS = frozenset(kind.value for kind in CheckInKind)  # the concerns a check-in is asked for
 REPLACED = "a newer check-in in the conversation replaced it"
 
@@ -93,11 +95,12 @@ def _replace_open(session: Session, conversation_id: int, kind: CheckInKind, new
                SafetyCheckIn.closed_reason.is_(None), SafetyEvent.id != new_event_id)).all()
     if not earlier:
         return
-    session.execute(update(SafetyCheckIn).where(SafetyCheckIn.id.in_([row.id for row in earlier]))
-                    .values(closed_reason=REPLACED).execution_options(synchronize_session=False))
+    # The events first, then their check-ins: the order the dispatcher's deadline locks them in.
     session.execute(update(SafetyEvent).where(SafetyEvent.id.in_([row.safety_event_id for row in earlier]),
                                               SafetyEvent.unanswered_at.is_(None))
                     .values(answer_due_at=None).execution_options(synchronize_session=False))
+    session.execute(update(SafetyCheckIn).where(SafetyCheckIn.id.in_([row.id for row in earlier]))
+                    .values(closed_reason=REPLACED).execution_options(synchronize_session=False))
 
 
 def _locked_event(session: Session, event_id: int) -> SafetyEvent:
@@ -210,8 +213,13 @@ def read_words(session: Session, participant: Participant, conversation_id: int,
         answers.setdefault(asking, reading.answer)
     recorded = _values(found)  # an answer given stands (``answer`` would refuse another)
     answers = {question: value for question, value in answers.items() if question not in recorded}
-    if answers:
+    if not answers:
+        return
+    try:
         answer(session, participant, conversation_id, found.id, answers, given="words", turn_id=turn.id)
+    except DomainError:  # replaced or answered meanwhile: the message is still the participant's to send
+        log.warning("conversation %s: message %s was not read as answers to check-in %s", conversation_id,
+                    turn.id, found.id, exc_info=True)
 
 
 def current(session: Session, conversation_id: int, *, before_seq: int | None = None) -> SafetyCheckIn | None:
