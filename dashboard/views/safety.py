@@ -42,10 +42,11 @@ def check_in(event: SafetyEventRead) -> None:
     outcome = f" · the answers say: {asked.outcome}" if asked.outcome else ""
     st.markdown(f"**Check-in** ({asked.kind.replace('_', ' ')}): {STATUSES[asked.status]}{outcome}"
                 + (" · the participant was shown the follow-up" if asked.followed_up_at else ""))
-    st.dataframe(pd.DataFrame([{
-        "question": answer.text, "answer": ANSWER_LABELS.get(answer.answer, "") if answer.answer else "",  # type: ignore[call-overload]
-        "given": answer.given or "", "at": answer.answered_at} for answer in asked.answers]),
-        hide_index=True, width="stretch")
+    # A list, not a table: it is read on a phone too (an on-call email's link), and wraps.
+    st.markdown("\n".join(
+        f"- {answer.text} **{ANSWER_LABELS[answer.answer]}** ({answer.given}, "  # type: ignore[index]
+        f"{answer.answered_at:%H:%M} UTC)" if answer.answer else f"- {answer.text} *not answered*"
+        for answer in asked.answers))
 
 
 def turns(found: SafetyEventContextRead) -> None:

@@ -63,9 +63,9 @@ def test_the_queue_shows_each_event_at_its_level_with_its_check_in_answers(three
     shown = texts(app)
     assert "**Level:** check-in" in shown
     assert "**Check-in** (risk to self): answered · the answers say: all no" in shown
-    answers = app.dataframe[1].value
-    assert list(answers["answer"])[:2] == ["No", "No"]
-    assert set(answers["given"]) == {"words", ""}  # read from the participant's messages; the skipped ones blank
+    # Each question with its answer and how it was given (read from the participant's messages here).
+    assert "- In the past month, have you wished you weren't alive anymore? **No** (words, 09:00 UTC)" in shown
+    assert "- Have you made a plan, with details worked out, that you mean to go through with? *not answered*" in shown
 
     chooser = app.selectbox(key="safety-event")
     chooser.set_value(3)
@@ -73,4 +73,5 @@ def test_the_queue_shows_each_event_at_its_level_with_its_check_in_answers(three
     shown = texts(app)
     assert "**Level:** unanswered check-in (paging)" in shown
     assert "the participant was shown the follow-up" in shown  # the example protocol follows up
-    assert set(app.dataframe[1].value["answer"]) == {""}
+    assert "**Yes**" not in shown
+    assert "**No**" not in shown
