@@ -455,7 +455,7 @@ class _Builder:
             SafetyCheckIn.kind.label("check_in"), SafetyCheckIn.answered_at.label("check_in_answered_at"),
             SafetyCheckIn.answers.label("check_in_answers"),
             case((SafetyEvent.reviewed_at.is_(None), "unreviewed"), else_="reviewed").label("review_status"),
-            SafetyEvent.reviewed_at, SafetyEvent.participant_data_deleted,
+            SafetyEvent.reviewed_at.label("reviewed_at"), SafetyEvent.participant_data_deleted,
         ).outerjoin(Participant, Participant.id == SafetyEvent.participant_id).outerjoin(
             SafetyCheckIn, SafetyCheckIn.safety_event_id == SafetyEvent.id).where(
             SafetyEvent.study_id == self.study.id).order_by(SafetyEvent.id)
