@@ -420,8 +420,9 @@ class _Builder:
                  else func.substr(SafetyEvent.created_at, 1, 7))  # SQLite: UTC text
         cells = self._events(month=month, category=SafetyEvent.category)
         categories = _in_order(list(get_args(CrisisCategory)), [c for _, c in cells if c != ALL])
-        table = _Table(TableSpec("safety_events", "Safety events (escalations recorded for staff review) per month "
-                                 "(UTC) and category, from the month the study was created to the current one.", [
+        table = _Table(TableSpec("safety_events", "Safety events (every risk finding recorded for staff review, at "
+                                 "any level: check-ins, escalations and check-ins left unanswered) per month (UTC) "
+                                 "and category, from the month the study was created to the current one.", [
             Column("month", "string", "Calendar month, YYYY-MM (UTC), or 'all'."),
             *(Column(c, "integer", f"Safety events of category '{c}'.", unit="events") for c in categories),
             Column("total", "integer", "Safety events of any category.", unit="events"),

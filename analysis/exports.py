@@ -46,6 +46,7 @@ from analysis.panel import PANEL_COLUMNS, iter_conversations_and_panel
 from analysis.reading import stream_frames
 from analysis.software import packages_line
 from analysis.spreadsheet import CSV_TEXT_NOTE
+from chat import triage
 from chat.models import Decision, Turn
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
@@ -63,7 +64,7 @@ from study.models import (
     Study,
     WithdrawalLevel,
 )
-from study.safety import SafetyEvent
+from study.safety import CheckInKind, SafetyCheckIn, SafetyEvent
 from surveys import registry
 from surveys.definitions import NUMERIC_TYPES, Instrument
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
@@ -409,20 +410,39 @@ class _Builder:
         return spec, chunks
 
     def safety_events(self) -> tuple[TableSpec, ChunkSource]:
-        spec = TableSpec("safety_events", "Escalations raised for staff review (the matched text is not exported).", [
+        spec = TableSpec("safety_events", "Every risk finding raised for staff review, at its level (a check-in, an "
+                         "escalation, or a check-in left unanswered), with the check-in's answers (the matched text "
+                         "is not exported).", [
             _c("safety_event_id", "integer", "Safety event id."),
             self.code(),
             _c("conversation_id", "integer", "Conversation it was raised in."),
-            _c("turn_id", "integer", "Participant turn that raised it."),
+            _c("turn_id", "integer", "Assistant turn that checked in or escalated."),
             _c("category", "string", "Category of risk.", enum={c: c for c in CONCERNS if c != "none"}),
             _c("source", "string", "What detected it.", enum={
                 "lexicon": "the crisis lexicon", "semantic": "the semantic classifier (chat.semantic)",
                 "lexicon+semantic": "both the lexicon and the semantic classifier",
                 "classifier": "the optional LLM classifier", "model": "the chat model's own stance"}),
             _c("created_at", "datetime", "When it was raised (UTC)."),
-            _c("review_status", "string", "Whether staff reviewed it.",
+            _c("level", "string", "Its level now (levels only rise).", enum={
+                "check_in": "a sign of risk met by a check-in, for staff to review",
+                "escalation": "an escalation: pages the on-call contacts",
+                "unanswered": "its check-in was not answered by the protocol's deadline (or the participant "
+                              "withdrew first)"}),
+            _c("page_since", "datetime", "When its level started to page the on-call contacts (UTC); empty when "
+               "it does not page."),
+            _c("unanswered_at", "datetime", "When its check-in became unanswered (UTC)."),
+            _c("check_in", "string", "The check-in its reply asked (chat.triage; structured after the C-SSRS "
+               "screener, not a validated instrument); empty for none.", enum={
+                   "risk_to_self": "the risk-to-self questions", "risk_from_others": "safe now from someone else"}),
+            _c("check_in_answered_at", "datetime", "When the check-in's answers decided its level (UTC)."),
+            _c("check_in_outcome", "string", "What the answers say by the triage rule (chat.triage.decide); "
+               "empty while they decide nothing.", enum={outcome: outcome for outcome in triage.OUTCOMES}),
+            *(_c(f"answer_{question.id}", "string", f"Check-in answer: “{question.text}”",
+                 enum={"yes": "yes", "no": "no", "declined": "prefer not to say"})
+              for question in (*triage.RISK_TO_SELF, *triage.RISK_FROM_OTHERS)),
+            _c("review_status", "string", "Whether staff reviewed it at its current level.",
                enum={"reviewed": "reviewed", "unreviewed": "not yet reviewed"}),
-            _c("reviewed_at", "datetime", "Latest staff review (UTC)."),
+            _c("reviewed_at", "datetime", "Latest staff review at its current level (UTC)."),
             _c("participant_data_deleted", "boolean", "A de-identified safety record: the participant withdrew and "
                "deleted their data, so participant, conversation and turn are empty (and, with shifted dates, "
                "its dates too: they cannot move with a participant's)."),
@@ -431,12 +451,27 @@ class _Builder:
         query = select(
             SafetyEvent.id.label("safety_event_id"), Participant.code.label("participant_code"),
             SafetyEvent.conversation_id, SafetyEvent.turn_id, SafetyEvent.category, SafetyEvent.source,
-            SafetyEvent.created_at,
+            SafetyEvent.created_at, SafetyEvent.level, SafetyEvent.page_since, SafetyEvent.unanswered_at,
+            SafetyCheckIn.kind.label("check_in"), SafetyCheckIn.answered_at.label("check_in_answered_at"),
+            SafetyCheckIn.answers.label("check_in_answers"),
             case((SafetyEvent.reviewed_at.is_(None), "unreviewed"), else_="reviewed").label("review_status"),
-            SafetyEvent.reviewed_at, SafetyEvent.participant_data_deleted,
-        ).outerjoin(Participant, Participant.id == SafetyEvent.participant_id).where(
+            SafetyEvent.reviewed_at.label("reviewed_at"), SafetyEvent.participant_data_deleted,
+        ).outerjoin(Participant, Participant.id == SafetyEvent.participant_id).outerjoin(
+            SafetyCheckIn, SafetyCheckIn.safety_event_id == SafetyEvent.id).where(
             SafetyEvent.study_id == self.study.id).order_by(SafetyEvent.id)
-        return spec, lambda c: stream_frames(c, query, self.chunk_rows)
+        names = [column.name for column in spec.columns]
+
+        def chunks(connection: Connection) -> Iterator[pd.DataFrame]:
+            for chunk in stream_frames(connection, query, self.chunk_rows):
+                answers = [{question: given["answer"] for question, given in (a or {}).items()}
+                           for a in chunk.pop("check_in_answers")]
+                outcomes = [None if kind is None else getattr(triage.decide(CheckInKind(kind), given), "outcome", None)
+                            for kind, given in zip(chunk["check_in"], answers, strict=True)]
+                chunk["check_in_outcome"] = outcomes
+                for question in (*triage.RISK_TO_SELF, *triage.RISK_FROM_OTHERS):
+                    chunk[f"answer_{question.id}"] = [given.get(question.id) for given in answers]
+                yield chunk[names]
+        return spec, chunks
 
 
 def _anchors(definition: Instrument, block_id: str | None) -> dict[int, str]:

@@ -27,7 +27,7 @@ from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Tu
 from chat.roles import STANCES
 from scheduler.models import FollowUp
 from study.models import Participant
-from study.safety import SafetyEvent
+from study.safety import SafetyEvent, SafetyLevel
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
 TEXT_CHUNK_ROWS = 50_000
@@ -92,8 +92,12 @@ FEATURES: dict[str, Feature] = {
                                "integer", "turns", "sum"),
     "crisis_cues": Feature("Participant messages with a crisis finding (monitor feature crisis_category).",
                            "integer", "turns", "sum"),
-    "safety_events": Feature("Safety events (escalations for staff review) raised in the conversation.",
-                             "integer", "events", "sum"),
+    "safety_events": Feature("Safety events raised in the conversation, at any level (check-ins, escalations "
+                             "and check-ins left unanswered: every risk finding staff review).", "integer", "events",
+                             "sum"),
+    "safety_escalations": Feature("Safety events of the conversation at level escalation (they page the on-call "
+                                  "contacts): escalated by the reply or by the check-in's answers.", "integer",
+                                  "events", "sum"),
     "safety_categories": Feature("Distinct safety-event categories, ';'-separated, alphabetical.", "string",
                                  rollup="union"),
     "models": Feature("Distinct models that produced the replies, ';'-separated, alphabetical.", "string",
@@ -434,7 +438,8 @@ def _conversation_features(connection: Connection, scope: Scope) -> pd.DataFrame
         select(Turn.conversation_id, Turn.model, Turn.prompt_version).distinct(), Turn.participant_id,
     ).where(assistant))
     safety = read_frame(connection, scope.apply(
-        select(SafetyEvent.conversation_id, SafetyEvent.category, func.count().label("n")),
+        select(SafetyEvent.conversation_id, SafetyEvent.category, func.count().label("n"),
+               func.count(case((SafetyEvent.level == SafetyLevel.ESCALATION, 1))).label("escalations")),
         SafetyEvent.participant_id,
     ).group_by(SafetyEvent.conversation_id, SafetyEvent.category))
     ratings = read_frame(connection, scope.apply(select(
@@ -454,8 +459,9 @@ def _conversation_features(connection: Connection, scope: Scope) -> pd.DataFrame
                                   if not concerns.empty else 0)
     frame["models"] = _lists(versions, "model", "models").reindex(frame.index).fillna("")
     frame["prompt_versions"] = _lists(versions, "prompt_version", "prompt_versions").reindex(frame.index).fillna("")
-    frame["safety_events"] = (safety.groupby("conversation_id")["n"].sum().reindex(frame.index).fillna(0)
-                              if not safety.empty else 0)
+    for name, counted in (("safety_events", "n"), ("safety_escalations", "escalations")):
+        frame[name] = (safety.groupby("conversation_id")[counted].sum().reindex(frame.index).fillna(0)
+                       if not safety.empty else 0)
     frame["safety_categories"] = _lists(safety, "category", "safety_categories").reindex(frame.index).fillna("")
     if not ratings.empty:
         ratings["conversation_id"] = ratings["conversation_id"].astype(int)

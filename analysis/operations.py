@@ -20,7 +20,7 @@ from analysis.reading import read_frame
 from chat.models import Conversation, PushbackResponse, Turn
 from scheduler.models import ChannelAlert, Delivery, FollowUp
 from study.models import ConsentSignature, Participant
-from study.safety import SafetyEvent
+from study.safety import SafetyEvent, SafetyLevel
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
 # Lateness of the actual against the intended send time, in buckets (upper bounds in seconds).
@@ -133,17 +133,19 @@ def unreviewed_events(connection: Connection, study_id: int) -> int:
 
 
 def escalations_and_overrides(connection: Connection, study_id: int) -> pd.DataFrame:
-    """Per week: safety events (escalations recorded for review) and pushbacks overridden."""
+    """Per week: escalations (safety events at level escalation, by when they were raised; check-ins
+    and unanswered check-ins are not escalations) and pushbacks overridden."""
     event_day = _day(connection, SafetyEvent.created_at)
     events = read_frame(connection, select(event_day.label("day"), func.count().label("escalations"))
-                        .where(SafetyEvent.study_id == study_id).group_by(event_day))
+                        .where(SafetyEvent.study_id == study_id, SafetyEvent.level == SafetyLevel.ESCALATION)
+                        .group_by(event_day))
     override_day = _day(connection, PushbackResponse.created_at)
     overrides = read_frame(connection, select(override_day.label("day"), func.count().label("overrides"))
                            .join(Participant, Participant.id == PushbackResponse.participant_id)
                            .where(Participant.study_id == study_id, PushbackResponse.action == "override")
                            .group_by(override_day))
     frame = pd.concat([_weekly(events).set_index("week"), _weekly(overrides).set_index("week")], axis=1)
-    frame = frame.fillna(0).astype("int64").sort_index()
+    frame = frame.astype("float64").fillna(0).astype("int64").sort_index()  # an empty side is object-typed
     frame.index.name = "week"
     return frame.reset_index().reindex(columns=["week", "escalations", "overrides"], fill_value=0)
 

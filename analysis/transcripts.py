@@ -28,6 +28,7 @@ from analysis.schemas import (
     TranscriptRead,
     TranscriptTurnRead,
 )
+from chat import check_ins
 from chat import service as chat_service
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.roles import STANCES
@@ -198,12 +199,13 @@ def _exit_rating(session: Session, conversation: Conversation) -> ExitRatingRead
     return None
 
 
-def _events_with_reviews(events: list[tuple[SafetyEvent, str]],
+def _events_with_reviews(session: Session, events: list[tuple[SafetyEvent, str]],
                          reviews: list[SafetyEventReview]) -> list[SafetyEventRead]:
     by_event: dict[int, list[SafetyEventReview]] = {}
     for review in reviews:
         by_event.setdefault(review.safety_event_id, []).append(review)
-    return [SafetyEventRead.of(event, code, by_event.get(event.id, [])) for event, code in events]
+    asked = check_ins.by_event(session, [event.id for event, _ in events])
+    return [SafetyEventRead.of(event, code, by_event.get(event.id, []), asked.get(event.id)) for event, code in events]
 
 
 def get_transcript(session: Session, actor: audit.Actor, study_id: int, conversation_id: int) -> TranscriptRead:
@@ -246,7 +248,7 @@ def get_transcript(session: Session, actor: audit.Actor, study_id: int, conversa
                                       switched_at=s.created_at) for s in switches],
         decision=DecisionRead(id=decision.id, text=decision.text, decided_at=decision.decided_at) if decision else None,
         exit_rating=_exit_rating(session, conversation),
-        safety_events=_events_with_reviews(events, reviews))
+        safety_events=_events_with_reviews(session, events, reviews))
 
 
 def safety_event_context(session: Session, actor: audit.Actor, study_id: int, event_id: int, *,
@@ -269,6 +271,7 @@ def safety_event_context(session: Session, actor: audit.Actor, study_id: int, ev
     reviews = chat_service.safety_reviews(session, event_id=event.id).get(event.id, [])
     audit.record(session, actor, "safety_event.read", study_id=study_id, participant_code=code, event_id=event_id,
                  conversation_id=event.conversation_id, turn_ids=[turn.id for turn, _ in window])
-    return SafetyEventContextRead(event=SafetyEventRead.of(event, code, reviews),
+    check_in = check_ins.by_event(session, [event.id]).get(event.id)
+    return SafetyEventContextRead(event=SafetyEventRead.of(event, code, reviews, check_in),
                                   conversation_id=event.conversation_id, trigger_turn_id=event.turn_id,
                                   turns=[_turn_read(turn, action) for turn, action in window])

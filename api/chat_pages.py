@@ -16,10 +16,10 @@ from starlette.datastructures import FormData
 from api.deps import Form, RowId, SessionDep, run_unit
 from api.pages import check_csrf, page, ready, refused, see_other
 from api.routers import chat as chat_api
+from chat import check_ins, triage, turn
 from chat import service as chat_service
-from chat import turn
 from chat.roles import ROLE_SPECS, SAFETY_CONCERNS
-from chat.schemas import ConversationCreate, ExitCheck, MessageCreate, RoleChange
+from chat.schemas import CheckInAnswers, ConversationCreate, ExitCheck, MessageCreate, RoleChange
 from study.errors import DomainError
 from study.models import Participant
 from study.validation import form_int
@@ -57,6 +57,10 @@ def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> 
     resources = {shown.concern: chat_api.crisis_resources(session, participant, shown.concern).text
                  for shown in turns if shown.stance in ("check_in", "escalate")}
     responses = chat_service.pushback_responses(session, conversation.id)
+    asked = {turn_id: chat_api.check_in_read(session, *found)
+             for turn_id, found in check_ins.of_conversation(session, conversation.id).items()}
+    now_on = check_ins.current(session, conversation.id)  # shown last, where the conversation is
+    current = next((read for read in asked.values() if now_on is not None and read.id == now_on.id), None)
     switches: dict[int, list[str]] = {}  # after how many turns -> "Coach to Collaborator"
     for switch in chat_service.role_switches(session, conversation):
         switches.setdefault(switch.after_seq, []).append(
@@ -65,7 +69,8 @@ def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> 
                 answerable=chat_service.latest_pushback_id(session, conversation.id), offered=offered,
                 mode=arm.mode, resources=resources, role=ROLE_SPECS[conversation.role],
                 safety_concerns=SAFETY_CONCERNS, writing=chat_service.reply_in_flight(conversation),
-                unanswered=chat_service.unanswered(conversation, turns))
+                unanswered=chat_service.unanswered(conversation, turns), check_ins=asked, current=current,
+                answer_labels=triage.ANSWER_LABELS)
 
 
 Prepare = Callable[[Session, Participant, FormData], chat_service.PreparedTurn | None]
@@ -129,6 +134,21 @@ async def chat_role(conversation_id: RowId, request: Request, form: Form) -> Res
     def prepare(session: Session, participant: Participant, form: FormData) -> None:
         chat_service.switch_role(session, participant, conversation_id, RoleChange(role=str(form.get("role", ""))).role)
     return await _chat_action(request, conversation_id, form, prepare)
+
+
+@router.post("/chat/{conversation_id}/check-ins/{check_in_id}")
+def chat_check_in(conversation_id: RowId, check_in_id: RowId, request: Request, form: Form,
+                  session: SessionDep) -> Response:
+    """One answer to a check-in's question, from its buttons (as ``POST …/check-ins/{id}/answers``)."""
+    check_csrf(request, form)
+    participant = ready(session, request)
+    try:
+        body = CheckInAnswers.model_validate({"answers": {str(form.get("question", "")): str(form.get("answer", ""))}})
+        check_ins.answer(session, participant, conversation_id, check_in_id,
+                         {str(question): str(value) for question, value in body.answers.items()})
+    except (DomainError, ValidationError) as exc:
+        return refused(session, request, exc, back=f"/chat/{conversation_id}#check-in-{check_in_id}")
+    return see_other(f"/chat/{conversation_id}#check-in-{check_in_id}")
 
 
 @router.get("/chat/{conversation_id}/end", response_class=HTMLResponse)

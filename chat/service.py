@@ -25,6 +25,7 @@ from sqlalchemy import JSON, String, and_, case, cast, func, literal, null, or_,
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session, aliased
 
+from chat import check_ins
 from chat.conversations import _require_active, get_conversation
 from chat.conversations import arm_of as arm_of  # re-exported: the service's callers find them here
 from chat.conversations import list_conversations as list_conversations
@@ -38,7 +39,7 @@ from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Tu
 from chat.policy import Assessment, History, StanceDecision, with_classifier
 from chat.roles import SAFETY_CONCERNS, RoleName, system_prompt
 from chat.steps import HISTORY_TURNS, assess_message, plan, safety_fallback, settle_reply
-from study import audit, validation
+from study import validation
 from study.clock import now
 from study.db import is_postgres
 from study.errors import Conflict, Invalid, NotFound
@@ -366,6 +367,7 @@ def accept_message(session: Session, participant: Participant, conversation_id: 
                 features=assessment.features(), created_at=at)
     session.add(turn)
     session.flush()
+    check_ins.read_words(session, participant, conversation_id, turn)  # an answer to a check-in, if it is one
     return _prepare(session, state, turn, assessment, claimed_at=at), turn
 
 
@@ -489,6 +491,10 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
     """Store the assistant's turn with the stance the policy settled on; returns it."""
     parsed, final, reply = settle_reply(prepared.role, prepared.required, prepared.history, prepared.content,
                                         completion.text, after_override=prepared.after_override)
+    answered = check_ins.reply_to_answer(session, prepared.conversation_id, prepared.participant_turn_id,
+                                         prepared.content, final)
+    if answered is not None:  # a message answering a check-in: the platform's reply (chat.check_ins)
+        final, reply = answered
     # One statement: the reply's sequence number, the claim released, the concern counted (in SQL,
     # from the current row: the history the policy read may be stale by now).
     values: dict[str, Any] = {"turn_count": Conversation.turn_count + 1, "awaiting_reply_since": _release(prepared)}
@@ -514,23 +520,21 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
         streamed=completion.streamed, created_at=now())
     session.add(turn)
     session.flush()
-    if final.stance == "escalate":
+    if final.stance in ("check_in", "escalate"):
         _record_safety_event(session, claimed.participant_id, turn, final, prepared)
     return turn
 
 
 def _record_safety_event(session: Session, participant_id: int, turn: Turn, final: StanceDecision,
                          prepared: PreparedTurn) -> None:
+    """A risk finding, at any level, is a safety event (``chat.check_ins``), committed with the reply."""
     participant = session.get(Participant, participant_id)
     assert participant is not None
     source = prepared.crisis_source if final.source == "platform" else "model"
     cue = prepared.features.get("crisis_cue")
-    session.add(SafetyEvent(study_id=participant.study_id, participant_id=participant.id,
-                            conversation_id=prepared.conversation_id, turn_id=turn.id, category=final.concern,
-                            source=source or "model", cue=str(cue)[:200] if cue else None, created_at=now()))
-    session.flush()  # committed with the reply; the dispatcher tells the safety contacts (scheduler.oncall)
-    audit.record(session, audit.Actor.system(), "chat.safety_escalation", study_id=participant.study_id,
-                 participant_code=participant.code, conversation_id=prepared.conversation_id, category=final.concern)
+    check_ins.record_finding(session, participant=participant, conversation_id=prepared.conversation_id, reply=turn,
+                             participant_turn_id=prepared.participant_turn_id, stance=final.stance,
+                             category=final.concern, source=source or "model", cue=str(cue) if cue else None)
 
 
 def record_failure(session: Session, prepared: PreparedTurn, error: str) -> Turn | None:
@@ -630,5 +634,6 @@ def wire_lifecycle(lifecycle: Lifecycle) -> None:
     and deletion removes every chat table. Safety events are de-identified first (withdrawal hooks
     run before the deletion), so deleting what is still the participant's leaves their record."""
     lifecycle.on_withdrawal(_end_on_withdrawal)
+    lifecycle.on_withdrawal(check_ins.on_withdrawal)  # before the events stop naming the participant
     lifecycle.on_withdrawal(deidentify_safety_events)
     lifecycle.research_data(Conversation, Turn, PushbackResponse, RoleSwitch, SafetyEvent, Decision)

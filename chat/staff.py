@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from chat import service
+from chat import check_ins, service
 from chat.schemas import SafetyEventRead
 from study import audit
 from study.models import Participant
@@ -46,7 +46,8 @@ def safety_events(session: Session, actor: audit.Actor, study_id: int, *, unrevi
         select(SafetyEvent, Participant.code).outerjoin(Participant, Participant.id == SafetyEvent.participant_id)
         .where(*matching).order_by(SafetyEvent.created_at.desc(), SafetyEvent.id.desc()).limit(limit)).all()
     reviews = service.safety_reviews(session, study_id=study_id) if rows and not unreviewed else {}
-    events = [SafetyEventRead.of(event, code, reviews.get(event.id, [])) for event, code in rows]
+    asked = check_ins.by_event(session, [event.id for event, _ in rows])
+    events = [SafetyEventRead.of(event, code, reviews.get(event.id, []), asked.get(event.id)) for event, code in rows]
     total = len(events) if limit is None or len(events) < limit else (
         session.scalar(select(func.count()).select_from(SafetyEvent).where(*matching)) or 0)
     if seen != tuple(event.id for event in events):
@@ -64,4 +65,6 @@ def review_safety_event(session: Session, actor: audit.Actor, study_id: int, eve
     review = service.review_safety_event(session, event, actor.name, note)
     audit.record(session, actor, "safety_event.reviewed", study_id=study_id, participant_code=code,
                  event_id=event.id, review_id=review.id)
-    return SafetyEventRead.of(event, code, service.safety_reviews(session, event_id=event.id)[event.id])
+    session.refresh(event, ["reviewed_at"])  # read again: it is the review just added
+    return SafetyEventRead.of(event, code, service.safety_reviews(session, event_id=event.id)[event.id],
+                              check_ins.by_event(session, [event.id]).get(event.id))

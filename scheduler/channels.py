@@ -66,8 +66,9 @@ class SignInLinkMessage:
 
 @dataclass(frozen=True)
 class OnCallNotice:
-    """What a safety contact is told of an escalation: the study, the category, the time and where
-    staff read the event. Never who the participant is or what they wrote."""
+    """What a safety contact is told of a safety event whose level pages (an escalation, an
+    unanswered check-in): the study, the level, the category, the time and where staff read the
+    event. Never who the participant is or what they wrote."""
 
     idempotency_key: str
     recipient: str  # an email address or a webhook URL
@@ -76,8 +77,20 @@ class OnCallNotice:
     event_id: int
     category: str
     raised_at: dt.datetime
-    round: int  # 0: a new escalation; n: still unreviewed n re-notify periods after it was raised
+    round: int  # 0: newly paging; n: still unreviewed n re-notify periods after it started to page
     link: str
+    level: str = "escalation"  # study.safety.SafetyLevel
+
+
+# How each level is named to the on-call contacts, and what it means.
+LEVEL_NAMES = {"escalation": "Safety escalation", "unanswered": "Unanswered safety check-in",
+               "check_in": "Safety check-in"}
+LEVEL_OPENINGS = {
+    "escalation": "A participant's message was escalated for safety review.",
+    "unanswered": ("A participant who showed a sign of risk did not answer the safety check-in in time (or withdrew "
+                   "before answering)."),
+    "check_in": "A participant's message showed a sign of risk and was met by a safety check-in.",
+}
 
 
 class Channel(Protocol):
@@ -152,15 +165,15 @@ def sign_in_text(message: SignInLinkMessage) -> str:
 
 
 def notice_subject(notice: OnCallNotice) -> str:
-    what = f"Safety escalation ({notice.category.replace('_', ' ')}) in {notice.study_title}"
+    what = f"{LEVEL_NAMES[notice.level]} ({notice.category.replace('_', ' ')}) in {notice.study_title}"
     return f"Not yet reviewed: {what}" if notice.round else what
 
 
 def notice_text(notice: OnCallNotice) -> str:
-    opening = ("A participant's message was escalated for safety review." if not notice.round else
-               "A safety escalation has not been reviewed yet.")
+    opening = (LEVEL_OPENINGS[notice.level] if not notice.round else
+               f"A {LEVEL_NAMES[notice.level].lower()} has not been reviewed yet.")
     return (f"{opening}\n\nStudy: {notice.study_title} ({notice.study})\n"
-            f"Category: {notice.category.replace('_', ' ')}\n"
+            f"Level: {notice.level.replace('_', '-')}\nCategory: {notice.category.replace('_', ' ')}\n"
             f"Raised: {notice.raised_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC\nEvent: {notice.event_id}\n\n"
             f"Read and review it (staff sign-in needed):\n{notice.link}\n\n"
             "This notice leaves out who the participant is and what they wrote; only staff can read "
@@ -286,8 +299,8 @@ class OnCallWebhookChannel:
         self.timeout = settings.smtp_timeout_seconds
 
     def body(self, notice: OnCallNotice) -> bytes:
-        return json.dumps({"kind": "safety_escalation", "study": notice.study, "study_title": notice.study_title,
-                           "event_id": notice.event_id, "category": notice.category,
+        return json.dumps({"kind": f"safety_{notice.level}", "level": notice.level, "study": notice.study,
+                           "study_title": notice.study_title, "event_id": notice.event_id, "category": notice.category,
                            "raised_at": notice.raised_at.astimezone(dt.UTC).isoformat(),
                            "round": notice.round, "link": notice.link}, sort_keys=True).encode()
 

@@ -13,9 +13,11 @@ Nothing one row can do stops the others: each phase of a tick is isolated, and e
 kind counts an attempt, backs off, and is given up with its reason and a staff alert after
 ``delivery_max_attempts`` (``scheduler.tick``).
 
-Each tick starts with the on-call notices of safety events: planned from the unreviewed events,
-then claimed and sent, so an escalation reaches the protocol's safety contacts within one poll;
-a failing notice raises a staff alert at once. The sign-in links participants ask for go next.
+Each tick starts with safety: check-ins past their deadline become unanswered
+(``scheduler.checkins``), then the on-call notices of safety events are planned from the paging
+events that wait for review, claimed and sent, so an escalation (or a check-in gone unanswered)
+reaches the protocol's safety contacts within one poll; a failing notice raises a staff alert at
+once. The sign-in links participants ask for go next.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from scheduler import oncall
+from scheduler import checkins, oncall
 from scheduler.channels import (
     Channel,
     DeliveryError,
@@ -101,7 +103,9 @@ class Dispatcher:
     def tick(self) -> TickReport:
         report = TickReport()
         unplannable: dict[int, int] = {}
-        # Safety first: on-call notices go out before a batch of survey invitations can delay them.
+        # Safety first: on-call notices go out before a batch of survey invitations can delay them,
+        # and a check-in that goes unanswered now is paged about in this same tick.
+        self._phase(report, "check-ins", lambda: checkins.mark_unanswered_due(self.engine, report))
         self._phase(report, "on-call planning", self.plan_notifications)
         self._phase(report, "on-call sending", lambda: self.notices.send_due(report))
         # Then the sign-in links: someone is waiting for each, on the page that said it is on its way.

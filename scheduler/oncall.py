@@ -1,12 +1,16 @@
 """On-call notices of safety events: what the dispatcher plans and what a notice says.
 
-Every escalation is a safety event (``chat.models.SafetyEvent``), committed with the reply that
-raised it; it is the durable record these notices are derived from. Each poll, the dispatcher
-plans one notice per safety contact of the study's protocol for every unreviewed event: round 0
-while the event is younger than the protocol's ``renotify_after``, round n once it is n periods
-old and still unreviewed. A notice's idempotency key names the event, the round and the contact,
-and is unique, so however many dispatchers plan at once each notice exists once (and is sent
-once, claimed like a delivery); a contact is told again only when a new period starts.
+Every risk finding is a safety event (``study.safety.SafetyEvent``) at a level, committed with the
+reply that raised it (or raised by the check-in's answers, or by its deadline: ``scheduler.checkins``);
+it is the durable record these notices are derived from. Only levels the protocol's
+``safety.triage.page`` lists page (default: escalations and unanswered check-ins), from when the
+level started to (``page_since``). Each poll, the dispatcher plans one notice per safety contact
+of the study's protocol for every paging event that waits for review: round 0 while it has paged
+for less than the protocol's ``renotify_after``, round n once it has paged n periods and is still
+unreviewed. A notice's idempotency key names the event, the level (but for escalations, whose
+keys predate levels), the round and the contact, and is unique, so however many dispatchers plan
+at once each notice exists once (and is sent once, claimed like a delivery); a contact is told
+again when a new period starts, and at once when the event rises to another paging level.
 
 Notices are about the study's safety, not contact with the participant: they name no
 participant, carry no message text, and withdrawal does not cancel them. A dispatcher plans only
@@ -34,7 +38,7 @@ from study.db import is_postgres
 from study.models import Study
 from study.outbox import OutboxStatus
 from study.protocol import Protocol
-from study.safety import SafetyEvent
+from study.safety import SafetyEvent, SafetyLevel
 from study.settings import Settings
 from study.studies import current_protocol
 
@@ -54,9 +58,9 @@ def event_link(settings: Settings, study_slug: str, event_id: int) -> str:
     return f"{settings.dashboard_url.rstrip('/')}/safety?{query}"
 
 
-def notification_round(protocol: Protocol, raised_at: dt.datetime, at: dt.datetime) -> int:
-    """0 for a new event; n once it has gone unreviewed for n re-notify periods."""
-    return max(0, (at - raised_at) // protocol.safety.renotify_after)
+def notification_round(protocol: Protocol, page_since: dt.datetime, at: dt.datetime) -> int:
+    """0 for an event that just started to page; n once it has paged unreviewed for n re-notify periods."""
+    return max(0, (at - page_since) // protocol.safety.renotify_after)
 
 
 def contacts(protocol: Protocol, channels: Collection[str]) -> list[tuple[str, str]]:
@@ -66,23 +70,26 @@ def contacts(protocol: Protocol, channels: Collection[str]) -> list[tuple[str, s
             if recipient is not None and channel in channels]
 
 
-def idempotency_key(event_id: int, round_: int, channel: str, recipient: str) -> str:
+def idempotency_key(event_id: int, round_: int, channel: str, recipient: str, level: str = "escalation") -> str:
     contact = hashlib.sha256(recipient.encode()).hexdigest()[:16]
-    return f"safety-{event_id}-{round_}-{channel}-{contact}"
+    paging = "" if level == SafetyLevel.ESCALATION else f"{level}-"
+    return f"safety-{event_id}-{paging}{round_}-{channel}-{contact}"
 
 
 def plan(session: Session, at: dt.datetime, channels: Collection[str]) -> int:
-    """Add the notices due now for every unreviewed safety event (none twice, whoever else is
-    planning: inserts that would repeat a key are skipped by the database). Returns how many
-    this call added, or tried to add when another dispatcher got there first."""
+    """Add the notices due now for every paging safety event that waits for review (none twice,
+    whoever else is planning: inserts that would repeat a key are skipped by the database).
+    Returns how many this call added, or tried to add when another dispatcher got there first."""
     if not channels:
         return 0
     # In id order, so dispatchers planning at once insert in the same order (no deadlock).
-    unreviewed = session.execute(select(SafetyEvent.id, SafetyEvent.study_id, SafetyEvent.created_at)
-                                 .where(SafetyEvent.reviewed_at.is_(None)).order_by(SafetyEvent.id)).all()
+    unreviewed = session.execute(select(SafetyEvent.id, SafetyEvent.study_id, SafetyEvent.page_since,
+                                        SafetyEvent.level)
+                                 .where(SafetyEvent.reviewed_at.is_(None), SafetyEvent.page_since.is_not(None))
+                                 .order_by(SafetyEvent.id)).all()
     wanted: dict[str, dict[str, Any]] = {}
     protocols: dict[int, Protocol | None] = {}
-    for event_id, study_id, raised_at in unreviewed:
+    for event_id, study_id, page_since, level in unreviewed:
         if study_id not in protocols:
             try:
                 protocols[study_id] = current_protocol(session, study_id)
@@ -90,11 +97,11 @@ def plan(session: Session, at: dt.datetime, channels: Collection[str]) -> int:
                 log.exception("study %s: its protocol cannot be read; its safety contacts are not notified", study_id)
                 protocols[study_id] = None
         protocol = protocols[study_id]
-        if protocol is None:
-            continue
-        round_ = notification_round(protocol, raised_at, at)
+        if protocol is None or page_since is None or not protocol.safety.triage.pages(level):
+            continue  # unreadable, or the protocol no longer pages this level
+        round_ = notification_round(protocol, page_since, at)
         for channel, recipient in contacts(protocol, channels):
-            key = idempotency_key(event_id, round_, channel, recipient)
+            key = idempotency_key(event_id, round_, channel, recipient, level)
             wanted[key] = {"safety_event_id": event_id, "study_id": study_id, "round": round_, "channel": channel,
                            "recipient": recipient, "idempotency_key": key, "status": OutboxStatus.PENDING,
                            "attempts": 0, "next_attempt_at": at, "created_at": at}
@@ -119,12 +126,14 @@ def compose(session: Session, settings: Settings, notification_id: int) -> tuple
         return None, "the safety event no longer exists"
     if event.reviewed_at is not None:
         return None, "the event was reviewed before this notice went out"
+    if event.page_since is None:
+        return None, "the event no longer pages"
     study = session.get(Study, event.study_id)
     assert study is not None
     return OnCallNotice(
         idempotency_key=notification.idempotency_key, recipient=notification.recipient, study=study.slug,
         study_title=study.title, event_id=event.id, category=event.category, raised_at=event.created_at,
-        round=notification.round, link=event_link(settings, study.slug, event.id)), None
+        round=notification.round, link=event_link(settings, study.slug, event.id), level=event.level), None
 
 
 class OnCallNotices(OutboxKind[OnCallNotice]):

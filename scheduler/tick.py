@@ -39,6 +39,7 @@ class TickReport:
     retrying: int = 0
     completed: int = 0
     notified: int = 0  # on-call notices of safety events sent
+    unanswered: int = 0  # safety check-ins that went unanswered past their deadline
     sign_in_sent: int = 0  # sign-in links participants asked for, emailed
     errors: list[str] = field(default_factory=list)
 

@@ -383,8 +383,9 @@ def withdraw(
                if level == WithdrawalLevel.STOP_CONTACT else
                "You have withdrawn and your research data has been deleted. We will not contact "
                "you again. A record that you consented and withdrew is kept, as the ethics "
-               "approval requires, and so is a record of any safety alert raised in your chats "
-               "(its kind and time, never what you wrote, and not linked to you).")
+               "approval requires, and so is a record of any safety concern raised in your chats "
+               "(its kind, its time and any yes / no answers to the safety questions, never what you "
+               "wrote, and not linked to you).")
     return WithdrawalReceipt(participant.code, level, participant.withdrawn_at, deleted, message)
 
 

@@ -278,12 +278,74 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+TriageLevel = Literal["check_in", "escalation", "unanswered"]  # study.safety.SafetyLevel's values
+UnansweredAction = Literal["page", "follow_up"]
+UNANSWERED_AFTER_BOUNDS = (dt.timedelta(minutes=5), dt.timedelta(hours=24))
+DEFAULT_PAGE: tuple[TriageLevel, ...] = ("escalation", "unanswered")
+DEFAULT_ON_UNANSWERED: tuple[UnansweredAction, ...] = ("page",)
+
+
+class Triage(_Strict):
+    """What the answers to a safety check-in (``chat.triage``) set off. ``page``: the levels of
+    safety event that page the on-call contacts (escalations always do); ``unanswered_after``: how
+    long a check-in waits for its answers before it is unanswered; ``on_unanswered``: what happens
+    then, ``page`` (the on-call contacts are paged: the same as listing ``unanswered`` in ``page``)
+    and/or ``follow_up`` (the participant is shown a follow-up message in the conversation).
+
+    Given only one of ``page`` and ``on_unanswered``, the other follows from it; given both, they
+    must agree about paging unanswered check-ins."""
+
+    page: list[TriageLevel] = Field(default_factory=lambda: list(DEFAULT_PAGE))
+    unanswered_after: Duration = dt.timedelta(minutes=30)
+    on_unanswered: list[UnansweredAction] = Field(default_factory=lambda: list(DEFAULT_ON_UNANSWERED))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_answer_about_paging(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        page, actions = data.get("page"), data.get("on_unanswered")
+        if isinstance(actions, list) and page is None:
+            data = {**data, "page": ["escalation", *(["unanswered"] if "page" in actions else [])]}
+        elif isinstance(page, list) and actions is None:
+            data = {**data, "on_unanswered": ["page"] if "unanswered" in page else []}
+        return data
+
+    @field_validator("unanswered_after")
+    @classmethod
+    def _sensible_wait(cls, value: dt.timedelta) -> dt.timedelta:
+        low, high = UNANSWERED_AFTER_BOUNDS
+        if not low <= value <= high:
+            raise ValueError("unanswered_after must be between PT5M (5 minutes) and PT24H (24 hours): long enough "
+                             "to answer a few questions, short enough that nobody waits a day to hear of a "
+                             "check-in left unanswered")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Triage:
+        for name, values in (("page", self.page), ("on_unanswered", self.on_unanswered)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} lists a value more than once")
+        if "escalation" not in self.page:
+            raise ValueError("page must list escalation: an escalation always pages the on-call contacts")
+        if ("unanswered" in self.page) != ("page" in self.on_unanswered):
+            raise ValueError("page and on_unanswered disagree: list 'unanswered' in page exactly when on_unanswered "
+                             "includes 'page' (or give only one of them)")
+        return self
+
+    def pages(self, level: str) -> bool:
+        """Whether a safety event at ``level`` pages the on-call contacts."""
+        return level in self.page
+
+
 class Safety(_Strict):
-    """The on-call side of escalations: every one notifies ``contacts`` within a minute, and an
-    event nobody has reviewed is notified again every ``renotify_after`` (a duration)."""
+    """The on-call side of safety events: every one whose level pages (``triage``) notifies
+    ``contacts`` within a minute, and an event nobody has reviewed is notified again every
+    ``renotify_after`` (a duration)."""
 
     contacts: list[SafetyContact] = Field(default_factory=list)
     renotify_after: Duration = dt.timedelta(hours=4)
+    triage: Triage = Triage()
 
     @field_validator("renotify_after")
     @classmethod

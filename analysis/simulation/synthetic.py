@@ -582,7 +582,9 @@ class _Draw:
             "challenges_overridden": chat.challenges_overridden,
             "challenges_left": chat.challenges_left, "challenges_continued": chat.challenges_continued,
             "reassurance_seeking_turns": chat.reassurance, "dependence_cues": chat.dependence,
+            # The synthetic model has no check-ins: each of its safety events is an escalation.
             "crisis_cues": chat.crisis, "safety_events": s[:, ESCALATE].copy(),
+            "safety_escalations": s[:, ESCALATE].copy(),
             "safety_categories": pd.Series(concern_labels[chat.safety_bits], dtype=object),
             "models": [OFFLINE_MODEL] * len(person),
             "prompt_versions": versions[chat.reply_role_bits],

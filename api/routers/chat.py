@@ -27,13 +27,15 @@ from api.deps import (
 )
 from api.errors import DocumentedRoute, error_body, refusals
 from api.routers.staff import ParticipantLevelAccess, staff_actor
+from chat import check_ins, service, staff, turn
 from chat import resources as chat_resources
-from chat import service, staff, turn
 from chat.gateway import Gateway
 from chat.models import Turn
 from chat.replies import Replies
 from chat.roles import SAFETY_CONCERNS
 from chat.schemas import (
+    CheckInAnswers,
+    CheckInRead,
     ConversationCreate,
     ConversationDetail,
     ConversationEnded,
@@ -55,6 +57,7 @@ from scheduler import planner
 from study import audit
 from study.errors import Unavailable
 from study.models import Participant
+from study.safety import SafetyCheckIn, SafetyEvent
 from study.settings import get_settings
 from study.studies import current_protocol
 from surveys import service as survey_service
@@ -125,13 +128,20 @@ def crisis_resources(session: Session, participant: Participant | None,
     return CrisisResourcesRead(region=region, text=text)
 
 
+def check_in_read(session: Session, check_in: SafetyCheckIn, event: SafetyEvent) -> CheckInRead:
+    return CheckInRead.of(check_in, event, check_ins.next_step(session, check_in, event))
+
+
 def turn_read(session: Session, turn: Turn, participant: Participant, response: str | None = None,
-              answerable_id: int | None = None) -> TurnRead:
-    """A turn with the resources its stance offers (a check-in or an escalation, for its concern);
-    a note can be answered only while it is ``answerable_id``, the conversation's latest."""
+              answerable_id: int | None = None,
+              asked: dict[int, tuple[SafetyCheckIn, SafetyEvent]] | None = None) -> TurnRead:
+    """A turn with the resources its stance offers (a check-in or an escalation, for its concern)
+    and the safety check-in it asked (``asked``: the conversation's, by turn); a note can be
+    answered only while it is ``answerable_id``, the conversation's latest."""
     resources = (crisis_resources(session, participant, turn.concern)
                  if turn.stance in ("check_in", "escalate") else None)
-    read = TurnRead.of(turn, resources, response)
+    found = (asked or {}).get(turn.id)
+    read = TurnRead.of(turn, resources, response, check_in_read(session, *found) if found else None)
     overridable = read.overridable and turn.id == answerable_id and turn.concern not in SAFETY_CONCERNS
     return read.model_copy(update={"crisis_resources": resources, "overridable": overridable})
 
@@ -140,7 +150,8 @@ def _turn_read(session: Session, turn: Turn) -> TurnRead:
     participant = session.get(Participant, turn.participant_id)
     assert participant is not None
     latest = service.latest_pushback_id(session, turn.conversation_id)
-    return turn_read(session, turn, participant, answerable_id=latest)
+    asked = check_ins.of_conversation(session, turn.conversation_id) if turn.stance in ("check_in", "escalate") else {}
+    return turn_read(session, turn, participant, answerable_id=latest, asked=asked)
 
 
 def _exchange(session: Session, prepared: service.PreparedTurn, reply: Turn,
@@ -250,8 +261,9 @@ def my_conversation(conversation_id: RowId, session: SessionDep,
     conversation = service.get_conversation(session, participant, conversation_id)
     responses = service.pushback_responses(session, conversation.id)
     latest = service.latest_pushback_id(session, conversation.id)
+    asked = check_ins.of_conversation(session, conversation.id)
     return ConversationDetail(**ConversationRead.of(conversation).model_dump(), turns=[
-        turn_read(session, turn, participant, responses.get(turn.id), latest)
+        turn_read(session, turn, participant, responses.get(turn.id), latest, asked)
         for turn in service.turns(session, conversation)])
 
 
@@ -305,6 +317,22 @@ def reconsider_pushback(conversation_id: RowId, turn_id: RowId, session: Session
                         participant: ConsentedParticipant) -> PushbackResponseRead:
     response = service.reconsider(session, participant, conversation_id, turn_id)
     return PushbackResponseRead(turn_id=response.turn_id, action=response.action)
+
+
+@router.post("/me/conversations/{conversation_id}/check-ins/{check_in_id}/answers", responses=refusals({
+    **NOT_ENROLLED, 404: "no such check-in in this conversation",
+    409: "the question was already answered otherwise (code already_answered), or a newer check-in replaced this "
+         "one (code check_in_replaced); also not_enrolled",
+    422: "a question this check-in does not ask (code unknown_question), or an answer other than yes, no or "
+         "declined"}))
+def answer_check_in(conversation_id: RowId, check_in_id: RowId, body: CheckInAnswers, session: SessionDep,
+                    participant: ConsentedParticipant) -> CheckInRead:
+    """Answer a safety check-in's questions (yes, no or declined: prefer not to say). The answers
+    set the safety event's level (``chat.triage.decide``): e.g. a yes to intent, a plan or recent
+    behaviour pages the study's on-call contacts. The same answer again changes nothing."""
+    answered = check_ins.answer(session, participant, conversation_id, check_in_id,
+                                {str(question): str(value) for question, value in body.answers.items()})
+    return check_in_read(session, *check_ins.check_in_of(session, participant, conversation_id, answered.id))
 
 
 @router.post("/me/conversations/{conversation_id}/end", responses=refusals(ENDED))

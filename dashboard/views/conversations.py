@@ -45,7 +45,7 @@ def transcript(context: auth.Context, conversation_id: int) -> None:
     if found.exit_rating and found.exit_rating.rating is not None:
         st.markdown(f"**Exit rating:** {found.exit_rating.rating:g} / 7")
     for event in found.safety_events:
-        st.warning(f"safety event #{event.id}: {event.category} ({event.source})"
+        st.warning(f"safety event #{event.id}: {event.level.replace('_', '-')}, {event.category} ({event.source})"
                    + (f", reviewed by {event.reviewed_by}" if event.reviewed_by else ", not reviewed yet"))
 
 

@@ -1,6 +1,8 @@
-"""Safety review: the queue of unreviewed safety events with the turns around each, a review form
-that records what was done (audited), escalations and overrides over time, and the mode's
-calibration card (pushback rate by role, model and prompt version over time). Researchers and admins.
+"""Safety review: the queue of safety events waiting for review (every risk finding, at its level:
+check-in, escalation or unanswered check-in) with each one's check-in answers and the turns around
+it, a review form that records what was done (audited), escalations and overrides over time, and
+the mode's calibration card (pushback rate by role, model and prompt version over time).
+Researchers and admins.
 
 When the address names one of the study's events (``links``: an on-call email's link), the page
 shows that event alone, reviewed or not, and what it is, with its turns, its reviews and the form,
@@ -13,15 +15,43 @@ import pandas as pd
 import streamlit as st
 
 from analysis.schemas import SafetyEventContextRead
+from chat.schemas import SafetyEventRead
+from chat.triage import ANSWER_LABELS
 from dashboard import auth, data, links, show, staff_reads
 from study.errors import DomainError, Gone, Invalid, NotFound
 
 NOTE_MAX = 4000  # as the API's SafetyReview
+LEVELS = {"check_in": "check-in", "escalation": "escalation", "unanswered": "unanswered check-in"}
+STATUSES = {"open": "waiting for answers", "answered": "answered", "unanswered": "not answered in time",
+            "replaced": "replaced by a newer check-in"}
+
+
+def level_of(event: SafetyEventRead) -> str:
+    """The event's level as the queue names it, and whether it pages."""
+    return LEVELS[event.level] + (" (paging)" if event.page_since is not None else "")
+
+
+def check_in(event: SafetyEventRead) -> None:
+    """The event's level, and its check-in: each question with the answer and how it was given."""
+    st.markdown(f"**Level:** {level_of(event)}"
+                + (f" · **answers due:** {event.answer_due_at:%Y-%m-%d %H:%M} UTC" if event.answer_due_at else "")
+                + (f" · **unanswered since:** {event.unanswered_at:%Y-%m-%d %H:%M} UTC" if event.unanswered_at else ""))
+    asked = event.check_in
+    if asked is None:
+        return
+    outcome = f" · the answers say: {asked.outcome}" if asked.outcome else ""
+    st.markdown(f"**Check-in** ({asked.kind.replace('_', ' ')}): {STATUSES[asked.status]}{outcome}"
+                + (" · the participant was shown the follow-up" if asked.followed_up_at else ""))
+    # A list, not a table: it is read on a phone too (an on-call email's link), and wraps.
+    st.markdown("\n".join(
+        f"- {answer.text} **{ANSWER_LABELS[answer.answer]}** ({answer.given}, "  # type: ignore[index]
+        f"{answer.answered_at:%H:%M} UTC)" if answer.answer else f"- {answer.text} *not answered*"
+        for answer in asked.answers))
 
 
 def turns(found: SafetyEventContextRead) -> None:
-    """The turns around the escalation, the triggering one marked."""
-    st.markdown(f"**Turns around the escalation** (conversation {found.conversation_id}; the triggering turn "
+    """The turns around the event, the triggering reply marked."""
+    st.markdown(f"**Turns around the event** (conversation {found.conversation_id}; the triggering turn "
                 "is marked)")
     for turn in found.turns:
         who = "Participant" if turn.speaker == "participant" else f"Assistant ({turn.role}, {turn.stance})"
@@ -63,13 +93,15 @@ def queue(context: auth.Context) -> None:
                    "here. Older ones appear as these are reviewed (the staff API lists them all).")
     else:
         st.caption(f"{pending.total} safety event(s) wait for review, newest first.")
-    listing = pd.DataFrame([{"event": e.id, "created_at": e.created_at, "category": e.category, "source": e.source,
-                             "participant": e.participant or e.marker, "conversation": e.conversation_id}
-                            for e in events])
+    listing = pd.DataFrame([{"event": e.id, "level": level_of(e), "created_at": e.created_at, "category": e.category,
+                             "check-in": (e.check_in.outcome or STATUSES[e.check_in.status]) if e.check_in else "",
+                             "source": e.source, "participant": e.participant or e.marker,
+                             "conversation": e.conversation_id} for e in events])
     st.dataframe(listing, hide_index=True, width="stretch")
-    labels = {e.id: f"#{e.id} · {e.category} · {e.created_at:%Y-%m-%d %H:%M} UTC · {e.participant or e.marker}"
-              for e in events}
+    labels = {e.id: f"#{e.id} · {LEVELS[e.level]} · {e.category} · {e.created_at:%Y-%m-%d %H:%M} UTC · "
+                    f"{e.participant or e.marker}" for e in events}
     chosen = st.selectbox("Event to review", list(labels), format_func=labels.__getitem__, key="safety-event")
+    check_in(next(e for e in events if e.id == chosen))
     try:
         found = staff_reads.safety_event(context, chosen)
     except DomainError as exc:  # a de-identified record has no turns left; it can still be reviewed
@@ -99,8 +131,10 @@ def linked(context: auth.Context, event_id: int) -> None:
         event = found.event
         st.markdown(f"**Category:** {event.category.replace('_', ' ')} · **detected by:** {event.source} · "
                     f"**raised:** {event.created_at:%Y-%m-%d %H:%M} UTC · **participant:** {event.participant}")
-        if not event.reviews:
-            st.warning("Not reviewed yet.")
+        check_in(event)
+        if event.reviewed_at is None:
+            st.warning("Not reviewed yet." if not event.reviews else "Not reviewed at its level now (the reviews "
+                       "below came before it rose).")
         for review in event.reviews:
             st.caption(f"Reviewed {review.reviewed_at:%Y-%m-%d %H:%M} UTC by {review.reviewed_by}:")
             st.text(review.note)
@@ -120,7 +154,7 @@ def calibration(context: auth.Context) -> None:
         long = escalations.melt("week", ["escalations", "overrides"], "kind", "n")
         show.chart(alt.Chart(long).mark_line(point=True).encode(x="week:T", y=alt.Y("n:Q", title="per week"),
                                                                 color="kind:N", tooltip=["week", "kind", "n"]),
-                   caption="Escalations (safety events) and overridden pushbacks per week")
+                   caption="Escalations (safety events at level escalation) and overridden pushbacks per week")
         show.table(escalations, "Escalations and overrides per week", file_name="escalations-overrides")
     st.subheader("Calibration card")
     card = tables["conversations"].copy()

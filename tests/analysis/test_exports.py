@@ -27,10 +27,12 @@ from analysis.deidentify import ID_SPACES
 from analysis.exports import ExportRefused, ExportResult, export_study, scrub
 from analysis.features import conversation_features
 from analysis.panel import panel
+from chat import check_ins
 from scheduler.service import save_profile
 from study import audit, clock, validation
 from study.db import session_scope
 from study.models import AuditEntry, Participant, StaffRole
+from study.safety import SafetyCheckIn
 from surveys import registry
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
@@ -77,6 +79,10 @@ def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock
     build.reconsider(alice, c1, r1.id)
     frozen_clock.advance(2 * MINUTE)
     build.say(alice, c1, "I want to kill myself", "Please call 988 now.")
+    with session_scope(engine) as session:  # an answer to its check-in, by button
+        who = session.scalars(select(Participant).where(Participant.code == alice)).one()
+        [check_in] = session.scalars(select(SafetyCheckIn.id)).all()
+        check_ins.answer(session, who, c1, check_in, {"plan": "no", "behaviour": "declined"})
     frozen_clock.advance(2 * MINUTE)
     build.end(alice, c1, rating=6, decision=f"Stay, and write to {EMAILS[0]}")
 
@@ -184,9 +190,12 @@ def test_every_format_reads_back_as_the_database(engine: Engine, study: Built, t
         "sc.name, sc.value, sc.n_items FROM survey_scores sc JOIN survey_responses r ON r.id = sc.response_id "
         + IN_STUDY.format(t="sc") + " ORDER BY sc.id"), study.slug))
     same(read_back(result, "safety_events"), db_frame(engine, (
-        "SELECT e.id AS safety_event_id, p.code AS participant_code, e.category, e.created_at, "
+        "SELECT e.id AS safety_event_id, p.code AS participant_code, e.category, e.created_at, e.level, "
+        "e.page_since, 'risk_to_self' AS check_in, 'no' AS answer_plan, 'declined' AS answer_behaviour, "
+        "NULL AS answer_wish_dead, NULL AS check_in_outcome, "  # not answered, and the answers decide nothing yet
         "'unreviewed' AS review_status FROM safety_events e " + IN_STUDY.format(t="e") + " ORDER BY e.id"),
-        study.slug, ("created_at",)))
+        study.slug, ("created_at", "page_since")))
+    assert list(read_back(result, "safety_events")["level"]) == ["escalation"]
     same(read_back(result, "consents"), db_frame(engine, (
         "SELECT p.code AS participant_code, v.version AS consent_version, c.signed_at, c.signed_text_sha256 "
         "FROM consent_signatures c JOIN consent_versions v ON v.id = c.consent_version_id "

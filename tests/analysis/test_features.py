@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
+from analysis import operations
 from analysis.features import (
     FEATURES,
     PARTICIPANT_FEATURES,
@@ -28,7 +29,7 @@ from analysis.features import (
 from analysis.lexicons import affirmation_pattern, affirmation_phrases, count_affirmations
 from chat.models import Conversation, Turn
 from chat.roles import system_prompt
-from study import clock
+from study import clock, studies
 from study.db import session_scope
 from study.models import Participant
 from tests.analysis.builders import StudyBuilder
@@ -160,7 +161,8 @@ def test_every_conversation_feature_equals_a_hand_count(engine: Engine, study: S
         "concerns_raised": "risk_to_self;unsupported_framing", "n_concerns_raised": 2,
         "overrides": 1, "reconsiders": 0, "challenges_reconsidered": 0, "challenges_overridden": 1,
         "challenges_left": 0, "challenges_continued": 0, "reassurance_seeking_turns": 1, "dependence_cues": 0,
-        "crisis_cues": 1, "safety_events": 1, "safety_categories": "risk_to_self", "models": "test/model-a",
+        "crisis_cues": 1, "safety_events": 1, "safety_escalations": 1, "safety_categories": "risk_to_self",
+        "models": "test/model-a",
         "prompt_versions": coach, "prompt_tokens": 110, "completion_tokens": 13, "cost_usd": 0.0,
         "exit_rating": math.nan, "affirmation_hits": 2,  # "Absolutely", "understandable"
         "affirmation_per_100_words": 200 / 17,
@@ -303,3 +305,22 @@ def test_every_feature_is_documented() -> None:
         for name, feature in table.items():
             assert feature.definition.endswith("."), name
             assert feature.type in ("integer", "number", "string", "boolean", "datetime"), name
+
+
+def test_safety_events_count_every_level_and_escalations_only_escalations(
+        engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock) -> None:
+    build = StudyBuilder(engine, example_protocol)
+    alice = build.participant("wellbeing")
+    checked, escalated = build.start(alice, "concierge"), build.start(alice, "concierge")
+    assert build.say(alice, checked, "I feel hopeless, like I'm falling apart", "I'm here.").stance == "check_in"
+    build.say(alice, escalated, "I feel hopeless, like I'm falling apart", "I'm here.")
+    build.say(alice, escalated, "yeah i have a plan", "Thank you for telling me.")  # its check-in's answer
+    features = conversation_features(engine, build.slug).set_index("conversation_id")
+    assert features.loc[[checked, escalated], ["safety_events", "safety_escalations"]].to_dict("list") == {
+        "safety_events": [1, 1], "safety_escalations": [0, 1]}
+    with session_scope(engine) as session:
+        study_id = studies.get_study(session, build.slug).id
+    with engine.connect() as connection:
+        weekly = operations.escalations_and_overrides(connection, study_id)
+    assert weekly["escalations"].sum() == 1  # the dashboard's escalations: level escalation only
+

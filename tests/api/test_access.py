@@ -56,6 +56,8 @@ PARTICIPANT_CALLS: dict[tuple[str, str], dict | None] = {
     ("POST", "/api/v1/me/conversations/{conversation_id}/retry"): None,
     ("POST", "/api/v1/me/conversations/{conversation_id}/turns/{turn_id}/override"): None,
     ("POST", "/api/v1/me/conversations/{conversation_id}/turns/{turn_id}/reconsider"): None,
+    ("POST", "/api/v1/me/conversations/{conversation_id}/check-ins/{check_in_id}/answers"): {
+        "answers": {"wish_dead": "no"}},
     ("POST", "/api/v1/me/conversations/{conversation_id}/end"): {"rating": 5, "made_decision": False},
     ("GET", "/api/v1/me/followups"): None,
     ("POST", "/api/v1/me/return-code"): None,
@@ -74,7 +76,10 @@ def _chat_with_two_challenges(client: TestClient, engine: Engine, who: Participa
                     "He obviously hates me, so I will avoid him"):
         conversation = start_chat(client, who, "coach")
         pairs.append((conversation, say(client, who, conversation, framing)["id"]))
-    return {"conversation_id": pairs[0][0], "turn_ids": pairs}  # type: ignore[dict-item]
+    checking_in = start_chat(client, who, "concierge")  # and a safety check-in, in a conversation of its own
+    check_in = say(client, who, checking_in, "I feel hopeless, like I'm falling apart")["check_in"]["id"]
+    return {"conversation_id": pairs[0][0], "turn_ids": pairs,
+            "check_in_conversation": checking_in, "check_in_id": check_in}
 
 
 def test_every_participant_endpoint_is_checked(app_client: TestClient) -> None:
@@ -98,7 +103,13 @@ def test_a_participant_never_sees_or_changes_another_participants_data(
     alices_turns = list(alices.pop("turn_ids"))  # type: ignore[call-overload]
     for (method, template), body in PARTICIPANT_CALLS.items():
         path = template
-        if "{" in template:
+        if "{check_in_id}" in template:
+            stolen = app_client.request(method, template.format(
+                conversation_id=alices["check_in_conversation"], check_in_id=alices["check_in_id"]),
+                headers=bob.headers, json=body)
+            assert stolen.status_code == 404, (method, template, stolen.text)
+            path = template.format(conversation_id=bobs["check_in_conversation"], check_in_id=bobs["check_in_id"])
+        elif "{" in template:
             theirs, their_turn = alices_turns[0]
             stolen = app_client.request(method, template.format(**{**alices, "conversation_id": theirs},
                                                                 turn_id=their_turn), headers=bob.headers, json=body)

@@ -176,8 +176,11 @@ def test_the_api_the_simulation_and_the_evaluations_take_a_turn_alike(
     assert stances[2] == "agree"
     assert stances[-1] == "escalate"
     assert stances[4] == ("check_in" if classifier else "agree")  # only the classifier reads the quiet risk
-    # Safety events are written where a participant's chat is (API and simulation), never by an evaluation.
-    assert safety_events(engine, by_api) == safety_events(engine, by_driver) == [("risk_to_self", "lexicon+semantic")]
+    # Safety events are written where a participant's chat is (API and simulation), never by an evaluation:
+    # every risk finding, the check-in the classifier's reading gets as well as the escalation.
+    events = [("risk_to_self", "lexicon+semantic")]
+    assert safety_events(engine, by_api) == safety_events(engine, by_driver) == (
+        [("risk_to_self", "classifier"), *events] if classifier else events)
     assert (rows(engine, "SELECT count(*) FROM turns"), rows(engine, "SELECT count(*) FROM safety_events")) == before
     for conversation in (by_api, by_driver):
         assert rows(engine, "SELECT status, made_decision FROM conversations WHERE id = :c", c=conversation) == [

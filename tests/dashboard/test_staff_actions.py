@@ -57,7 +57,8 @@ def test_a_researcher_reviews_a_safety_event(simulated: Simulated) -> None:
     entry = audited(simulated, "safety_event.reviewed", email)[-1]
     assert entry.detail["event_id"] == event_id
     assert entry.detail["review_id"] == review.id
-    assert audited(simulated, "safety_event.read", email)[-1].detail["event_id"] == event_id
+    # Read before it was reviewed (then the page shows, and reads, the next event of the queue).
+    assert event_id in [entry.detail["event_id"] for entry in audited(simulated, "safety_event.read", email)]
     remaining = app.selectbox(key="safety-event").options if left else []
     assert event_id not in [int(o.split(" ")[0].lstrip("#")) for o in remaining]
     assert left == len(queue) - 1

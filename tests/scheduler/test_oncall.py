@@ -66,6 +66,26 @@ def dispatcher(engine: Engine, port: int, name: str = "test", **settings: Any) -
                       name=name)
 
 
+def at_once(*dispatchers: Dispatcher) -> dict[str, TickReport]:
+    """One poll of each dispatcher, at the same moment (on PostgreSQL truly at once; SQLite
+    serializes writers); their reports by name, none with an error."""
+    start = threading.Barrier(len(dispatchers))
+    reports: dict[str, TickReport] = {}
+
+    def poll(dispatch: Dispatcher) -> None:
+        start.wait()
+        reports[dispatch.name] = dispatch.tick()
+
+    threads = [threading.Thread(target=poll, args=(d,)) for d in dispatchers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not [r.errors for r in reports.values() if r.errors]
+    assert len(reports) == len(dispatchers)
+    return reports
+
+
 def dashboard_link(slug: str, event: int) -> str:
     """The dashboard's safety review of the event: the study's slug and the event's id, nothing else."""
     return f"https://staff.study.example.org/dashboard/safety?study={slug}&event={event}"
@@ -105,20 +125,7 @@ def test_an_escalation_reaches_the_on_call_contact_within_one_poll_once_across_t
     who = escalate(engine, app_client, slug)
     left, right = dispatcher(engine, port, "left"), dispatcher(engine, port, "right")
 
-    # One poll of each, at the same moment (on PostgreSQL truly at once; SQLite serializes writers).
-    start = threading.Barrier(2)
-    reports: dict[str, TickReport] = {}
-
-    def poll(dispatch: Dispatcher) -> None:
-        start.wait()
-        reports[dispatch.name] = dispatch.tick()
-
-    threads = [threading.Thread(target=poll, args=(d,)) for d in (left, right)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not [r.errors for r in reports.values() if r.errors]
+    reports = at_once(left, right)
     [message] = messages.to(ONCALL)  # there when the poll returns: sent within it
     assert sum(r.notified for r in reports.values()) == 1
 
@@ -282,7 +289,8 @@ def test_a_webhook_contact_gets_one_signed_post_without_content(
                                                                    hashlib.sha256).hexdigest()
     assert headers["Idempotency-Key"].startswith(f"safety-{event_id(engine)}-0-webhook-")
     payload = json.loads(body)
-    assert payload == {"kind": "safety_escalation", "study": slug, "study_title": payload["study_title"],
+    assert payload == {"kind": "safety_escalation", "level": "escalation", "study": slug,
+                       "study_title": payload["study_title"],
                        "event_id": event_id(engine), "category": "risk_to_self",
                        "raised_at": "2026-03-02T09:00:00+00:00", "round": 0,
                        "link": dashboard_link(slug, event_id(engine))}

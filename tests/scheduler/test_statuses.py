@@ -5,24 +5,19 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import re
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
-from alembic.config import Config
 from sqlalchemy.engine import Engine
 
 from scheduler.models import Delivery, FollowUp, FollowUpStatus, SafetyNotification
-from study.db import make_engine, migrate
 from study.models import SignInEmail
 from study.outbox import OutboxStatus
-from tests.conftest import POSTGRES_URL
-from tests.postgres import scratch_schema
+from tests.revisions import checked_values, migrated_to
 
-ROOT = Path(__file__).resolve().parents[2]
 TABLES: list[tuple[type[object], type[enum.StrEnum]]] = [
     (FollowUp, FollowUpStatus), (Delivery, OutboxStatus), (SafetyNotification, OutboxStatus),
     (SignInEmail, OutboxStatus)]
@@ -33,20 +28,12 @@ AT = dt.datetime(2026, 12, 3, 9, 0, tzinfo=dt.UTC)
 def test_the_migrated_database_allows_exactly_the_enums_statuses(
         engine: Engine, model: type[object], statuses: type[enum.StrEnum]) -> None:
     table = model.__tablename__  # type: ignore[attr-defined]
-    [check] = [c for c in sa.inspect(engine).get_check_constraints(table) if c["name"] == f"ck_{table}_status_known"]
-    assert set(re.findall(r"'([a-z_]+)'", check["sqltext"])) == {status.value for status in statuses}
+    assert checked_values(engine, table, "status_known") == {status.value for status in statuses}
 
 
 def test_the_status_revision_keeps_every_row_up_and_down(tmp_path: Path) -> None:
     with ExitStack() as stack:
-        url = (stack.enter_context(scratch_schema(POSTGRES_URL, "afterward_statuses")) if POSTGRES_URL
-               else f"sqlite:///{tmp_path / 'statuses.db'}")
-        config = Config()
-        config.set_main_option("script_location", str(ROOT / "migrations"))
-        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-        migrate(url, "0012")
-        engine = make_engine(url, timeouts=False)
-        stack.callback(engine.dispose)
+        engine, config = migrated_to(stack, tmp_path, "statuses", "0012")
         with engine.begin() as connection:
             for statement in (
                     "INSERT INTO studies (id, slug, title, allocation_seed, allocation_count, status, created_at) "

@@ -155,3 +155,56 @@ def test_public_title_and_consent_metadata(example_protocol: str) -> None:
     bare = parse_protocol(example_protocol.replace('  public_title: "Conversations with an AI assistant: '
                                                    'a four-week study"\n', ""))
     assert bare.study.participant_title == "Research study"  # never the internal title
+
+
+TRIAGE = ("  triage:\n    page: [escalation, unanswered]\n    unanswered_after: PT30M\n"
+          "    on_unanswered: [page, follow_up]\n")
+
+
+def _triage(example: str, replacement: str) -> str:
+    assert TRIAGE in example
+    return example.replace(TRIAGE, replacement)
+
+
+def test_triage_defaults_page_escalations_and_unanswered_check_ins_after_thirty_minutes(example_protocol: str) -> None:
+    triage = parse_protocol(_triage(example_protocol, "")).safety.triage
+    assert (triage.page, triage.unanswered_after, triage.on_unanswered) == (
+        ["escalation", "unanswered"], dt.timedelta(minutes=30), ["page"])
+    assert [level for level in ("check_in", "escalation", "unanswered") if triage.pages(level)] == [
+        "escalation", "unanswered"]
+    example = parse_protocol(example_protocol).safety.triage
+    assert example.on_unanswered == ["page", "follow_up"]
+
+
+@pytest.mark.parametrize(("written", "page", "on_unanswered"), [
+    ("    page: [escalation]\n", ["escalation"], []),  # the other follows from the one given
+    ("    on_unanswered: [follow_up]\n", ["escalation"], ["follow_up"]),
+    ("    on_unanswered: [page]\n", ["escalation", "unanswered"], ["page"]),
+    ("    page: [check_in, escalation, unanswered]\n", ["check_in", "escalation", "unanswered"], ["page"]),
+])
+def test_triage_paging_follows_from_either_setting(example_protocol: str, written: str, page: list[str],
+                                                    on_unanswered: list[str]) -> None:
+    triage = parse_protocol(_triage(example_protocol, "  triage:\n" + written)).safety.triage
+    assert (triage.page, triage.on_unanswered) == (page, on_unanswered)
+
+
+@pytest.mark.parametrize(("written", "message"), [
+    ("    unanswered_after: PT2M\n", "unanswered_after must be between PT5M (5 minutes) and PT24H (24 hours)"),
+    ("    unanswered_after: P2D\n", "unanswered_after must be between PT5M (5 minutes) and PT24H (24 hours)"),
+    ("    unanswered_after: 30\n", "has no unit"),
+    ("    page: [check_in]\n", "page must list escalation"),
+    ("    page: [escalation, unanswered]\n    on_unanswered: [follow_up]\n", "page and on_unanswered disagree"),
+    ("    page: [escalation, urgent]\n", "Input should be 'check_in', 'escalation' or 'unanswered'"),
+    ("    on_unanswered: [call]\n", "Input should be 'page' or 'follow_up'"),
+])
+def test_triage_settings_are_refused_with_the_field_and_the_line(example_protocol: str, written: str,
+                                                                 message: str) -> None:
+    broken = _triage(example_protocol, "  triage:\n" + written)
+    with pytest.raises(ProtocolError) as error:
+        parse_protocol(broken)
+    [problem] = error.value.problems
+    where = re.match(r"^safety\.triage(?:\.\w+)?(?:\[\d\])? \(line (\d+)\): ", problem)
+    assert where, problem
+    first, last = (broken.splitlines().index("  triage:") + 1, broken.splitlines().index("  triage:") + 3)
+    assert first <= int(where.group(1)) <= last  # the triage block's line, or its field's
+    assert message in problem
