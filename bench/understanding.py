@@ -3,6 +3,7 @@ risk message answered, and how), each concern of the reading (recall, false posi
 calibration) and validation-seeking, with the latency of a whole reading.
 
     .venv/bin/python bench/understanding.py [--record] [--rounds round5 validation_round1 ...] [--no-latency]
+    .venv/bin/python bench/understanding.py --latency-only [--rounds ...]   # the latency alone, nothing scored
 
 Crisis rounds (``chat/crisis_data/heldout/round*.jsonl``: ``risk_to_self``, ``risk_from_others``,
 ``harm_to_others``, ``none``; ``urgent``): each message goes through ``chat.steps.assess_message``
@@ -23,7 +24,8 @@ round may join the training data. Targets (issue 25): risk answered >= 0.97, ben
 <= 0.02 and checked in <= 0.05, validation-seeking detected >= 0.90 with <= 0.05 of neutral.
 
 Latency: each held-out message through ``assess_message`` (every monitor, the encoder, both heads;
-caches cleared), one at a time, against the lexicon alone in the same run.
+caches cleared), one at a time, against the lexicon alone in the same run: p50, p95, p99 and the
+1-minute load average at the start (figures taken on a busy machine are not comparable).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -125,6 +128,9 @@ def validation_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def latency(texts: list[str]) -> None:
+    """Each text through ``assess_message`` (caches cleared) and through the lexicons alone, one at a
+    time in the same run; prints the 1-minute load average at the start and p50/p95/p99 of each."""
+    load = os.getloadavg()[0]
     semantic._recent.clear()
     assess("warm up the encoder and the heads, am I right?")
     read, lexical = [], []
@@ -138,13 +144,16 @@ def latency(texts: list[str]) -> None:
         monitors.validation_cue(text)
         lexical.append((time.perf_counter() - start) * 1000)
     words = [len(t.split()) for t in texts]
-    cut = statistics.quantiles(read, n=100)
+
+    def cut(values: list[float], digits: int) -> str:
+        q = statistics.quantiles(values, n=100)
+        return (f"p50 {statistics.median(values):.{digits}f} ms, p95 {q[94]:.{digits}f} ms, "
+                f"p99 {q[98]:.{digits}f} ms, max {max(values):.{digits}f} ms")
+
     print(f"\nlatency per message, {len(texts)} held-out messages (median {statistics.median(words):.0f} words, "
-          f"max {max(words)}), one at a time:")
-    print(f"  whole reading (chat.steps.assess_message): p50 {statistics.median(read):.1f} ms, p90 {cut[89]:.1f} ms, "
-          f"p99 {cut[98]:.1f} ms (target p50 <= 20, p99 <= 150)")
-    print(f"  baseline, the lexicons alone:              p50 {statistics.median(lexical):.3f} ms, "
-          f"p99 {statistics.quantiles(lexical, n=100)[98]:.3f} ms")
+          f"max {max(words)}), one at a time; 1-minute load average {load:.2f} at the start, {os.cpu_count()} cores:")
+    print(f"  whole reading (chat.steps.assess_message): {cut(read, 1)} (target p50 <= 20, p99 <= 150)")
+    print(f"  baseline, the lexicons alone:              {cut(lexical, 3)}")
 
 
 def record(path: Path, key: str, entry: dict[str, Any]) -> None:
@@ -163,12 +172,17 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="store the first scoring of rounds not yet scored")
     parser.add_argument("--rounds", nargs="+", metavar="NAME", help="only these rounds (file stems)")
     parser.add_argument("--no-latency", action="store_true")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="only the latency, on the rounds' texts (nothing scored)")
     args = parser.parse_args()
     crisis_paths = sorted(HELDOUT.glob("round*.jsonl"), key=lambda p: int(p.stem.removeprefix("round")))
     validation_paths = sorted(HELDOUT.glob("validation_round*.jsonl"))
     if args.rounds:
         crisis_paths = [p for p in crisis_paths if p.stem in args.rounds]
         validation_paths = [p for p in validation_paths if p.stem in args.rounds]
+    if args.latency_only:
+        latency([r["text"] for path in crisis_paths + validation_paths for r in rows_of(path)])
+        return
     print(f"heads: crisis {versions()['head']}, reading {versions()['reading']}; lexicon {versions()['lexicon']}")
     print(f"\n{'crisis round':<14}{'risk':>5}{'answered':>9}{'escal.':>7}{'urgent esc.':>12}"
           f"{'benign':>7}{'escal.':>7}{'check-in':>9}   per label answered")

@@ -117,8 +117,9 @@ class Encoder:
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        self.tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        self.tokenizer.no_truncation()  # ``_framed`` truncates, as sentence-transformers does
         self.tokenizer.no_padding()
+        self.cls, self.sep = self.tokenizer.token_to_id("[CLS]"), self.tokenizer.token_to_id("[SEP]")
         options = onnxruntime.SessionOptions()
         # One thread per message: requests already run in parallel threads, and on a loaded 2-core
         # machine a second thread per message waits for a core more than it helps.
@@ -130,14 +131,35 @@ class Encoder:
             providers=["CPUExecutionProvider"])
 
     def token_ids(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text).ids)
+        """``text``'s token ids as the model reads it: [CLS], at most 254 tokens, [SEP]."""
+        return self._framed(self.content_ids([text])[0])
+
+    def content_ids(self, texts: list[str]) -> list[list[int]]:
+        """The token ids of each text, neither framed by [CLS] and [SEP] nor truncated. BERT's
+        tokenizer splits words at whitespace first, so the ids of texts joined by a space are the
+        ids of each joined: ``chat.semantic`` tokenizes a message's sentences once and builds its
+        pieces from them (``tests/chat/test_encoder.py``)."""
+        return [list(self.tokenizer.encode(t, add_special_tokens=False).ids) for t in texts]
+
+    def _framed(self, content: list[int]) -> list[int]:
+        return [self.cls, *content[: MAX_TOKENS - 2], self.sep]
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Embeddings of ``texts`` (each truncated to 256 tokens), shape (len(texts), 384)."""
-        if not texts:
-            return np.zeros((0, self.hidden), dtype=np.float32)
-        encodings = [self.tokenizer.encode(t).ids for t in texts]
-        batch, length = len(texts), max(len(ids) for ids in encodings)
+        return self.encode_ids(self.content_ids(texts))
+
+    def encode_ids(self, contents: list[list[int]]) -> np.ndarray:
+        """Embeddings of token id sequences (``content_ids``: each framed and truncated to 256
+        tokens here), shape (len(contents), 384), in the batches ``batches`` chooses."""
+        out = np.zeros((len(contents), self.hidden), dtype=np.float32)
+        framed = [self._framed(c) for c in contents]
+        for batch in batches([len(ids) for ids in framed]):
+            out[batch] = self._run([framed[i] for i in batch])
+        return out
+
+    def _run(self, encodings: list[list[int]]) -> np.ndarray:
+        """One run of the session on sequences padded to the longest of them."""
+        batch, length = len(encodings), max(len(ids) for ids in encodings)
         ids = np.zeros((batch, length), dtype=np.int64)
         mask = np.zeros((batch, length), dtype=np.float32)
         for row, tokens in enumerate(encodings):
@@ -153,6 +175,30 @@ class Encoder:
         pooled = (states * mask[:, :, None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
         norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
         return (pooled / norms).astype(np.float32)
+
+
+# What one run of the session costs beyond its tokens, in tokens' time: a run of 1 x 4 tokens takes
+# about as long as 13 tokens do in a longer run (0.22-0.25 ms a token on one core; bench/README.md).
+RUN_TOKENS = 8
+
+
+def batches(lengths: list[int]) -> list[list[int]]:
+    """The indices of sequences of these lengths grouped into runs of the encoder, so that the
+    tokens computed (every sequence padded to the longest of its run) plus ``RUN_TOKENS`` a run are
+    fewest: a message's windows are not padded to its whole text's 256 tokens, nor its short
+    sentences to its longest. Runs of the sequences sorted by length are optimal for this cost, and
+    the best split is found exactly (quadratic in the number of sequences: a few dozen at most)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    best = [0] + [0] * len(order)  # best[k]: the least cost of the k longest
+    start = [0] * (len(order) + 1)  # where the last run of that best split starts
+    for k in range(1, len(order) + 1):
+        best[k], start[k] = min((best[j] + RUN_TOKENS + (k - j) * lengths[order[j]], j) for j in range(k))
+    runs: list[list[int]] = []
+    k = len(order)
+    while k:
+        runs.append(order[start[k]:k])
+        k = start[k]
+    return runs[::-1]
 
 
 _lock = threading.Lock()

@@ -83,26 +83,19 @@ class ReadingHead:
         weights = np.exp(logits)
         return np.asarray(weights / weights.sum(axis=1, keepdims=True))
 
-    def reading(self, x: np.ndarray, sentences: tuple[list[str], np.ndarray] | None = None) -> Reading:
-        """The reading of one message's features ``x`` (features,). ``sentences``: the message's
-        sentences and their feature rows, to pick the quote for each flagged ``QUOTED`` concern
-        (the sentence that scores highest for it)."""
+    def reading(self, x: np.ndarray) -> Reading:
+        """The reading of one message's features ``x`` (features,), without quotes (``quotes``)."""
         probabilities = self.probabilities(x[None, :])[0]
         scores = {c: float(p) for c, p in zip(self.concerns, probabilities, strict=True)}
         flagged = frozenset(c for c, p, t in zip(self.concerns, probabilities, self.threshold, strict=True)
                             if p >= t)
         about = self.about(x[None, :])[0]
-        quotes: dict[str, str] = {}
-        if sentences is not None and sentences[0]:
-            texts, rows = sentences
-            by_sentence = self.probabilities(rows)
-            for concern in QUOTED:
-                if concern in flagged:
-                    quotes[concern] = texts[int(np.argmax(by_sentence[:, self.concerns.index(concern)]))]
         return Reading(scores=scores, flagged=flagged, about=ABOUT[int(np.argmax(about))],
-                       about_scores={a: float(p) for a, p in zip(ABOUT, about, strict=True)}, quotes=quotes)
+                       about_scores={a: float(p) for a, p in zip(ABOUT, about, strict=True)})
 
-    def needs_sentences(self, x: np.ndarray) -> bool:
-        """Whether a ``QUOTED`` concern is flagged (then the sentences are worth encoding)."""
-        probabilities = self.probabilities(x[None, :])[0]
-        return any(probabilities[self.concerns.index(c)] >= self.threshold[self.concerns.index(c)] for c in QUOTED)
+    def quotes(self, concerns: list[str], texts: list[str], rows: np.ndarray) -> dict[str, str]:
+        """For each of ``concerns`` (flagged ``QUOTED`` ones), the sentence that scores highest for
+        it: ``texts`` are a message's sentences, ``rows`` their feature rows (each sentence's
+        embedding in every part of the features)."""
+        by_sentence = self.probabilities(rows)
+        return {c: texts[int(np.argmax(by_sentence[:, self.concerns.index(c)]))] for c in concerns}

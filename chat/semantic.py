@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from chat.encoder import encoder, encoder_loaded
+from chat.encoder import MAX_TOKENS, encoder, encoder_loaded
 from chat.monitors import CrisisFinding, conditional, detect_crisis, normalize
-from chat.reading import READING_PATH, Reading, ReadingHead
+from chat.reading import QUOTED, READING_PATH, Reading, ReadingHead
 
 HEAD_PATH = Path(__file__).parent / "crisis_data" / "head.npz"
 WINDOW_TOKENS = 64  # a window is consecutive sentences up to about this many tokens
@@ -78,27 +78,29 @@ class SemanticVerdict:
     embedding: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
+def runs(sizes: list[int], limit: int = WINDOW_TOKENS) -> list[tuple[int, int]]:
+    """The windows of sentences of these token counts: runs ``(start, end)`` of consecutive
+    sentences of at most ``limit`` tokens (a longer sentence is its own run)."""
+    out: list[tuple[int, int]] = []
+    start = size = 0
+    for i, n in enumerate(sizes):
+        if i > start and size + n > limit:
+            out.append((start, i))
+            start, size = i, 0
+        size += n
+    return [*out, (start, len(sizes))] if sizes else out
+
+
 def windows(text: str, token_count: Any, limit: int = WINDOW_TOKENS) -> list[str]:
     """``text`` cut into runs of whole sentences of at most ``limit`` tokens (a longer sentence is
     its own window). ``token_count(s)`` counts a string's tokens."""
-    pieces = [p.strip() for p in _SENTENCE_END.split(text) if p and p.strip()]
-    out: list[str] = []
-    current: list[str] = []
-    size = 0
-    for piece in pieces:
-        n = token_count(piece)
-        if current and size + n > limit:
-            out.append(" ".join(current))
-            current, size = [], 0
-        current.append(piece)
-        size += n
-    if current:
-        out.append(" ".join(current))
-    return out
+    parts = sentences(text)
+    return [" ".join(parts[start:end]) for start, end in runs([token_count(p) for p in parts], limit)]
 
 
 def pieces(text: str) -> list[str]:
-    """What is embedded for ``text``: the whole message, then its windows when there are several."""
+    """What is embedded for ``text``: the whole message, then its windows when there are several
+    (``Message`` gives the same pieces' embeddings at run time, from one tokenizing)."""
     enc = encoder()
     parts = windows(text, lambda s: len(enc.token_ids(s)) - 2)
     return [text] + parts if len(parts) > 1 else [text]
@@ -199,39 +201,76 @@ def sentences(text: str) -> list[str]:
 
 
 LAST_SENTENCES = 2  # the reading also sees the message's last sentences on their own: where a request sits
+Span = tuple[int, int]  # sentences start:end of a message
 
 
-def reading_features(text: str, x: np.ndarray, parts: list[str] | None = None) -> np.ndarray:
+class Message:
+    """One message for the classifier and the reading: its sentences, tokenized once, and the
+    embeddings of runs of them (``Span``). The token ids of a run are its sentences' joined (the
+    ids of the text they make, ``chat.encoder.Encoder.content_ids``); every run asked for at once is
+    encoded in one call, batched by length, and none twice (a window that is one sentence is that
+    sentence, a last window of two sentences the last sentences)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sentences = sentences(text)
+        self._encoder = encoder()
+        self._ids = self._encoder.content_ids(self.sentences)
+        self._vectors: dict[Span, np.ndarray] = {}
+
+    @property
+    def whole(self) -> Span:
+        return 0, len(self.sentences)
+
+    def pieces(self) -> list[Span]:
+        """What ``pieces`` embeds: the whole message, then its windows when there are several."""
+        windows = runs([min(len(ids), MAX_TOKENS - 2) for ids in self._ids])
+        return [self.whole, *windows] if len(windows) > 1 else [self.whole]
+
+    def last(self) -> Span | None:
+        """The last ``LAST_SENTENCES`` sentences, when the message has more."""
+        n = len(self.sentences)
+        return (n - LAST_SENTENCES, n) if n > LAST_SENTENCES else None
+
+    def embeddings(self, spans: list[Span]) -> np.ndarray:
+        """The embeddings of these runs of sentences, (len(spans), 384)."""
+        missing = list(dict.fromkeys(span for span in spans if span not in self._vectors))
+        if missing:
+            joined = [[token for ids in self._ids[start:end] for token in ids] for start, end in missing]
+            self._vectors.update(zip(missing, self._encoder.encode_ids(joined), strict=True))
+        return np.stack([self._vectors[span] for span in spans])
+
+
+def reading_features(x: np.ndarray, last: np.ndarray | None) -> np.ndarray:
     """The reading's input (``chat.reading``): the crisis classifier's features ``x`` and the
-    embedding of the message's last ``LAST_SENTENCES`` sentences (the whole message's when it has
-    no more than that), where a request for agreement or reassurance usually is."""
-    parts = sentences(text) if parts is None else parts
-    last = (encoder().encode([" ".join(parts[-LAST_SENTENCES:])])[0] if len(parts) > LAST_SENTENCES
-            else x[: x.shape[0] // 2])
-    return np.concatenate([x, last]).astype(np.float32)
+    embedding ``last`` of the message's last ``LAST_SENTENCES`` sentences (the whole message's when
+    it has no more than that: None), where a request for agreement or reassurance usually is."""
+    return np.concatenate([x, x[: x.shape[0] // 2] if last is None else last]).astype(np.float32)
 
 
-def _read_concerns(text: str, x: np.ndarray) -> Reading | None:
+def _read_concerns(message: Message, x: np.ndarray) -> Reading | None:
     """The reading of a message from its crisis features ``x``; when a quoted concern is flagged
-    and the message has several sentences, they are encoded to find the one that carries it."""
+    and the message has several sentences, they are encoded (in one call, those not encoded yet)
+    to find the one that carries it."""
     heads = reading_head()
     if heads is None:
         return None
-    parts = sentences(text)
-    z = reading_features(text, x, parts)
-    if len(parts) > 1 and heads.needs_sentences(z):
-        rows = np.stack([np.concatenate([vector, vector, vector]) for vector in encoder().encode(parts)])
-        return heads.reading(z, (parts, rows))
-    return heads.reading(z, ([text], z[None, :]) if parts else None)
+    last = message.last()
+    reading = heads.reading(reading_features(x, None if last is None else message.embeddings([last])[0]))
+    quoted = [concern for concern in QUOTED if concern in reading.flagged]
+    if not quoted or not message.sentences:
+        return reading
+    if len(message.sentences) == 1:
+        return replace(reading, quotes=dict.fromkeys(quoted, message.text))
+    vectors = message.embeddings([(i, i + 1) for i in range(len(message.sentences))])
+    return replace(reading, quotes=heads.quotes(quoted, message.sentences, np.hstack([vectors] * 3)))
 
 
 def load() -> None:
     """Load the encoder and the head and run them once (the first run of ONNX Runtime's session
     is slower than the rest), so the first participant message waits for neither: the API does
     this at start-up."""
-    x = features(encoder().encode(pieces("Loading the crisis classifier.")))
-    head().verdict(x)
-    _read_concerns("Loading the crisis classifier.", x)
+    _verdict("Loading the crisis classifier.")
 
 
 def loaded() -> bool:
@@ -257,15 +296,22 @@ def classify(text: str) -> SemanticVerdict:
         if found is not None:
             _recent.move_to_end(key)
             return found
-    vectors = encoder().encode(pieces(text))
-    embedded = features(vectors)
-    with _threads.limit(limits=1, user_api="blas"):
-        verdict = replace(head().verdict(embedded), reading=_read_concerns(text, embedded), embedding=vectors[0])
+    verdict = _verdict(text)
     with _lock:
         _recent[key] = verdict
         while len(_recent) > _CACHE_SIZE:
             _recent.popitem(last=False)
     return verdict
+
+
+def _verdict(text: str) -> SemanticVerdict:
+    message = Message(text)
+    spans = message.pieces()
+    last = message.last() if reading_head() is not None else None
+    vectors = message.embeddings([*spans, last] if last else spans)[: len(spans)]  # one call with the reading's
+    embedded = features(vectors)
+    with _threads.limit(limits=1, user_api="blas"):
+        return replace(head().verdict(embedded), reading=_read_concerns(message, embedded), embedding=vectors[0])
 
 
 def statement_of(text: str, cue: str) -> str | None:
