@@ -115,26 +115,38 @@ def corpus(include_multi: bool = True) -> tuple[list[dict[str, object]], list[Pa
     return rows + more, [*paths, LEXICON_ROUNDS, *more_paths]
 
 
-def embed(rows: list[dict[str, object]], cache: Path | None = None) -> np.ndarray:
-    """Each message's classifier features (n, 768). With ``cache``, piece embeddings seen before
-    (by the piece's digest) are read from that file and new ones added to it."""
+def embeddings(texts: list[str], cache: Path | None = None) -> dict[str, np.ndarray]:
+    """The embedding of each of ``texts``, by its text. With ``cache``, the embeddings of texts
+    seen before (by the text's digest) are read from that file, and new ones added to it: the
+    trainers' runs share one file (``--cache``)."""
     known: dict[str, np.ndarray] = {}
     if cache is not None and cache.exists():
         with np.load(cache) as stored:
             known = dict(zip(stored["keys"].tolist(), stored["vectors"], strict=True))
-    enc = encoder()
-    out = []
-    for row in rows:
-        parts = pieces(str(row["text"]))
-        keys = [hashlib.sha256(p.encode("utf-8")).hexdigest() for p in parts]
-        missing = [p for p, k in zip(parts, keys, strict=True) if k not in known]
-        for key, vector in zip([k for k in keys if k not in known], enc.encode(missing), strict=True):
-            known[key] = vector
-        out.append(features(np.stack([known[k] for k in keys])))
-    if cache is not None:
+    keys = {text: hashlib.sha256(text.encode("utf-8")).hexdigest() for text in texts}
+    missing = sorted({key: text for text, key in keys.items() if key not in known}.items())
+    for start in range(0, len(missing), 64):
+        batch = missing[start:start + 64]
+        known.update(zip([key for key, _ in batch], encoder().encode([text for _, text in batch]), strict=True))
+    if cache is not None and missing:
         cache.parent.mkdir(parents=True, exist_ok=True)
         np.savez(cache, keys=np.array(list(known)), vectors=np.stack(list(known.values())))
-    return np.stack(out)
+    return {text: known[key] for text, key in keys.items()}
+
+
+def embed(rows: list[dict[str, object]], cache: Path | None = None) -> np.ndarray:
+    """Each message's classifier features (n, 768), its pieces embedded through ``embeddings``."""
+    parts = [pieces(str(row["text"])) for row in rows]
+    vectors = embeddings([p for message in parts for p in message], cache)
+    return np.stack([features(np.stack([vectors[p] for p in message])) for message in parts])
+
+
+def arguments(doc: str | None, out: Path, argv: list[str] | None) -> argparse.Namespace:
+    """The trainers' command line: ``--out`` (the head file) and ``--cache`` (``embeddings``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--cache", type=Path, help="keep the corpus's embeddings in this file between runs")
+    return parser.parse_args(argv)
 
 
 def _svm(c: float) -> SVC:
@@ -185,10 +197,7 @@ def save_head(path: Path, svm: SVC, category: LogisticRegression, acute: Logisti
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=HEAD_PATH)
-    parser.add_argument("--cache", type=Path, help="keep the corpus's embeddings in this file between runs")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, HEAD_PATH, argv)
     rows, paths = corpus()
     labels = np.array([CATEGORIES.index(str(r["label"])) for r in rows])
     crisis = labels > 0

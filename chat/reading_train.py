@@ -23,7 +23,6 @@ same corpus gives the same head. Held-out rounds are scored by ``bench/understan
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -34,11 +33,11 @@ import sklearn
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold
 
-from chat.crisis_train import DATA, embed
+from chat.crisis_train import DATA, arguments, embed, embeddings
 from chat.crisis_train import corpus as crisis_corpus
 from chat.encoder import encoder
 from chat.reading import ABOUT, CONCERNS, DANGER, READING_PATH
-from chat.semantic import LAST_SENTENCES, sentences
+from chat.semantic import LAST_SENTENCES, reading_features, sentences
 from study.clock import now
 
 MULTI_DIR = DATA / "multi"
@@ -206,26 +205,10 @@ def fit_concern(x: np.ndarray, y: np.ndarray, groups: np.ndarray, target: float,
 def reading_matrix(rows: list[dict[str, object]], x: np.ndarray, cache: Path | None) -> np.ndarray:
     """The reading's features for each message (``chat.semantic.reading_features``), from the crisis
     features ``x``; the last sentences' embeddings are kept in ``cache`` beside the pieces'."""
-    known: dict[str, np.ndarray] = {}
-    if cache is not None and cache.exists():
-        with np.load(cache) as stored:
-            known = dict(zip(stored["keys"].tolist(), stored["vectors"], strict=True))
-    lasts = {}
-    for i, row in enumerate(rows):
-        parts = sentences(str(row["text"]))
-        if len(parts) > LAST_SENTENCES:
-            lasts[i] = " ".join(parts[-LAST_SENTENCES:])
-    keys = {i: hashlib.sha256(t.encode("utf-8")).hexdigest() for i, t in lasts.items()}
-    missing = sorted({keys[i]: t for i, t in lasts.items() if keys[i] not in known}.items())
-    for start in range(0, len(missing), 64):
-        batch = missing[start:start + 64]
-        for (key, _), vector in zip(batch, encoder().encode([t for _, t in batch]), strict=True):
-            known[key] = vector
-    if cache is not None and missing:
-        np.savez(cache, keys=np.array(list(known)), vectors=np.stack(list(known.values())))
-    half = x.shape[1] // 2
-    last = np.stack([known[keys[i]] if i in keys else x[i, :half] for i in range(len(rows))])
-    return np.hstack([x, last]).astype(np.float32)
+    lasts = {i: " ".join(parts[-LAST_SENTENCES:]) for i, parts in enumerate(sentences(str(r["text"])) for r in rows)
+             if len(parts) > LAST_SENTENCES}
+    vectors = embeddings(list(lasts.values()), cache)
+    return np.stack([reading_features(x[i], vectors[lasts[i]] if i in lasts else None) for i in range(len(rows))])
 
 
 def same_worry_threshold(rows: list[dict[str, object]]) -> tuple[float, dict[str, float]]:
@@ -253,10 +236,7 @@ def same_worry_threshold(rows: list[dict[str, object]]) -> tuple[float, dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=READING_PATH)
-    parser.add_argument("--cache", type=Path, help="keep the corpus's embeddings in this file between runs")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, READING_PATH, argv)
     rows, paths = corpus()
     x = reading_matrix(rows, embed(rows, args.cache), args.cache)
     y = label_matrix(rows)

@@ -31,3 +31,45 @@ def test_similar_meanings_are_closer_than_shared_words() -> None:
     a, b, c = enc.encode(["I want to end my life", "I don't want to be alive anymore", "this deadline is killing me"])
     assert float(a @ b) > float(a @ c)
 
+
+
+def test_a_messages_pieces_have_the_ids_of_their_text_built_from_its_sentences() -> None:
+    """``chat.semantic.Message`` tokenizes a message's sentences once and joins their ids for its
+    whole text, windows and last sentences: the same ids as tokenizing each text (every message
+    of the multi-label corpus), framed and truncated as the tokenizer truncates."""
+    from tokenizers import Tokenizer
+
+    from chat.crisis_train import DATA
+    from chat.encoder import model_dir
+    from chat.semantic import sentences
+
+    enc = encoder()
+    truncating = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+    truncating.enable_truncation(max_length=MAX_TOKENS)
+    truncating.no_padding()
+    texts = [json.loads(line)["text"] for path in sorted((DATA / "multi").glob("*.jsonl"))
+             for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts += ["", "  \n ", "Ein Satz.\u00a0Zwei?!\n\n\tdrei… 東京に行く。ok", "word " * 400]
+    for text in texts:
+        parts = sentences(text)
+        ids = enc.content_ids(parts)
+        joined = [token for sentence in ids for token in sentence]
+        assert joined == enc.content_ids([text])[0]
+        assert enc.token_ids(text) == list(truncating.encode(text).ids)
+        if len(parts) > 2:
+            assert [t for sentence in ids[-2:] for t in sentence] == enc.content_ids([" ".join(parts[-2:])])[0]
+
+
+def test_batches_cover_every_sequence_once_and_pad_little() -> None:
+    from chat.encoder import RUN_TOKENS, batches
+
+    assert batches([]) == []
+    lengths = [258, 66, 60, 62, 40, 12, 66]
+    runs = batches(lengths)
+    assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
+    assert runs[0] == [0]  # the whole text of a long message alone: its windows are not padded to it
+    cost = sum(RUN_TOKENS + len(run) * max(lengths[i] for i in run) for run in runs)
+    assert cost <= RUN_TOKENS + len(lengths) * 258 and cost <= len(lengths) * RUN_TOKENS + sum(lengths)
+    vectors = encoder().encode_ids([[2000 + i] * n for i, n in enumerate(lengths)])
+    one_by_one = np.stack([encoder().encode_ids([[2000 + i] * n])[0] for i, n in enumerate(lengths)])
+    np.testing.assert_allclose(vectors, one_by_one, atol=1e-6)

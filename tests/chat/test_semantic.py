@@ -122,3 +122,62 @@ def test_the_head_records_how_it_was_fitted() -> None:
         assert hashlib.sha256(files[name].read_bytes()).hexdigest() == digest, f"{name} changed since the fit"
     assert metadata["classes"] == list(semantic.CATEGORIES)
     assert json.dumps(metadata)  # serialisable, as stored
+
+
+READING_SAMPLE = Path(__file__).parent / "data" / "reading_sample.json"
+
+
+def test_the_reading_is_what_it_was_before_pieces_were_batched_by_length() -> None:
+    """40 messages of the multi-label corpus (24 with a quote, 20 of them long) read by the code
+    before the encoder batched by length and ``Message`` encoded each run of sentences once
+    (``bench/reading_outputs.py`` compares all 3,720: identical)."""
+    from chat.crisis_train import DATA
+
+    multi = {(path.name, item["id"]): item["text"] for path in sorted((DATA / "multi").glob("*.jsonl"))
+             for item in map(json.loads, path.read_text(encoding="utf-8").splitlines())}
+    for expected in json.loads(READING_SAMPLE.read_text(encoding="utf-8")):
+        verdict = semantic._verdict(multi[(expected["file"], expected["id"])])
+        reading = verdict.reading
+        assert reading is not None
+        assert (sorted(reading.flagged), reading.about, reading.quotes) == (
+            expected["flagged"], expected["about"], expected["quotes"]), expected["id"]
+        assert verdict.score == pytest.approx(expected["score"], abs=1e-5)
+        assert reading.scores == pytest.approx(expected["scores"], abs=1e-5)
+
+
+def test_a_message_encodes_each_run_of_sentences_once_in_at_most_two_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chat.encoder import Encoder
+
+    encoded: list[int] = []
+    encode_ids = Encoder.encode_ids
+
+    def counted(self: Encoder, contents: list[list[int]]) -> np.ndarray:
+        encoded.append(len(contents))
+        return encode_ids(self, contents)
+
+    monkeypatch.setattr(Encoder, "encode_ids", counted)
+    story = " ".join(f"On day {i} we walked to the market and bought bread, cheese and far too many apples." for i in range(12))
+    text = story + " Everyone says I overreacted. I was right to be angry, wasn't I? Tell me I was right."
+    verdict = semantic._verdict(text)
+    assert verdict.reading is not None and verdict.reading.quotes, "the sample should flag a quoted concern"
+    message = semantic.Message(text)
+    spans = {*message.pieces(), message.last(), *((i, i + 1) for i in range(len(message.sentences)))}
+    assert len(encoded) == 2 and sum(encoded) == len(spans)  # pieces and last sentences; then the other sentences
+
+
+def test_the_trainers_features_are_the_run_time_ones() -> None:
+    from chat.crisis_train import embed
+    from chat.reading_train import reading_matrix
+
+    texts = ["I am fine.", "One. Two. Three four five?", " ".join(["A long sentence about nothing much at all."] * 30)]
+    rows: list[dict[str, object]] = [{"text": t} for t in texts]
+    x = embed(rows)
+    z = reading_matrix(rows, x, None)
+    for text, row, features in zip(texts, x, z, strict=True):
+        message = semantic.Message(text)
+        expected = semantic.features(message.embeddings(message.pieces()))
+        np.testing.assert_allclose(row, expected, atol=1e-6)
+        last = message.last()
+        np.testing.assert_allclose(
+            features, semantic.reading_features(expected, None if last is None else message.embeddings([last])[0]),
+            atol=1e-6)
