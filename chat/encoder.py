@@ -119,7 +119,7 @@ class Encoder:
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self.tokenizer.no_truncation()  # ``_framed`` truncates, as sentence-transformers does
         self.tokenizer.no_padding()
-        self.cls, self.sep = self.tokenizer.token_to_id("[CLS]"), self.tokenizer.token_to_id("[SEP]")
+        self.cls, self.sep = self._special("[CLS]"), self._special("[SEP]")
         options = onnxruntime.SessionOptions()
         # One thread per message: requests already run in parallel threads, and on a loaded 2-core
         # machine a second thread per message waits for a core more than it helps.
@@ -129,6 +129,12 @@ class Encoder:
         self.session = onnxruntime.InferenceSession(
             _graph(load_file(str(directory / "model.safetensors")), config), options,
             providers=["CPUExecutionProvider"])
+
+    def _special(self, token: str) -> int:
+        found = self.tokenizer.token_to_id(token)
+        if found is None:
+            raise EncoderUnavailable(f"the model's vocabulary has no {token}")
+        return found
 
     def token_ids(self, text: str) -> list[int]:
         """``text``'s token ids as the model reads it: [CLS], at most 254 tokens, [SEP]."""

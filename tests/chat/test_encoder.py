@@ -69,7 +69,8 @@ def test_batches_cover_every_sequence_once_and_pad_little() -> None:
     assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
     assert runs[0] == [0]  # the whole text of a long message alone: its windows are not padded to it
     cost = sum(RUN_TOKENS + len(run) * max(lengths[i] for i in run) for run in runs)
-    assert cost <= RUN_TOKENS + len(lengths) * 258 and cost <= len(lengths) * RUN_TOKENS + sum(lengths)
+    assert cost <= RUN_TOKENS + len(lengths) * 258  # no worse than one run
+    assert cost <= len(lengths) * RUN_TOKENS + sum(lengths)  # nor than a run each
     vectors = encoder().encode_ids([[2000 + i] * n for i, n in enumerate(lengths)])
     one_by_one = np.stack([encoder().encode_ids([[2000 + i] * n])[0] for i, n in enumerate(lengths)])
     np.testing.assert_allclose(vectors, one_by_one, atol=1e-6)

@@ -156,13 +156,16 @@ def test_a_message_encodes_each_run_of_sentences_once_in_at_most_two_calls(monke
         return encode_ids(self, contents)
 
     monkeypatch.setattr(Encoder, "encode_ids", counted)
-    story = " ".join(f"On day {i} we walked to the market and bought bread, cheese and far too many apples." for i in range(12))
+    story = " ".join(f"On day {i} we walked to the market and bought bread, cheese and too many apples."
+                     for i in range(12))
     text = story + " Everyone says I overreacted. I was right to be angry, wasn't I? Tell me I was right."
     verdict = semantic._verdict(text)
-    assert verdict.reading is not None and verdict.reading.quotes, "the sample should flag a quoted concern"
+    assert verdict.reading is not None
+    assert verdict.reading.quotes, "the sample should flag a quoted concern"
     message = semantic.Message(text)
     spans = {*message.pieces(), message.last(), *((i, i + 1) for i in range(len(message.sentences)))}
-    assert len(encoded) == 2 and sum(encoded) == len(spans)  # pieces and last sentences; then the other sentences
+    assert len(encoded) == 2  # the pieces and the last sentences; then the other sentences
+    assert sum(encoded) == len(spans)
 
 
 def test_the_trainers_features_are_the_run_time_ones() -> None:
