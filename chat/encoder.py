@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -156,11 +157,25 @@ class Encoder:
 
     def encode_ids(self, contents: list[list[int]]) -> np.ndarray:
         """Embeddings of token id sequences (``content_ids``: each framed and truncated to 256
-        tokens here), shape (len(contents), 384), in the batches ``batches`` chooses."""
+        tokens here), shape (len(contents), 384), in the runs ``batches`` chooses. When they come
+        to more than ``SHARED_TOKENS``, the process's helper thread takes about half of the runs
+        if it is free (``shares``); a run it has not started when this thread is done with its
+        own is done here, so no call ever waits for another's share."""
         out = np.zeros((len(contents), self.hidden), dtype=np.float32)
         framed = [self._framed(c) for c in contents]
-        for batch in batches([len(ids) for ids in framed]):
-            out[batch] = self._run([framed[i] for i in batch])
+
+        def encode(runs: list[list[int]]) -> None:
+            for run in runs:
+                out[run] = self._run([framed[i] for i in run])
+
+        mine, theirs = shares(batches([len(ids) for ids in framed]), [len(ids) for ids in framed])
+        helped = _helper.submit(encode, theirs) if theirs else None
+        encode(mine)
+        if helped is not None:
+            if helped.cancel():
+                encode(theirs)
+            else:
+                helped.result()
         return out
 
     def _run(self, encodings: list[list[int]]) -> np.ndarray:
@@ -205,6 +220,29 @@ def batches(lengths: list[int]) -> list[list[int]]:
         runs.append(order[start[k]:k])
         k = start[k]
     return runs[::-1]
+
+
+# A call computing more tokens than this (a long message: its whole text, windows, last sentences)
+# shares its runs with the helper thread, so a long message uses both cores of a 2-core machine when
+# the other is idle. Each run still runs on one thread; under load the helper is busy and the runs
+# stay with their caller: the work is never more than one thread's alone.
+SHARED_TOKENS = 160
+_helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder-helper")
+
+
+def shares(runs: list[list[int]], lengths: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """``runs`` split between the calling thread and the helper, the costliest first to whichever
+    has less so far; all to the caller when they come to at most ``SHARED_TOKENS``."""
+    def cost(run: list[int]) -> int:
+        return RUN_TOKENS + len(run) * max(lengths[i] for i in run)
+
+    if len(runs) < 2 or sum(map(cost, runs)) <= SHARED_TOKENS:
+        return runs, []
+    mine: list[list[int]] = []
+    theirs: list[list[int]] = []
+    for run in sorted(runs, key=cost, reverse=True):
+        (mine if sum(map(cost, mine)) <= sum(map(cost, theirs)) else theirs).append(run)
+    return mine, theirs
 
 
 _lock = threading.Lock()

@@ -61,7 +61,7 @@ def test_a_messages_pieces_have_the_ids_of_their_text_built_from_its_sentences()
 
 
 def test_batches_cover_every_sequence_once_and_pad_little() -> None:
-    from chat.encoder import RUN_TOKENS, batches
+    from chat.encoder import RUN_TOKENS, SHARED_TOKENS, batches, shares
 
     assert batches([]) == []
     lengths = [258, 66, 60, 62, 40, 12, 66]
@@ -71,6 +71,12 @@ def test_batches_cover_every_sequence_once_and_pad_little() -> None:
     cost = sum(RUN_TOKENS + len(run) * max(lengths[i] for i in run) for run in runs)
     assert cost <= RUN_TOKENS + len(lengths) * 258  # no worse than one run
     assert cost <= len(lengths) * RUN_TOKENS + sum(lengths)  # nor than a run each
+    mine, theirs = shares(runs, lengths)  # a long message's runs: the helper thread may take some
+    assert [0] in mine + theirs  # the whole text and the windows on different threads
+    assert sorted(i for run in mine + theirs for i in run) == list(range(len(lengths)))
+    assert theirs
+    assert shares([[0], [1]], [20, 10]) == ([[0], [1]], [])  # a short message stays on its thread
+    assert sum(lengths) > SHARED_TOKENS
     vectors = encoder().encode_ids([[2000 + i] * n for i, n in enumerate(lengths)])
     one_by_one = np.stack([encoder().encode_ids([[2000 + i] * n])[0] for i, n in enumerate(lengths)])
     np.testing.assert_allclose(vectors, one_by_one, atol=1e-6)
