@@ -5,7 +5,9 @@ sentence-transformers model packaged for offline use; installed without its depe
 Makefile). Tokenizing is Hugging Face ``tokenizers``; the weights load with ``safetensors``' numpy
 loader; ``_graph`` writes BERT as sentence-transformers runs it for this model (embeddings, six
 encoder layers) as an ONNX graph in memory, which ONNX Runtime runs on one thread; mean pooling over
-the real tokens and L2 normalisation follow in numpy. Without torch the install is seconds and a
+the real tokens and L2 normalisation follow in numpy. The texts of one call are run in batches of
+similar length (``batches``: padding costs as much as a real token), and a long call shares its
+batches with one helper thread (``shares``). Without torch the install is seconds and a
 few hundred MB instead of ~80 s and 1.5 GB; ONNX Runtime's fused kernels take a 32-token message in
 about two thirds of the time numpy's matrix products did (README, "Crisis detection").
 ``tests/chat/test_encoder.py`` checks the output against embeddings sentence-transformers computed
@@ -122,8 +124,9 @@ class Encoder:
         self.tokenizer.no_padding()
         self.cls, self.sep = self._special("[CLS]"), self._special("[SEP]")
         options = onnxruntime.SessionOptions()
-        # One thread per message: requests already run in parallel threads, and on a loaded 2-core
-        # machine a second thread per message waits for a core more than it helps.
+        # One thread per run: requests already run in parallel threads, and on a loaded 2-core
+        # machine ONNX Runtime's second thread waits for a core (spinning) more than it helps. A long
+        # message's runs are shared with the helper thread instead, which takes them only when free.
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
