@@ -25,9 +25,10 @@ from chat import semantic
 MULTI = ROOT / "chat" / "crisis_data" / "multi"
 
 
-def texts() -> list[str]:
-    return [json.loads(line)["text"] for path in sorted(MULTI.glob("*.jsonl"))
-            for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def texts() -> dict[str, str]:
+    """Every message of the corpus, by file and id (``corpus_a.jsonl:ca-0001``)."""
+    return {f"{path.name}:{item['id']}": item["text"] for path in sorted(MULTI.glob("*.jsonl"))
+            for item in map(json.loads, filter(str.strip, path.read_text(encoding="utf-8").splitlines()))}
 
 
 def output(text: str) -> dict[str, Any]:
@@ -41,13 +42,15 @@ def output(text: str) -> dict[str, Any]:
             "about_scores": reading.about_scores, "quotes": reading.quotes}
 
 
-def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> tuple[list[str], float]:
-    """The differences other than float noise (one line each) and the largest float difference."""
+def compare(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> tuple[list[str], float]:
+    """The differences other than float noise (one line each) and the largest float difference, over
+    the messages read both times."""
     exact = ("category", "acute", "flagged", "supports_lexicon", "reading_flagged", "about", "quotes")
     problems: list[str] = []
     largest = 0.0
-    for i, (old, new) in enumerate(zip(before, after, strict=True)):
-        problems += [f"message {i}: {key} {old[key]!r} -> {new[key]!r}" for key in exact if old[key] != new[key]]
+    for i in before.keys() & after.keys():
+        old, new = before[i], after[i]
+        problems += [f"{i}: {key} {old[key]!r} -> {new[key]!r}" for key in exact if old[key] != new[key]]
         largest = max([largest, abs(old["score"] - new["score"]),
                        *(abs(old["scores"][c] - new["scores"][c]) for c in old["scores"]),
                        *(abs(old["about_scores"][a] - new["about_scores"][a]) for a in old["about_scores"])])
@@ -60,15 +63,18 @@ def main() -> None:
     group.add_argument("--write", type=Path, metavar="FILE")
     group.add_argument("--compare", type=Path, metavar="FILE")
     args = parser.parse_args()
-    outputs = [output(text) for text in texts()]
+    outputs = {key: output(text) for key, text in texts().items()}
     if args.write:
         args.write.write_text(json.dumps(outputs) + "\n")
         print(f"{len(outputs)} readings written to {args.write}")
         return
-    problems, largest = compare(json.loads(args.compare.read_text()), outputs)
-    quoted = sum(bool(o["quotes"]) for o in outputs)
-    print(f"{len(outputs)} messages ({quoted} with a quote): {len(problems)} differences in flags, about or quotes; "
-          f"largest difference of a score or probability {largest:.2e}")
+    before = json.loads(args.compare.read_text())
+    problems, largest = compare(before, outputs)
+    both = before.keys() & outputs.keys()
+    quoted = sum(bool(outputs[key]["quotes"]) for key in both)
+    print(f"{len(both)} messages read both times ({quoted} with a quote; {len(outputs) - len(both)} new): "
+          f"{len(problems)} differences in flags, about or quotes; largest difference of a score or probability "
+          f"{largest:.2e}")
     for line in problems[:20]:
         print("  " + line)
     sys.exit(1 if problems else 0)
