@@ -2,8 +2,10 @@
 
 A message is embedded with all-MiniLM-L6-v2 (``chat.encoder``) twice over: whole (its first 256
 tokens) and, for a long message, as the mean of its windows of consecutive sentences (so a crisis
-told in the middle of a long story is neither cut off nor averaged into the story's tone). On
-these 768 numbers:
+told in the middle of a long story is neither cut off nor averaged into the story's tone). A
+message's sentences are tokenized once, and each run of them (the whole, a window, the last
+sentences the reading adds, a sentence to quote) is encoded once, the runs of one step in one call
+batched by length (``Message``). On these 768 numbers:
 
 - a support-vector machine (RBF kernel) scores crisis vs not; ``threshold`` on its score flags;
 - a multinomial logistic regression picks the category among risk to self, harm to others and
