@@ -92,10 +92,3 @@ class ReadingHead:
         about = self.about(x[None, :])[0]
         return Reading(scores=scores, flagged=flagged, about=ABOUT[int(np.argmax(about))],
                        about_scores={a: float(p) for a, p in zip(ABOUT, about, strict=True)})
-
-    def quotes(self, concerns: list[str], texts: list[str], rows: np.ndarray) -> dict[str, str]:
-        """For each of ``concerns`` (flagged ``QUOTED`` ones), the sentence that scores highest for
-        it: ``texts`` are a message's sentences, ``rows`` their feature rows (each sentence's
-        embedding in every part of the features)."""
-        by_sentence = self.probabilities(rows)
-        return {c: texts[int(np.argmax(by_sentence[:, self.concerns.index(c)]))] for c in concerns}

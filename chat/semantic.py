@@ -251,9 +251,8 @@ def reading_features(x: np.ndarray, last: np.ndarray | None) -> np.ndarray:
 
 
 def _read_concerns(message: Message, x: np.ndarray) -> Reading | None:
-    """The reading of a message from its crisis features ``x``; when a quoted concern is flagged
-    and the message has several sentences, they are encoded (in one call, those not encoded yet)
-    to find the one that carries it."""
+    """The reading of a message from its crisis features ``x``, with the sentence that carries each
+    flagged quoted concern (``_quotes``)."""
     heads = reading_head()
     if heads is None:
         return None
@@ -264,8 +263,25 @@ def _read_concerns(message: Message, x: np.ndarray) -> Reading | None:
         return reading
     if len(message.sentences) == 1:
         return replace(reading, quotes=dict.fromkeys(quoted, message.text))
-    vectors = message.embeddings([(i, i + 1) for i in range(len(message.sentences))])
-    return replace(reading, quotes=heads.quotes(quoted, message.sentences, np.hstack([vectors] * 3)))
+    return replace(reading, quotes=_quotes(heads, message, quoted))
+
+
+def _quotes(heads: ReadingHead, message: Message, quoted: list[str]) -> dict[str, str]:
+    """The sentence of ``message`` that scores highest for each of the ``quoted`` concerns. A long
+    message's windows (encoded already, as pieces) are scored first, and only the sentences of each
+    concern's best window are encoded (in one call) and scored: a quote costs at most a window's
+    worth of tokens (``WINDOW_TOKENS``) per concern, however long the message."""
+    windows = message.pieces()[1:] or [message.whole]
+    if len(windows) > 1:
+        by_window = heads.probabilities(np.hstack([message.embeddings(windows)] * 3))
+        best = {c: windows[int(np.argmax(by_window[:, heads.concerns.index(c)]))] for c in quoted}
+    else:
+        best = dict.fromkeys(quoted, windows[0])
+    spans = sorted({(i, i + 1) for start, end in best.values() for i in range(start, end)})
+    by_sentence = dict(zip(spans, heads.probabilities(np.hstack([message.embeddings(spans)] * 3)), strict=True))
+    column = {c: heads.concerns.index(c) for c in quoted}
+    return {c: message.sentences[max(range(*best[c]), key=lambda i: by_sentence[(i, i + 1)][column[c]])]
+            for c in quoted}
 
 
 def load() -> None:

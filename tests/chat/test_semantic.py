@@ -130,7 +130,8 @@ def test_the_head_records_how_it_was_fitted() -> None:
 def reading_as_before(text: str) -> tuple[float, Reading]:
     """The crisis score and the reading as they were computed before a message's runs of sentences
     were batched by length and encoded once: its pieces in one run padded to the longest (the whole
-    text), the last sentences in a run of their own, every sentence in one more for a quote."""
+    text), the last sentences in a run of their own; for a quote, the windows, then the sentences of
+    the best one, each in a run of their own."""
     enc, heads = encoder(), semantic.reading_head()
     assert heads is not None
 
@@ -142,11 +143,19 @@ def reading_as_before(text: str) -> tuple[float, Reading]:
     z = np.concatenate([x, run([" ".join(parts[-2:])])[0] if len(parts) > 2 else x[:384]]).astype(np.float32)
     reading = heads.reading(z)
     quoted = [c for c in QUOTED if c in reading.flagged]
-    if quoted and parts:
-        texts, rows = (parts, np.hstack([run(parts)] * 3)) if len(parts) > 1 else ([text], z[None, :])
-        by_sentence = heads.probabilities(rows)
-        reading = replace(reading, quotes={c: texts[int(np.argmax(by_sentence[:, heads.concerns.index(c)]))]
-                                           for c in quoted})
+    if quoted and len(parts) == 1:
+        reading = replace(reading, quotes=dict.fromkeys(quoted, text))
+    elif quoted and parts:
+        # the sentences of the window that scores highest for the concern (all of them for one window)
+        spans = semantic.runs([min(len(enc.token_ids(p)) - 2, 254) for p in parts])
+        windows = [" ".join(parts[start:end]) for start, end in spans]
+        quotes = {}
+        for c in quoted:
+            column = heads.concerns.index(c)
+            start, end = spans[int(np.argmax(heads.probabilities(np.hstack([run(windows)] * 3))[:, column]))]
+            inside = parts[start:end] if len(spans) > 1 else parts
+            quotes[c] = inside[int(np.argmax(heads.probabilities(np.hstack([run(inside)] * 3))[:, column]))]
+        reading = replace(reading, quotes=quotes)
     return float(semantic.head().score(x[None, :])[0]), reading
 
 
@@ -190,9 +199,12 @@ def test_a_message_encodes_each_run_of_sentences_once_in_at_most_two_calls(monke
     assert verdict.reading is not None
     assert verdict.reading.quotes, "the sample should flag a quoted concern"
     message = semantic.Message(text)
-    spans = {*message.pieces(), message.last(), *((i, i + 1) for i in range(len(message.sentences)))}
-    assert len(encoded) == 2  # the pieces and the last sentences; then the other sentences
-    assert sum(encoded) == len(spans)
+    windows = message.pieces()[1:]
+    assert len(windows) > 1
+    assert len(encoded) == 2  # the pieces and the last sentences; then the best window's sentences
+    assert encoded[0] == len({*message.pieces(), message.last()})
+    # the quote's window is one of the long message's windows: its sentences, not all of them
+    assert 1 <= encoded[1] <= max(end - start for start, end in windows) < len(message.sentences)
 
 
 def test_the_trainers_features_are_the_run_time_ones() -> None:
