@@ -15,7 +15,10 @@ threshold, the Brier score and expected calibration error of its probability.
 
 Validation rounds (``heldout/validation_round*.jsonl``: ``validation_seeking``, ``neutral``):
 detected as the policy sees it (``Assessment.validation_cue``: the reading or the lexicon), and
-each alone, with the reading's calibration.
+each alone, with the reading's calibration; and the share the platform pushes back on before the
+model is asked (the collaborator's directive on a first message: any concern, validation-seeking,
+one-sided framing or dependence; the API test, ``tests/api/test_pushback_heldout.py``, adds the
+model's own).
 
 A round's first scoring is the honest figure: ``--record`` stores it, once, in
 ``heldout/first_scores.json`` (crisis rounds, beside ``bench/crisis_detection.py``'s) or
@@ -42,9 +45,10 @@ from typing import Any
 from common import ROOT  # first: sets the environment and sys.path
 
 from chat import monitors, semantic, steps
-from chat.policy import Assessment
+from chat.policy import Assessment, History, directive
 from chat.reading import DANGER, READING_PATH
 from chat.reading_train import calibration_error
+from chat.roles import ROLE_SPECS
 
 HELDOUT = ROOT / "chat" / "crisis_data" / "heldout"
 FIRST_SCORES = HELDOUT / "first_scores.json"
@@ -113,8 +117,11 @@ def crisis_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def validation_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
     assessed = [assess(r["text"]) for r in rows]
     truth = [r["label"] == "validation_seeking" for r in rows]
+    collaborator = ROLE_SPECS["collaborator"]
     found = {
         "policy (reading or lexicon)": [a.validation_cue is not None for a in assessed],
+        "pushback, any concern": [directive(collaborator, a, History()).stance in ("nudge", "challenge")
+                                  for a in assessed],
         "reading": [bool(a.reading and "validation_seeking" in a.reading.flagged) for a in assessed],
         "lexicon": [monitors.validation_cue(r["text"]) is not None for r in rows],
     }
@@ -205,7 +212,7 @@ def main() -> None:
     for path in validation_paths:
         result = validation_round(rows_of(path))
         print(f"\n{path.stem}: {result['validation_seeking']} validation-seeking, {result['neutral']} neutral")
-        for name in ("policy (reading or lexicon)", "reading", "lexicon"):
+        for name in ("policy (reading or lexicon)", "reading", "lexicon", "pushback, any concern"):
             print(f"  {name:<28} detected {result[name]['detected']:.3f}, neutral flagged "
                   f"{result[name]['neutral_flagged']:.3f}")
         print(f"  reading calibration: Brier {result['calibration']['brier']:.3f}, "

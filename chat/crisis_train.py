@@ -135,7 +135,7 @@ def embeddings(texts: list[str], cache: Path | None = None) -> dict[str, np.ndar
 
 
 def embed(rows: list[dict[str, object]], cache: Path | None = None) -> np.ndarray:
-    """Each message's classifier features (n, 768), its pieces embedded through ``embeddings``."""
+    """Each message's classifier features (n, features), its pieces embedded through ``embeddings``."""
     parts = [pieces(str(row["text"])) for row in rows]
     vectors = embeddings([p for message in parts for p in message], cache)
     return np.stack([features(np.stack([vectors[p] for p in message])) for message in parts])

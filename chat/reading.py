@@ -2,9 +2,11 @@
 whom and when it is about.
 
 On the crisis classifier's features (``chat.semantic.features``: all-MiniLM-L6-v2 over the whole
-message and the mean of its sentence windows) and the embedding of its last two sentences
-(``chat.semantic.reading_features``), one logistic regression per concern
-(multi-label: a message can seek validation and frame a conflict one-sidedly at once), each
+message, the mean and the maximum of its sentence windows) and the embedding of its last two
+sentences (``chat.semantic.reading_features``), one head per concern (multi-label: a message can
+seek validation and frame a conflict one-sidedly at once): a support-vector machine with an RBF
+kernel for the concerns pushback follows, where it separated independently written rounds better
+than a linear head, a logistic regression for the others, each
 Platt-scaled on cross-validated scores so that its number is a probability, and a multinomial
 logistic regression for ``about``. Each concern's threshold is chosen on those cross-validated
 scores for a stated recall (``chat/reading_train.py``; the figures are in the head's metadata and
@@ -70,12 +72,26 @@ class ReadingHead:
             self.threshold = data["threshold"].astype(np.float64)  # on the probability
             self.about_coef = data["about_coef"].astype(np.float32)
             self.about_intercept = data["about_intercept"].astype(np.float32)
+            # The kernel heads' support vectors (the union of every kernel head's), their RBF
+            # kernel's gamma and each concern's weights on them (zero for a linear head).
+            self.support = data["support"].astype(np.float32)
+            self.support_sq = (self.support * self.support).sum(axis=1)
+            self.gamma = float(data["gamma"])
+            self.dual = data["dual"].astype(np.float32)  # (concerns, support vectors)
             self.metadata: dict[str, Any] = json.loads(str(data["metadata"]))
+
+    def decision(self, x: np.ndarray) -> np.ndarray:
+        """Each head's decision value (n, concerns): a linear head's ``x @ coef + intercept``, a
+        kernel head's support-vector sum ``K(x, support) @ dual + intercept``."""
+        decision = x @ self.coef.T + self.intercept
+        if len(self.support):
+            distances = (x * x).sum(axis=1)[:, None] + self.support_sq[None, :] - 2.0 * (x @ self.support.T)
+            decision = decision + np.exp(-self.gamma * np.maximum(distances, 0.0)) @ self.dual.T
+        return decision.astype(np.float64)
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
         """Calibrated probabilities (n, concerns) for feature rows ``x`` (n, features)."""
-        decision = (x @ self.coef.T + self.intercept).astype(np.float64)
-        return np.asarray(_sigmoid(self.platt_a * decision + self.platt_b))
+        return np.asarray(_sigmoid(self.platt_a * self.decision(x) + self.platt_b))
 
     def about(self, x: np.ndarray) -> np.ndarray:
         logits = (x @ self.about_coef.T + self.about_intercept).astype(np.float64)

