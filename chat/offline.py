@@ -36,6 +36,7 @@ from chat.answer_format import read_guidance
 from chat.llm_reader import MARKER as READER_MARKER
 from chat.llm_reader import ConcernFinding, DangerFinding, ReaderVerdict
 from chat.monitors import detect_crisis, normalize, sentence_with, sentiment
+from chat.reading import DANGER
 
 PROVIDER = "offline"
 
@@ -145,12 +146,14 @@ def read(message: str) -> str:
     def quote(cue: str | None) -> str:
         return (sentence_with(message, cue) or message.strip()) if cue else ""
 
-    danger = {c: DangerFinding(present=crisis is not None and crisis.category == c,
-                               acute=crisis is not None and crisis.category == c and crisis.acute,
-                               quote=quote(crisis.cue) if crisis is not None and crisis.category == c else "")
-              for c in ("risk_to_self", "risk_from_others", "harm_to_others")}
+    def danger(concern: str) -> DangerFinding:
+        found = crisis if crisis is not None and crisis.category == concern else None
+        return DangerFinding(present=found is not None, acute=bool(found and found.acute),
+                             quote=quote(found.cue) if found else "")
+
+    dangers = {concern: danger(concern) for concern in DANGER}
     others = {c: ConcernFinding(present=cue is not None, quote=quote(cue)) for c, cue in cues.items()}
-    return ReaderVerdict(**danger, **others, distress=ConcernFinding(present=False, quote=""),
+    return ReaderVerdict(**dangers, **others, distress=ConcernFinding(present=False, quote=""),
                          about="self_now").model_dump_json()
 
 
