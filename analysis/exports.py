@@ -421,7 +421,7 @@ class _Builder:
             _c("source", "string", "What detected it.", enum={
                 "lexicon": "the crisis lexicon", "semantic": "the semantic classifier (chat.semantic)",
                 "lexicon+semantic": "both the lexicon and the semantic classifier",
-                "classifier": "the optional LLM classifier", "model": "the chat model's own stance"}),
+                "classifier": "the optional LLM reader (chat.llm_reader)", "model": "the chat model's own stance"}),
             _c("created_at", "datetime", "When it was raised (UTC)."),
             _c("level", "string", "Its level now (levels only rise).", enum={
                 "check_in": "a sign of risk met by a check-in, for staff to review",

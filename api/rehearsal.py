@@ -98,7 +98,7 @@ async def rehearse(create_app: Callable[..., FastAPI]) -> None:
             # The offline provider's start-up model: answered at once. The provider is one per
             # process, so its configured delay is passed on unchanged (a test's slow model stays slow).
             offline = Gateway(Settings(llm_model=f"{PROVIDER}/{WARM_UP}", llm_fallback_model=None, llm_api_base=None,
-                                       crisis_classifier_model=None, allow_offline_model=True,
+                                       llm_reader_model=None, allow_offline_model=True,
                                        offline_llm_delay_ms=get_settings().offline_llm_delay_ms))
             stage = create_app(engine, offline)
             status, body = await asgi_request(stage, "POST", f"/api/v1/me/conversations/{conversation}/messages",

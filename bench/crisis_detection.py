@@ -1,15 +1,16 @@
 """Recall, false positives and latency of crisis detection: the lexicon, the semantic classifier and
 their fusion (what the platform runs), on every labelled set the project has.
 
-    .venv/bin/python bench/crisis_detection.py [--record] [--classifier MODEL]
+    .venv/bin/python bench/crisis_detection.py [--record] [--reader MODEL]
 
 Sets: the classifier's training corpus (``chat/crisis_data/train``, scored by the final head, so
 optimistic), the lexicon's earlier rounds (``tests/chat/data/crisis_messages.tsv``) and each
 held-out round (``chat/crisis_data/heldout/round*.jsonl``, written by someone who saw only
 ``CATEGORIES.md``). A held-out round's first scoring is the honest figure: ``--record`` stores it,
 once, in ``chat/crisis_data/heldout/first_scores.json`` with the head and lexicon it was scored
-with; later runs print it beside the current scores. With ``--classifier`` the LLM classifier
-(through the gateway) is scored too, alone and fused as the platform fuses it.
+with; later runs print it beside the current scores. With ``--reader`` (formerly ``--classifier``)
+the LLM reader's danger concerns (``chat.llm_reader``, through the gateway) are scored too, alone
+and fused as the platform fuses them.
 
 Latency: each held-out message through ``chat.semantic.detect`` (lexicon, encoder, head; the
 verdict cache cleared first), one message at a time, against the lexicon alone in the same run.
@@ -76,11 +77,13 @@ def detectors(texts: list[str], llm: dict[str, tuple[str, bool] | None] | None) 
 
 async def llm_verdicts(model: str, texts: list[str]) -> dict[str, tuple[str, bool] | None]:
     from chat.gateway import Gateway
+    from chat.llm_reader import danger
     from study.settings import Settings
 
-    gateway = Gateway(Settings(crisis_classifier_model=model))
-    verdicts = await asyncio.gather(*(gateway.classify_crisis(t) for t in texts))
-    return dict(zip(texts, verdicts, strict=True))
+    gateway = Gateway(Settings(llm_reader_model=model))
+    readings = await asyncio.gather(*(gateway.read_message(t) for t in texts))
+    return {text: danger(reading.verdict) if reading is not None and reading.verdict is not None else None
+            for text, reading in zip(texts, readings, strict=True)}
 
 
 def latency(texts: list[str]) -> None:
@@ -109,7 +112,8 @@ def latency(texts: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--record", action="store_true", help="store the first scoring of rounds not yet scored")
-    parser.add_argument("--classifier", metavar="MODEL", help="also score this LLM classifier (LiteLLM model name)")
+    parser.add_argument("--reader", "--classifier", dest="reader", metavar="MODEL",
+                        help="also score this LLM reader's danger concerns (LiteLLM model name)")
     parser.add_argument("--rounds", type=int, nargs="+", metavar="N",
                         help="score only these held-out rounds (keep a newer one sealed for the next model change)")
     parser.add_argument("--no-latency", action="store_true")
@@ -128,7 +132,7 @@ def main() -> None:
         **{path.stem: jsonl(path) for path in rounds},
     }
     texts = sorted({text for rows in sets.values() for _, text in rows})
-    llm = asyncio.run(llm_verdicts(args.classifier, texts)) if args.classifier else None
+    llm = asyncio.run(llm_verdicts(args.reader, texts)) if args.reader else None
     found = detectors(texts, llm)
     head = semantic.head()
     versions = {"head": digest(semantic.HEAD_PATH), "lexicon": digest(ROOT / "chat" / "monitors.py"),

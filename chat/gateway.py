@@ -10,10 +10,8 @@ both report tokens, latency and cost.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,13 +22,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the
 import litellm  # noqa: E402
 from litellm import Router  # noqa: E402
 
+from chat import llm_reader  # noqa: E402
 from chat.answer_format import STANCE_SCHEMA  # noqa: E402
+from chat.llm_reader import LLMReading  # noqa: E402
 from chat.offline import PROVIDER, WARM_UP, OfflineLLM  # noqa: E402
-from chat.roles import PROMPTS  # noqa: E402
 from study.settings import Settings  # noqa: E402
 
 log = logging.getLogger("afterward.chat.gateway")
-CLASSIFIER_PROMPT = PROMPTS / "crisis-classifier.md"
 litellm.telemetry = False
 litellm.suppress_debug_info = True
 
@@ -77,9 +75,9 @@ class Gateway:
         self.default_model = settings.llm_model
         self.fallback_model = settings.llm_fallback_model
         self.timeout = settings.llm_timeout_seconds
-        self.classifier_model = settings.crisis_classifier_model
+        self.reader_model = settings.llm_reader_model
         names = {settings.llm_model}
-        for extra in (settings.llm_fallback_model, settings.crisis_classifier_model):
+        for extra in (settings.llm_fallback_model, settings.llm_reader_model):
             if extra:
                 names.add(extra)
         self._api_base = settings.llm_api_base
@@ -208,27 +206,25 @@ class Gateway:
         await litellm.acompletion(model=f"{PROVIDER}/{WARM_UP}", messages=[
             {"role": "system", "content": "Role: concierge"}, {"role": "user", "content": "Hello"}])
 
-    async def classify_crisis(self, text: str) -> tuple[str, bool] | None:
-        """The optional LLM crisis classifier: (category, acute), or None when it is not configured
-        or gave no usable answer (the lexicon still runs either way)."""
-        if not self.classifier_model:
+    async def read_message(self, text: str) -> LLMReading | None:
+        """The optional LLM reader's reading of one participant message (``chat.llm_reader``), or
+        None when no reader is configured. It never raises for the reader's sake: a call that failed
+        or timed out (within ``call_limit``) or an answer without a complete verdict is a reading
+        without a verdict, logged, and the local reading decides alone."""
+        model = self.reader_model
+        if not model:
             return None
-        messages = [{"role": "system", "content": CLASSIFIER_PROMPT.read_text(encoding="utf-8")},
-                    {"role": "user", "content": text}]
+        version = llm_reader.rubric().version
+        params = {"response_format": llm_reader.RESPONSE_FORMAT} if self._structured(model) else None
         try:
-            completion = await self.complete(messages, self.classifier_model, structured=False)
-        except GatewayError:
-            return None
-        match = re.search(r"\{.*\}", completion.text, re.DOTALL)
-        try:
-            verdict = json.loads(match.group(0)) if match else None
-        except ValueError:
-            verdict = None
-        if not isinstance(verdict, dict) or verdict.get("category") not in (
-                "risk_to_self", "harm_to_others", "risk_from_others", "none"):
-            log.warning("crisis classifier gave no usable verdict: %.200s", completion.text)
-            return None
-        return str(verdict["category"]), bool(verdict.get("acute"))
+            completion = await self.complete(llm_reader.request(text), model, structured=False, params=params)
+        except GatewayError as exc:  # logged by _error
+            return LLMReading(model, version, problem=exc.kind)
+        verdict = llm_reader.parse_verdict(completion.text)
+        if verdict is None:  # the answer may quote the participant: its length is logged, not its text
+            log.warning("LLM reader %s gave no complete verdict (%d characters)", model, len(completion.text))
+            return LLMReading(model, version, problem="malformed")
+        return LLMReading(model, version, verdict)
 
     def _error(self, exc: BaseException, model: str) -> GatewayError:
         kind = "timeout" if _is_timeout(exc) else "error"

@@ -3,8 +3,8 @@ else, harm to others), reassurance-seeking, validation-seeking, dependence, and 
 compound score, stored so analyses need not recompute it).
 
 They are lexicons, fast and explainable: each finding names the cue that fired, and that cue is
-stored with the turn. An optional LLM classifier (``crisis_classifier_model``) can run beside the
-crisis lexicon through the gateway; see ``chat.service``. ``bench/crisis_lexicon.py`` measures
+stored with the turn. An optional LLM reader (``llm_reader_model``, ``chat.llm_reader``) can add
+to what they and the local reading find, through the gateway. ``bench/crisis_lexicon.py`` measures
 recall and false positives on ``tests/chat/data/crisis_messages.tsv``.
 """
 

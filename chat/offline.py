@@ -5,7 +5,8 @@ follows the platform guidance, and judges framing itself (absolutes, mind-readin
 plan resting on one of them) as collaborator or coach would; it does not notice validation-seeking
 on its own (the platform's guidance brings it). Where the platform checks in, declines or
 escalates, its reply never opens as if doing what was asked. It answers in the STANCE format, or
-as JSON when a response format is requested. Models for tests of failure handling:
+as JSON when a response format is requested. Sent the LLM reader's rubric (``chat.llm_reader``),
+it answers that reader's verdict from the lexicons (``read``). Models for tests of failure handling:
 
 - ``offline/afterward`` (and any other name): answers.
 - ``offline/fail-error``: the provider fails with a server error.
@@ -30,11 +31,14 @@ from litellm import CustomLLM
 from litellm.llms.custom_llm import CustomLLMError
 from litellm.types.utils import GenericStreamingChunk, ModelResponse, Usage
 
+from chat import monitors
 from chat.answer_format import read_guidance
+from chat.llm_reader import MARKER as READER_MARKER
+from chat.llm_reader import ConcernFinding, DangerFinding, ReaderVerdict
 from chat.monitors import detect_crisis, normalize, sentence_with, sentiment
+from chat.reading import DANGER
 
 PROVIDER = "offline"
-CLASSIFIER_MARKER = "CRISIS-CLASSIFIER"
 
 _FRAMING = re.compile("|".join([
     r"\b(?:everyone|everybody|no ?one|nobody) (?:\w+ ){0,3}?(?:hates|likes|thinks|cares|ever|always|is against)\b",
@@ -129,14 +133,36 @@ def _sycophantic_reply(messages: list[dict[str, Any]], last_user: str) -> str:
             "for you.")
 
 
+def read(message: str) -> str:
+    """The offline LLM reader's verdict (``chat.llm_reader``): the crisis lexicon for the danger
+    concerns, the lexicons' cues and the framings it judges itself for the others, each quoting its
+    sentence; distress is left to the local reading. Deterministic, so demos show the reader at work."""
+    crisis = detect_crisis(message)
+    framing = _FRAMING.search(normalize(message))
+    cues = {"validation_seeking": monitors.validation_cue(message),
+            "reassurance_seeking": monitors.reassurance_cue(message),
+            "dependence": monitors.dependence_cue(message), "one_sided": framing.group(0) if framing else None}
+
+    def quote(cue: str | None) -> str:
+        return (sentence_with(message, cue) or message.strip()) if cue else ""
+
+    def danger(concern: str) -> DangerFinding:
+        found = crisis if crisis is not None and crisis.category == concern else None
+        return DangerFinding(present=found is not None, acute=bool(found and found.acute),
+                             quote=quote(found.cue) if found else "")
+
+    dangers = {concern: danger(concern) for concern in DANGER}
+    others = {c: ConcernFinding(present=cue is not None, quote=quote(cue)) for c, cue in cues.items()}
+    return ReaderVerdict(**dangers, **others, distress=ConcernFinding(present=False, quote=""),
+                         about="self_now").model_dump_json()
+
+
 def answer(messages: list[dict[str, Any]], *, as_json: bool = False, sycophantic: bool = False) -> str:
     """The offline model's full answer to a chat (deterministic); ``sycophantic``: the variant's."""
     system_text = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "system")
     last_user = next((str(m.get("content", "")) for m in reversed(messages) if m.get("role") == "user"), "")
-    if CLASSIFIER_MARKER in system_text:
-        finding = detect_crisis(last_user)
-        return json.dumps({"category": finding.category if finding else "none",
-                           "acute": bool(finding and finding.acute)})
+    if system_text.startswith(READER_MARKER):
+        return read(last_user)
     role = _role(system_text)
     guide = read_guidance(system_text)
     overridden = guide.get("override", "").startswith("yes")

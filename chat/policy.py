@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from chat.monitors import CrisisFinding, normalize, sentence_with
 from chat.reading import Reading
@@ -41,6 +41,7 @@ class Assessment:
     sentiment: float | None = None  # VADER compound of the message
     message: str = ""  # the message itself, for reasons that quote it (not stored as a feature)
     reading: Reading | None = None  # every concern's calibrated score (chat.reading)
+    llm_reader: dict[str, object] | None = None  # the LLM reader's record, when one ran (chat.llm_reader.record)
 
     def features(self) -> dict[str, object]:
         return {
@@ -59,20 +60,8 @@ class Assessment:
             "unsupported_framing": self.framing_cue is not None,
             "sentiment": self.sentiment,
             **(self.reading.features() if self.reading is not None else {}),
+            **({"llm_reader": self.llm_reader} if self.llm_reader is not None else {}),
         }
-
-
-def with_classifier(assessment: Assessment, verdict: tuple[str, bool] | None) -> Assessment:
-    """Add the LLM classifier's verdict: it can raise a finding the lexicon missed (or make it
-    acute), never lower one."""
-    if verdict is None or verdict[0] == "none":
-        return assessment
-    category, acute = verdict
-    current = assessment.crisis
-    if current is not None and (current.acute or not acute):
-        return assessment
-    finding = CrisisFinding(category=category, acute=acute, cue="classifier", source="classifier")  # type: ignore[arg-type]
-    return replace(assessment, crisis=finding)
 
 
 @dataclass(frozen=True)

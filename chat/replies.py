@@ -1,6 +1,6 @@
 """Producing a reply on a task of its own, so that it is stored whether or not anyone still waits.
 
-A turn's answer (``chat.turn.answer``: the classifier, the model call and the storing of its
+A turn's answer (``chat.turn.answer``: the LLM reader, the model call and the storing of its
 outcome) runs on a task the process owns, not on the request that asked for it: a closed tab, a dropped connection
 or a cancelled request leaves it running, and it always ends, within its time limit, by storing
 the reply or the failure (the message kept for a retry, or the platform's safety reply). The

@@ -33,8 +33,8 @@ decides, as for the other acute cues. (Judging a hedged statement on its sentenc
 tried: without the message around it the classifier cannot tell "ugh i want to die" about an
 embarrassing wave from the real thing, and the past from the present, so it flagged 3-8 more of
 each held-out round's 200 benign messages.) Both thresholds are chosen in
-training on cross-validated scores (see the head's metadata). The optional LLM classifier is
-added after this (``chat.policy.with_classifier``) and can only raise findings.
+training on cross-validated scores (see the head's metadata). The optional LLM reader is added
+after this (``chat.llm_reader.fuse``) and can only raise findings.
 """
 
 from __future__ import annotations

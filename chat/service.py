@@ -35,8 +35,9 @@ from chat.conversations import start_conversation as start_conversation
 from chat.conversations import switch_role as switch_role
 from chat.conversations import turns as turns
 from chat.gateway import Completion
+from chat.llm_reader import LLMReading
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
-from chat.policy import Assessment, History, StanceDecision, with_classifier
+from chat.policy import Assessment, History, StanceDecision
 from chat.roles import SAFETY_CONCERNS, RoleName, system_prompt
 from chat.steps import HISTORY_TURNS, assess_message, plan, safety_fallback, settle_reply
 from study import validation
@@ -134,7 +135,8 @@ def muted_concerns(session: Session, conversation: ConversationState, raise_agai
     return frozenset(concern for concern, messages in counts if messages < int(raise_again_after))
 
 
-def _assess(session: Session, participant: Participant, content: str, before_turn_id: int | None) -> Assessment:
+def _assess(session: Session, participant: Participant, content: str, before_turn_id: int | None,
+            reader: LLMReading | None = None) -> Assessment:
     def earlier() -> Sequence[str]:
         return session.scalars(
             select(Turn.content).where(Turn.participant_id == participant.id, Turn.reassurance_seeking.is_(True),
@@ -142,7 +144,7 @@ def _assess(session: Session, participant: Participant, content: str, before_tur
                                        *([Turn.id != before_turn_id] if before_turn_id else []))
             .order_by(Turn.id.desc()).limit(50)).all()
 
-    return assess_message(content, earlier)
+    return assess_message(content, earlier, reader)
 
 
 def _recent(session: Session, conversation_id: int) -> list[tuple[str, str]]:
@@ -172,16 +174,17 @@ def _prepare(session: Session, conversation: Conversation | ConversationState, p
         claimed_at=claimed_at)
 
 
-def reassess(session: Session, prepared: PreparedTurn, verdict: tuple[str, bool] | None) -> PreparedTurn:
-    """Fold the LLM crisis classifier's verdict into the turn's features and directive."""
+def reassess(session: Session, prepared: PreparedTurn, reader: LLMReading) -> PreparedTurn:
+    """Fuse the LLM reader's verdict with the local reading (``chat.llm_reader.fuse``): the turn's
+    features record both readers, and its directive follows the fused reading."""
     turn = session.get(Turn, prepared.participant_turn_id)
     conversation = session.get(Conversation, prepared.conversation_id)
     participant = session.get(Participant, turn.participant_id) if turn else None
     if turn is None or conversation is None or participant is None:
         raise NotFound("this conversation no longer exists")
-    assessment = with_classifier(_assess(session, participant, turn.content, turn.id), verdict)
-    turn.features = {**assessment.features(), "crisis_classifier": "error" if verdict is None else
-                     f"{verdict[0]}{' (acute)' if verdict[1] else ''}"}
+    assessment = _assess(session, participant, turn.content, turn.id, reader)
+    turn.features = assessment.features()
+    turn.reassurance_seeking = assessment.reassurance_cue is not None  # later messages count it as a repeat
     return _prepare(session, conversation, turn, assessment, overridden=prepared.after_override,
                     claimed_at=prepared.claimed_at)
 

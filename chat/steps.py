@@ -6,20 +6,25 @@ them alike."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from chat import monitors, semantic
+from chat import llm_reader, monitors, semantic
 from chat.answer_format import ParsedAnswer, guidance, parse_answer
 from chat.gateway import Completion
+from chat.llm_reader import LLMReading
 from chat.policy import Assessment, History, StanceDecision, decide, directive, platform_reply, shown_reply
 from chat.roles import ROLE_SPECS, RoleName
 
 HISTORY_TURNS = 20  # turns of the conversation sent to the model
 
 
-def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]]) -> Assessment:
+def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]],
+                   reader: LLMReading | None = None) -> Assessment:
     """What the monitors find in one message: the crisis finding (``chat.semantic.read``) and the
     concerns pushback follows, each found by the reading (``chat.reading``, quoting the sentence
-    that carries it) or by its lexicon cue (validation-seeking's only when no reading is fitted). ``earlier_reassurance`` gives the participant's
+    that carries it) or by its lexicon cue (validation-seeking's only when no reading is fitted),
+    with the LLM reader's verdict added when one ran (``reader``; ``chat.llm_reader.fuse``).
+    ``earlier_reassurance`` gives the participant's
     earlier reassurance-seeking messages (asked for only when this one seeks reassurance); they
     count as repeats when they are about the same worry (``chat.semantic.same_worry``); the
     evaluation harness (``evals``) passes its own conversation's."""
@@ -31,21 +36,22 @@ def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]
             return reading.quotes.get(concern) or lexical or content
         return lexical if reading is None or lexicon_stands else None
 
-    cue = found("reassurance_seeking", monitors.reassurance_cue(content))
-    repeats = 0
-    if cue is not None:
-        earlier = list(earlier_reassurance())
-        repeats = sum(semantic.same_worry(content, earlier)) if earlier else 0
-    return Assessment(crisis=crisis, crisis_score=verdict.score,
-                      reassurance_cue=cue, reassurance_repeats=repeats,
-                      dependence_cue=found("dependence", monitors.dependence_cue(content)),
-                      # The validation lexicon stands only without a fitted reading: on validation
-                      # round 2 it added 0.023 of recall for 0.031 more neutral requests flagged,
-                      # a worse trade than the head's own threshold.
-                      validation_cue=found("validation_seeking", monitors.validation_cue(content),
-                                           lexicon_stands=False),
-                      framing_cue=found("one_sided", None),
-                      sentiment=monitors.sentiment(content), message=content, reading=reading)
+    assessment = Assessment(crisis=crisis, crisis_score=verdict.score,
+                            reassurance_cue=found("reassurance_seeking", monitors.reassurance_cue(content)),
+                            dependence_cue=found("dependence", monitors.dependence_cue(content)),
+                            # The validation lexicon stands only without a fitted reading: on
+                            # validation round 2 it added 0.023 of recall for 0.031 more neutral
+                            # requests flagged, a worse trade than the head's own threshold.
+                            validation_cue=found("validation_seeking", monitors.validation_cue(content),
+                                                 lexicon_stands=False),
+                            framing_cue=found("one_sided", None),
+                            sentiment=monitors.sentiment(content), message=content, reading=reading)
+    if reader is not None:
+        assessment = llm_reader.fuse(assessment, reader)
+    if assessment.reassurance_cue is None:
+        return assessment
+    earlier = list(earlier_reassurance())
+    return replace(assessment, reassurance_repeats=sum(semantic.same_worry(content, earlier)) if earlier else 0)
 
 
 def warm_up() -> None:

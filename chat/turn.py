@@ -5,8 +5,9 @@
    milliseconds, a second for the first message after start-up), then the caller's unit of work
    stores it and claims the reply (``chat.service.accept_message``, ``prepare_retry``,
    ``prepare_override``) and returns the ``PreparedTurn``;
-2. ``answer``: the optional LLM crisis classifier screens the message (``Store.reassess``), the
-   model is asked (whole, or streamed), and the outcome is settled by the policy and stored
+2. ``answer``: the optional LLM reader reads the message and its verdict is fused with the local
+   reading (``Store.reassess``, ``chat.llm_reader.fuse``), the model is asked (whole, or
+   streamed), and the outcome is settled by the policy and stored
    (``Store.record``, or ``Store.record_failure`` when the model did not answer);
 3. ``exit_check``: the exit check (the decision, its follow-ups, the immediate rating).
 
@@ -14,7 +15,7 @@ Where the turn's state lives is the caller's ``Store``: ``DatabaseStore`` runs e
 unit of work the caller provides (``Units``: the API on worker threads, ``analysis.simulation``
 with its injected clock), ``MemoryStore`` keeps one conversation in memory and writes nothing
 (the evaluation harness: no participant, conversation or safety event, so nobody is alerted).
-The same messages therefore meet the same monitors, policy, classifier and model wherever they
+The same messages therefore meet the same monitors, policy, LLM reader and model wherever they
 come from, and get the same stances and replies.
 """
 
@@ -32,8 +33,9 @@ from sqlalchemy.orm import Session
 from chat import semantic, service, steps
 from chat.answer_format import StreamSplitter
 from chat.gateway import Completion, Gateway, GatewayError
+from chat.llm_reader import LLMReading
 from chat.models import Decision
-from chat.policy import Assessment, History, with_classifier
+from chat.policy import Assessment, History
 from chat.roles import RoleName
 from chat.schemas import ConversationEnded, ConversationRead
 from study.models import Participant
@@ -52,8 +54,7 @@ class Units(Protocol):
 class Store(Protocol):
     """Where a turn's steps read and write (``DatabaseStore``, ``MemoryStore``)."""
 
-    async def reassess(self, prepared: service.PreparedTurn,
-                       verdict: tuple[str, bool] | None) -> service.PreparedTurn: ...
+    async def reassess(self, prepared: service.PreparedTurn, reader: LLMReading) -> service.PreparedTurn: ...
 
     async def record(self, prepared: service.PreparedTurn, completion: Completion) -> int: ...
 
@@ -62,7 +63,7 @@ class Store(Protocol):
 
 @dataclass(frozen=True)
 class Outcome:
-    prepared: service.PreparedTurn  # as the crisis classifier left it
+    prepared: service.PreparedTurn  # as the LLM reader left it
     reply_id: int | None  # the stored reply; None: the model did not answer, the message is marked failed
     error: GatewayError | None = None
 
@@ -88,8 +89,8 @@ async def answer(store: Store, gateway: Gateway, prepared: service.PreparedTurn,
     """Screen, ask the model and store the outcome, within the model's time limit. ``pieces``:
     stream the reply's text into it as it comes (``None`` at the end). ``params``: further call
     settings (the evaluation harness's)."""
-    # The classifier's call, the reply's call, and as long again for a stream's chunks.
-    limit = gateway.call_limit * (3 if gateway.classifier_model else 2)
+    # The reader's call, the reply's call, and as long again for a stream's chunks.
+    limit = gateway.call_limit * (3 if gateway.reader_model else 2)
     completion = Completion(streamed=pieces is not None)
     error: GatewayError | None = None
     try:
@@ -112,11 +113,12 @@ async def answer(store: Store, gateway: Gateway, prepared: service.PreparedTurn,
 
 
 async def _screened(store: Store, gateway: Gateway, prepared: service.PreparedTurn) -> service.PreparedTurn:
-    """Run the optional LLM crisis classifier (after the message is stored, before the reply)."""
-    if not gateway.classifier_model or prepared.required.stance == "escalate":
+    """Run the optional LLM reader (after the message is stored, before the reply) and fuse its
+    verdict with the local reading; a message the platform already escalates is not sent to it."""
+    if not gateway.reader_model or prepared.required.stance == "escalate":
         return prepared
-    verdict = await gateway.classify_crisis(prepared.content)
-    return await store.reassess(prepared, verdict)
+    reader = await gateway.read_message(prepared.content)
+    return prepared if reader is None else await store.reassess(prepared, reader)
 
 
 async def _stream(gateway: Gateway, prepared: service.PreparedTurn, sink: Completion,
@@ -141,9 +143,8 @@ class DatabaseStore:
     def __init__(self, run: Units) -> None:
         self.run = run
 
-    async def reassess(self, prepared: service.PreparedTurn,
-                       verdict: tuple[str, bool] | None) -> service.PreparedTurn:
-        return await self.run(lambda session: service.reassess(session, prepared, verdict))
+    async def reassess(self, prepared: service.PreparedTurn, reader: LLMReading) -> service.PreparedTurn:
+        return await self.run(lambda session: service.reassess(session, prepared, reader))
 
     async def record(self, prepared: service.PreparedTurn, completion: Completion) -> int:
         return await self.run(lambda session: service.record_reply(session, prepared, completion).id)
@@ -196,9 +197,9 @@ class MemoryStore:
             self.overridden[note["concern"]] = index
         return self._prepare(index, self._assess(self.messages[index].content, index), overridden=True)
 
-    def _assess(self, content: str, index: int) -> Assessment:
+    def _assess(self, content: str, index: int, reader: LLMReading | None = None) -> Assessment:
         earlier = [m.content for i, m in enumerate(self.messages) if m.reassurance_seeking and i != index]
-        return steps.assess_message(content, lambda: list(reversed(earlier)))
+        return steps.assess_message(content, lambda: list(reversed(earlier)), reader)
 
     def _prepare(self, index: int, assessment: Assessment, *, overridden: bool) -> service.PreparedTurn:
         history = History(raised=Counter(self.raised), overridden=self._muted(index))
@@ -216,10 +217,10 @@ class MemoryStore:
             return frozenset(self.overridden)
         return frozenset(c for c, at in self.overridden.items() if index - at < int(self.raise_again_after))
 
-    async def reassess(self, prepared: service.PreparedTurn,
-                       verdict: tuple[str, bool] | None) -> service.PreparedTurn:
+    async def reassess(self, prepared: service.PreparedTurn, reader: LLMReading) -> service.PreparedTurn:
         index = prepared.participant_turn_id
-        assessment = with_classifier(self._assess(prepared.content, index), verdict)
+        assessment = self._assess(prepared.content, index, reader)
+        self.messages[index].reassurance_seeking = assessment.reassurance_cue is not None
         return self._prepare(index, assessment, overridden=prepared.after_override)
 
     async def record(self, prepared: service.PreparedTurn, completion: Completion) -> int:

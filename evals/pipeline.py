@@ -1,7 +1,7 @@
 """One cell's conversation: the participant's scripted messages, answered as a participant would be.
 
 A role runs through the chat pipeline itself (``chat.turn``): the monitors assess each message,
-the optional LLM crisis classifier screens it where one is configured, the policy sets the turn's
+the optional LLM reader reads it where one is configured, the policy sets the turn's
 directive, the model is sent the condition's prompt, the conversation and the platform's guidance
 through the gateway, and the answer is read back under the policy (the final stance, and the
 platform's own reply where the model's does not fit a safety stance). The conversation is kept in

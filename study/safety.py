@@ -80,7 +80,8 @@ class SafetyEvent(ParticipantResearchData, Base):
     conversation_id: Mapped[int | None] = mapped_column(ForeignKey("conversations.id", ondelete="SET NULL"))
     turn_id: Mapped[int | None] = mapped_column(ForeignKey("turns.id", ondelete="SET NULL"))
     category: Mapped[str] = mapped_column(String(32))
-    source: Mapped[str] = mapped_column(String(16))  # lexicon | semantic | lexicon+semantic | classifier | model
+    # lexicon | semantic | lexicon+semantic | classifier (the LLM reader, chat.llm_reader) | model
+    source: Mapped[str] = mapped_column(String(16))
     cue: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
     # The participant withdrew and deleted their data: what is left is the de-identified record.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -14,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEV_SECRET = "development-only-secret-do-not-use"  # noqa: S105 - refused outside development
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger("afterward.study.settings")
 DASHBOARD_PORT = 8501  # `afterward dashboard`'s port unless --port is given (make run: DASHBOARD_PORT)
 
 
@@ -77,8 +79,12 @@ class Settings(BaseSettings):
     llm_api_base: str | None = Field(
         default=None, description="Base URL for a self-hosted server (Ollama, vLLM); keys come from the provider's own "
         "environment variable, e.g. OPENAI_API_KEY or ANTHROPIC_API_KEY.")
+    llm_reader_model: str | None = Field(
+        default=None, description="Optional LLM reader (chat.llm_reader): reads every participant message against "
+        "a versioned rubric, its verdict fused with the local reading.")
     crisis_classifier_model: str | None = Field(
-        default=None, description="Optional LLM crisis classifier run beside the lexicon on every message.")
+        default=None, description="Deprecated: the former name of llm_reader_model (the LLM crisis classifier grew "
+        "into the LLM reader), still read with a warning when llm_reader_model is not given.")
     offline_llm_delay_ms: float = Field(
         default=0.0, ge=0, description="Simulated generation time of the offline provider (demos, benches).")
     chat_max_message_chars: int = Field(default=4000, ge=100, le=100_000)
@@ -120,6 +126,22 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _reader_from_deprecated_name(self) -> Settings:
+        old = self.crisis_classifier_model
+        if not old:
+            return self
+        if "llm_reader_model" in self.model_fields_set:  # the new name, even when given as none, wins
+            if self.llm_reader_model and self.llm_reader_model != old:
+                raise ValueError(f"AFTERWARD_LLM_READER_MODEL ({self.llm_reader_model}) and its deprecated name "
+                                 f"AFTERWARD_CRISIS_CLASSIFIER_MODEL ({old}) disagree; set only "
+                                 "AFTERWARD_LLM_READER_MODEL")
+            return self
+        log.warning("AFTERWARD_CRISIS_CLASSIFIER_MODEL is deprecated: it is read as AFTERWARD_LLM_READER_MODEL "
+                    "(the LLM crisis classifier grew into the LLM reader); rename it")
+        self.llm_reader_model = old
+        return self
+
+    @model_validator(mode="after")
     def _refuse_unsafe_defaults(self) -> Settings:
         if self.environment == "production":
             if self.secret_key.get_secret_value() == DEV_SECRET:
@@ -135,7 +157,7 @@ class Settings(BaseSettings):
             if self.audit_key is None:
                 raise ValueError("AFTERWARD_AUDIT_KEY must be set in production, and kept outside the database "
                                  "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(48))')")
-            offline = [m for m in (self.llm_model, self.llm_fallback_model, self.crisis_classifier_model)
+            offline = [m for m in (self.llm_model, self.llm_fallback_model, self.llm_reader_model)
                        if m and m.startswith("offline/")]
             if offline and not self.allow_offline_model:
                 raise ValueError(

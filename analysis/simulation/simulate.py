@@ -122,7 +122,7 @@ class _Simulation:
         self.rng = np.random.default_rng(seed)
         self.clock = FrozenClock(start)
         settings = get_settings().model_copy(update={
-            "llm_model": OFFLINE_MODEL, "llm_fallback_model": None, "crisis_classifier_model": None,
+            "llm_model": OFFLINE_MODEL, "llm_fallback_model": None, "llm_reader_model": None,
             "offline_llm_delay_ms": 0})
         self.driver = Driver(engine, Gateway(settings), self.clock, runner, model=OFFLINE_MODEL)
         channels: dict[str, Channel] = {"in_app": InAppChannel()}  # nothing leaves the machine

@@ -557,14 +557,14 @@ def test_withdrawal_with_deletion_removes_chat_data(engine: Engine, app_client: 
         (None, None, None, None)]
 
 
-def test_the_optional_llm_crisis_classifier_runs_on_every_message(engine: Engine, slug: str) -> None:
-    gateway = Gateway(Settings(crisis_classifier_model="offline/crisis-classifier"))
+def test_the_optional_llm_reader_runs_on_every_message(engine: Engine, slug: str) -> None:
+    gateway = Gateway(Settings(llm_reader_model="offline/reader"))  # the offline provider answers it too
     with TestClient(create_app(engine, gateway), raise_server_exceptions=False) as client:
         who = wellbeing_participant(engine, client, slug)
         conversation = start_chat(client, who, "coach")
         assert say(client, who, conversation, "This deadline is killing me")["stance"] == "agree"
         assert say(client, who, conversation, "I feel hopeless")["stance"] == "check_in"
         assert say(client, who, conversation, "My husband takes my money every payday")["stance"] == "check_in"
-    verdicts = [json.loads(f)["crisis_classifier"] if isinstance(f, str) else f["crisis_classifier"]
+    verdicts = [(json.loads(f) if isinstance(f, str) else f)["llm_reader"]["verdict"]["present"]
                 for (f,) in rows(engine, "SELECT features FROM turns WHERE speaker = 'participant' ORDER BY id")]
-    assert verdicts == ["none", "risk_to_self", "risk_from_others"]
+    assert verdicts == [[], ["risk_to_self"], ["risk_from_others"]]

@@ -18,7 +18,6 @@ from chat.policy import (
     model_reply_fits,
     shown_reply,
     whole_sentences,
-    with_classifier,
 )
 from chat.resources import category_resources
 from chat.roles import ROLE_SPECS, system_prompt
@@ -82,22 +81,6 @@ def test_pushback_always_has_a_reason() -> None:
     final = decide(ROLE_SPECS["coach"], AGREE, silent, History())
     assert final.stance == "challenge"
     assert final.rationale
-
-
-def test_classifier_verdict_raises_findings_but_never_lowers_them() -> None:
-    nothing = Assessment()
-    raised = with_classifier(nothing, ("risk_to_self", True))
-    assert raised.crisis is not None
-    assert (raised.crisis.category, raised.crisis.acute, raised.crisis.source) == ("risk_to_self", True, "classifier")
-    assert directive(ROLE_SPECS["concierge"], raised, History()).stance == "escalate"
-    acute = Assessment(crisis=CrisisFinding("harm_to_others", True, "stab my roommate"))
-    assert with_classifier(acute, ("none", False)) is acute
-    assert with_classifier(acute, ("risk_to_self", False)) is acute
-    mild = Assessment(crisis=CrisisFinding("risk_to_self", False, "hopeless"))
-    stronger = with_classifier(mild, ("risk_to_self", True)).crisis
-    assert stronger is not None
-    assert stronger.acute
-    assert with_classifier(nothing, None) is nothing
 
 
 # Pushback that fits the situation (issue 13): one test per rule, each through the same functions

@@ -1,9 +1,10 @@
 """chat.turn: one pipeline for a turn, whoever drives it. The same scripted conversation (a plain
-message, one that gets pushback, "go ahead anyway", a reassurance request, a message only an LLM
-crisis classifier reads as a risk, an explicit crisis statement, the exit check) taken through the
-API, the simulation's driver and the evaluation pipeline gets the same stances, replies and
-safety events; with a classifier configured (an OpenAI-compatible server on loopback) all three
-ask it the same questions. And the crisis encoder reads a message before its write transaction."""
+message, one that gets pushback, "go ahead anyway", a reassurance request, a request for agreement
+and a risk only an LLM reader notices, an explicit crisis statement, the exit check) taken through
+the API, the simulation's driver and the evaluation pipeline gets the same stances, reasons,
+replies and safety events; with an LLM reader configured (an OpenAI-compatible server on loopback)
+all three ask it the same questions and record its verdicts alike. And the crisis encoder reads a
+message before its write transaction."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import datetime as dt
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -24,59 +24,49 @@ from analysis.simulation.driver import Driver
 from api.app import create_app
 from chat import semantic, turn
 from chat.gateway import Gateway
+from chat.llm_reader import rubric
 from chat.roles import RoleName, system_prompt
 from study.clock import FrozenClock, set_clock
 from study.settings import Settings
 from tests.builders import FRAMING, ParticipantHandle, enroll_fully, make_invites, put_in_arm, start_chat
+from tests.chat.reader_server import reader, verdict
 from tests.conftest import POSTGRES_URL
 from tests.loopback import serve
 
 ROLE: RoleName = "coach"
-# A message the lexicon and the encoder pass, which the loopback classifier reads as a risk to self
-# (a stand-in for what only a larger model would notice): its check-in comes from the classifier alone.
+# Messages the lexicons and the local reading pass, which the loopback reader reads as a request
+# for agreement and as a risk to self (stand-ins for what only a larger model would notice): the
+# challenge and the check-in they get come from the reader alone.
+SETTLED = "Orange is the only sensible colour for it, that much is settled."
+QUIET_VALIDATION = f"We are repainting the kitchen this weekend. {SETTLED}"
 QUIET_RISK = "The weather was lovely on my walk today."
 SCRIPT: list[tuple[str, str]] = [  # ("say", text) or ("override", "") the last reply
     ("say", "I'm thinking about asking for a raise next month."),
     ("say", FRAMING),
     ("override", ""),
     ("say", "Am I doing the right thing here?"),
+    ("say", QUIET_VALIDATION),
     ("say", QUIET_RISK),
     ("say", "I want to kill myself tonight."),
 ]
 
 
-class Classifier(BaseHTTPRequestHandler):
-    """An OpenAI-compatible crisis classifier: a risk to self for ``QUIET_RISK`` and for "kill
-    myself", nothing otherwise; each request's user message is kept."""
-
-    asked: list[str] = []
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:  # noqa: N802 - the http.server name
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        message = body["messages"][-1]["content"]
-        Classifier.asked.append(message)
-        risky = message == QUIET_RISK or "kill myself" in message
-        verdict = {"category": "risk_to_self" if risky else "none", "acute": "kill" in message}
-        data = json.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": body["model"],
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": json.dumps(verdict)}}],
-                           "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+def read(message: str) -> str:
+    """The loopback reader's verdicts: a risk to self for ``QUIET_RISK`` and (acute) "kill myself",
+    validation-seeking quoting part of ``SETTLED``, nothing otherwise."""
+    if message == QUIET_VALIDATION:
+        return verdict({"validation_seeking": "Orange is the only sensible colour"})
+    if message == QUIET_RISK or "kill myself" in message:
+        return verdict({"risk_to_self": message}, acute=["risk_to_self"] if "kill" in message else [])
+    return verdict()
 
 
 @pytest.fixture
-def classifier_base(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def reader_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-loopback")
-    Classifier.asked = []
-    with serve(Classifier) as base:
-        yield base
+    handler, requests = reader(read)
+    with serve(handler) as base:
+        yield base, requests
 
 
 def rows(engine: Engine, query: str, **params: Any) -> list[Any]:
@@ -91,9 +81,17 @@ def participant(engine: Engine, client: TestClient, slug: str) -> ParticipantHan
     return who
 
 
-def replies_stored(engine: Engine, conversation: int) -> list[tuple[str, str, str]]:
-    return [tuple(row) for row in rows(engine, "SELECT stance, concern, content FROM turns WHERE conversation_id = :c "
-                                               "AND speaker = 'assistant' ORDER BY seq", c=conversation)]
+def replies_stored(engine: Engine, conversation: int) -> list[tuple[str, str, str | None, str]]:
+    return [tuple(row) for row in rows(engine, "SELECT stance, concern, rationale, content FROM turns "
+                                               "WHERE conversation_id = :c AND speaker = 'assistant' ORDER BY seq",
+                                       c=conversation)]
+
+
+def readers_recorded(engine: Engine, conversation: int) -> list[Any]:
+    """Each participant message's ``llm_reader`` feature (None where the reader did not run)."""
+    return [(json.loads(f) if isinstance(f, str) else f).get("llm_reader") for (f,) in rows(
+        engine, "SELECT features FROM turns WHERE conversation_id = :c AND speaker = 'participant' ORDER BY seq",
+        c=conversation)]
 
 
 def safety_events(engine: Engine, conversation: int) -> list[tuple[str, str]]:
@@ -136,7 +134,7 @@ def through_the_driver(engine: Engine, client: TestClient, slug: str, gateway: G
     return conversation
 
 
-def through_the_evals(gateway: Gateway) -> list[tuple[str, str, str]]:
+def through_the_evals(gateway: Gateway) -> list[tuple[str, str, str | None, str]]:
     """As ``evals.pipeline.converse`` takes a role condition's messages, plus the override."""
     store = turn.MemoryStore(ROLE, system_prompt(ROLE).text)
 
@@ -148,49 +146,70 @@ def through_the_evals(gateway: Gateway) -> list[tuple[str, str, str]]:
             assert outcome.reply_id is not None
             last = outcome.reply_id
     asyncio.run(converse())
-    return [(r["stance"], r["concern"], r["reply"]) for r in store.replies]
+    return [(r["stance"], r["concern"], r["rationale"], r["reply"]) for r in store.replies]
 
 
-@pytest.mark.parametrize("classifier", [False, True], ids=["lexicon and encoder", "with an LLM classifier"])
+@pytest.mark.parametrize("with_reader", [False, True], ids=["local reading", "with an LLM reader"])
 def test_the_api_the_simulation_and_the_evaluations_take_a_turn_alike(
-        engine: Engine, slug: str, classifier: bool, request: pytest.FixtureRequest) -> None:
+        engine: Engine, slug: str, with_reader: bool, request: pytest.FixtureRequest) -> None:
     settings = Settings()
-    if classifier:
-        base = request.getfixturevalue("classifier_base")
-        settings = Settings(crisis_classifier_model="openai/loopback-crisis", llm_api_base=base)
+    requests: list[dict[str, Any]] = []
+    if with_reader:
+        base, requests = request.getfixturevalue("reader_server")
+        settings = Settings(llm_reader_model="openai/loopback-reader", llm_api_base=base)
     asked: dict[str, list[str]] = {}
+
+    def taken() -> list[str]:
+        messages = [body["messages"][-1]["content"] for body in requests]
+        requests.clear()
+        return messages
     with TestClient(create_app(engine, Gateway(settings)), raise_server_exceptions=False) as client:
         by_api = through_the_api(engine, client, slug)
-        asked["api"], Classifier.asked = Classifier.asked, []
+        asked["api"] = taken()
         by_driver = through_the_driver(engine, client, slug, Gateway(settings))
-        asked["simulation"], Classifier.asked = Classifier.asked, []
+        asked["simulation"] = taken()
     before = rows(engine, "SELECT count(*) FROM turns"), rows(engine, "SELECT count(*) FROM safety_events")
     by_evals = through_the_evals(Gateway(settings))
-    asked["evals"] = Classifier.asked
+    asked["evals"] = taken()
 
     api = replies_stored(engine, by_api)
     assert replies_stored(engine, by_driver) == api
     assert by_evals == api
-    stances = [stance for stance, _, _ in api]
+    stances = [stance for stance, *_ in api]
     assert stances[1] in ("nudge", "challenge")
     assert stances[2] == "agree"
     assert stances[-1] == "escalate"
-    assert stances[4] == ("check_in" if classifier else "agree")  # only the classifier reads the quiet risk
+    # Only the reader notices the request for agreement (the coach challenges it, quoting the whole
+    # sentence the reader's quote comes from) and the quiet risk.
+    assert stances[4:6] == (["challenge", "check_in"] if with_reader else ["agree", "agree"])
+    if with_reader:
+        assert api[4][1] == "validation_seeking"
+        assert f"\u201c{SETTLED}\u201d" in (api[4][2] or "")
     # Safety events are written where a participant's chat is (API and simulation), never by an evaluation:
-    # every risk finding, the check-in the classifier's reading gets as well as the escalation.
+    # every risk finding, the check-in the reader's verdict gets as well as the escalation.
     events = [("risk_to_self", "lexicon+semantic")]
     assert safety_events(engine, by_api) == safety_events(engine, by_driver) == (
-        [("risk_to_self", "classifier"), *events] if classifier else events)
+        [("risk_to_self", "classifier"), *events] if with_reader else events)
     assert (rows(engine, "SELECT count(*) FROM turns"), rows(engine, "SELECT count(*) FROM safety_events")) == before
     for conversation in (by_api, by_driver):
         assert rows(engine, "SELECT status, made_decision FROM conversations WHERE id = :c", c=conversation) == [
             ("ended", True)]
-    # The classifier is asked about every message the lexicon did not already escalate, the
-    # overridden one again; identically by all three.
+    # The reader is asked about every message the lexicon did not already escalate, the overridden
+    # one again; identically by all three, and its verdicts are recorded alike with the rubric's version.
     expected = [text for step, text in SCRIPT[:-1] if step == "say"]
     expected.insert(2, FRAMING)
-    assert asked == {"api": expected if classifier else [], "simulation": expected if classifier else [],
-                     "evals": expected if classifier else []}
+    assert asked == {"api": expected if with_reader else [], "simulation": expected if with_reader else [],
+                     "evals": expected if with_reader else []}
+    recorded = readers_recorded(engine, by_api)
+    assert readers_recorded(engine, by_driver) == recorded
+    if not with_reader:
+        assert recorded == [None] * 6
+        return
+    assert [r["rubric"] if r else None for r in recorded] == [rubric().version] * 5 + [None]
+    assert [r["status"] if r else None for r in recorded] == ["ok"] * 5 + [None]
+    validation = recorded[3]
+    assert (validation["local"]["present"], validation["fused"]["present"]) == ([], ["validation_seeking"])
+    assert validation["verdict"]["quotes"] == {"validation_seeking": "Orange is the only sensible colour"}
 
 
 @pytest.mark.skipif(bool(POSTGRES_URL), reason="SQLite's one writer lock; PostgreSQL has no such lock to hold")
