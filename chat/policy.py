@@ -6,11 +6,13 @@ stance the model proposed, keeping only concerns the role may raise and graduati
 a conversation along ``LADDER``: nudge, then challenge; safety concerns go on to escalation.
 
 How a step is shown fits the situation (``fitting``). An ordinary concern is a nudge or challenge
-the participant may override ("Go ahead anyway"); a concern they overrode is not raised again in
-that conversation. Safety is never overridable and its reasons are the platform's own words:
-distress, or danger from someone else, below escalation gets a supportive ``check_in`` with
-resources; harm to others is ``decline``d; escalation shows resources for its category. A reason
-that quotes the participant quotes whole sentences (``whole_sentences``), never a matched fragment.
+the participant may override ("Go ahead anyway"); a concern they overrode is muted (``History.overridden``)
+until the protocol's ``pushback.raise_again_after`` messages have passed. Safety is never overridable
+and its reasons are the platform's own words: distress, or danger from someone else, below escalation
+gets a supportive ``check_in`` with resources; harm to others is ``decline``d; escalation shows
+resources for its category. A reason that quotes the participant quotes whole sentences
+(``whole_sentences``), never a matched fragment. Dependence, once reliance has grown over days
+(``chat.drift``), is raised with a reason naming those days.
 """
 
 from __future__ import annotations
