@@ -26,7 +26,8 @@ from api.app import create_app
 from chat import drift, semantic, turn
 from chat.gateway import Gateway
 from chat.models import Turn
-from chat.roles import RoleName, system_prompt
+from chat.policy import Assessment, History, StanceDecision, decide, directive
+from chat.roles import ROLE_SPECS, RoleName, system_prompt
 from study.clock import FrozenClock, set_clock
 from study.db import session_scope
 from study.models import Participant
@@ -67,6 +68,23 @@ def test_the_rule_counts_days_of_the_last_week_in_the_participants_time_zone() -
     assert drift.reliance_days([evening, night], night, drift.UTC) == 1
     assert all(drift.window_start(at) <= when for when in spread)
     assert drift.zone("Nowhere/Atlantis") == drift.zone(None) == drift.UTC
+
+
+@pytest.mark.parametrize("role", ["collaborator", "coach"])
+def test_only_collaborator_and_coach_name_the_days_and_a_models_own_reason_does_not_replace_them(
+        role: RoleName) -> None:
+    spec = ROLE_SPECS[role]
+    leaning = Assessment(message=ASK, dependence_cue="tell me what to do", reliance_days=4)
+    required = directive(spec, leaning, History())
+    assert required.rationale.startswith(OVER_DAYS.format(4))
+    model = StanceDecision(required.stance, "dependence", "You keep asking me to choose.", source="model")
+    assert decide(spec, required, model, History(), ASK).rationale == required.rationale
+    # Per message (two days), a model's more specific reason for the same concern is kept, as before.
+    two_days = directive(spec, Assessment(message=ASK, dependence_cue="tell me what to do", reliance_days=2), History())
+    assert not two_days.rationale.startswith("Over the past week")
+    assert decide(spec, two_days, model, History(), ASK).rationale == "You keep asking me to choose."
+    for other in ("standard", "concierge"):  # roles that do not raise dependence stay quiet, days or not
+        assert directive(ROLE_SPECS[other], leaning, History()).stance == "agree"
 
 
 def participant(engine: Engine, client: TestClient, slug: str) -> ParticipantHandle:
