@@ -47,6 +47,7 @@ from analysis.reading import stream_frames
 from analysis.software import packages_line
 from analysis.spreadsheet import CSV_TEXT_NOTE
 from chat import triage
+from chat.drift import RELIANCE_MIN_DAYS, RELIANCE_WINDOW_DAYS
 from chat.models import Decision, Turn
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
@@ -235,6 +236,17 @@ class _Builder:
                free_text=True),
             _c("created_at", "datetime", "When it was stored (UTC)."),
             _c("reassurance_seeking", "boolean", "Participant turn flagged as reassurance-seeking."),
+            _c("dependence_signal", "boolean", "Participant turn flagged for dependence on the assistant (asking "
+               "it to decide, leaning on it instead of people): the reading's dependence head or the lexicon "
+               "cue. Empty for assistant turns."),
+            _c("reliance_days", "integer", "Reliance over days (chat.drift), counted when the message arrived: "
+               f"of the last {RELIANCE_WINDOW_DAYS} days (the participant's calendar days in their time zone, "
+               "that day included), how many had a participant message flagged for dependence (dependence_signal), "
+               "in any of their conversations, this message included. Empty for assistant turns and for messages "
+               "stored before it was recorded.", unit="days"),
+            _c("reliance_drift", "boolean", f"reliance_days >= {RELIANCE_MIN_DAYS}: reliance on the assistant was "
+               "growing over days when the message arrived; collaborator and coach then raise dependence with a "
+               "reason naming those days. Empty where reliance_days is."),
             _c("stance", "string", "Final stance of an assistant turn.", enum={s: s for s in STANCES}),
             _c("concern", "string", "Concern behind the stance.", enum={s: s for s in CONCERNS}),
             _c("rationale", "string", "The rationale shown to the participant.", free_text=True),
@@ -250,7 +262,11 @@ class _Builder:
         ])
         query = self.scoped(select(Turn.id.label("turn_id"), Turn.conversation_id,
                                    Participant.code.label("participant_code"), Turn.seq, Turn.speaker, Turn.role,
-                                   Turn.content, Turn.created_at, Turn.reassurance_seeking, Turn.stance, Turn.concern,
+                                   Turn.content, Turn.created_at, Turn.reassurance_seeking,
+                                   Turn.features["dependence_signal"].as_boolean().label("dependence_signal"),
+                                   Turn.features["reliance_days"].as_integer().label("reliance_days"),
+                                   Turn.features["reliance_drift"].as_boolean().label("reliance_drift"),
+                                   Turn.stance, Turn.concern,
                                    Turn.rationale, Turn.stance_source, Turn.model_stance, Turn.after_override,
                                    Turn.model, Turn.prompt_version, Turn.prompt_tokens, Turn.completion_tokens,
                                    Turn.cost_usd), Turn.participant_id).order_by(Turn.id)

@@ -71,7 +71,7 @@ def versions() -> dict[str, str]:
 
 
 def assess(text: str) -> Assessment:
-    return steps.assess_message(text, list)
+    return steps.assess_message(text, list, list)
 
 
 def share(flags: list[bool]) -> float:

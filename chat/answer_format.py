@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from chat.policy import StanceDecision
-from chat.roles import CONCERNS, STANCES
+from chat.roles import CONCERNS, SAFETY_CONCERNS, STANCES
 
 STANCE_SCHEMA: dict[str, Any] = {
     "name": "assistant_turn",
@@ -35,15 +36,22 @@ STANCE_SCHEMA: dict[str, Any] = {
 GUIDANCE_HEADING = "Platform guidance for this turn"
 
 
-def guidance(required: StanceDecision, *, overridden: bool = False) -> str:
-    """A system message with the platform's directive; empty-handed turns get none."""
+def guidance(required: StanceDecision, *, overridden: bool = False, muted: Collection[str] = ()) -> str:
+    """A system message with the platform's directive; empty-handed turns get none. ``muted``: the
+    ordinary concerns the participant overrode and the platform does not raise yet
+    (``chat.service.muted_concerns``), so a model raising one itself would be overruled and its
+    reply would point at a note nobody sees."""
     lines = [f"{GUIDANCE_HEADING}:"]
     if overridden:
         lines.append("override: yes. The participant heard your concern and chose to go ahead. Help them as "
                      "they asked, without repeating the concern.")
+    quiet = sorted(set(muted) - SAFETY_CONCERNS)
+    if quiet:
+        lines.append(f"muted: {', '.join(quiet)}. The participant chose to go ahead despite these concerns; do "
+                     "not raise them again for now.")
     if required.stance != "agree":
         lines += [f"required_stance: {required.stance}", f"concern: {required.concern}",
-                  f"rationale: {required.rationale}"]
+                  f"rationale: {' '.join(required.rationale.splitlines())}"]  # one line
     return "\n".join(lines) if len(lines) > 1 else ""
 
 
@@ -54,9 +62,15 @@ def read_guidance(text: str) -> dict[str, str]:
     fields = {}
     for line in text.split(GUIDANCE_HEADING, 1)[1].splitlines():
         key, sep, value = line.partition(":")
-        if sep and key.strip() in ("override", "required_stance", "concern", "rationale"):
+        if sep and key.strip() in ("override", "muted", "required_stance", "concern", "rationale"):
             fields[key.strip()] = value.strip()
     return fields
+
+
+def muted_concerns(fields: dict[str, str]) -> frozenset[str]:
+    """The concerns a guidance's ``muted`` line names (``read_guidance``'s fields)."""
+    names = fields.get("muted", "").split(".", 1)[0]
+    return frozenset(name.strip() for name in names.split(",") if name.strip() in CONCERNS)
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,17 @@
 It behaves like a model that follows the role prompt: it reads ``Role:`` from the system prompt,
 follows the platform guidance, and judges framing itself (absolutes, mind-reading, a drastic
 plan resting on one of them) as collaborator or coach would; it does not notice validation-seeking
-on its own (the platform's guidance brings it). Where the platform checks in, declines or
-escalates, its reply never opens as if doing what was asked. It answers in the STANCE format, or
-as JSON when a response format is requested. Sent the LLM reader's rubric (``chat.llm_reader``),
-it answers that reader's verdict from the lexicons (``read``). Models for tests of failure handling:
+on its own (the platform's guidance brings it). Following the guidance means, for every concern,
+step and role the policy can give (``tests/chat/test_offline_guidance.py`` holds it to this): the
+STANCE line names the required stance, concern and the platform's reason word for word (its quote
+of the participant included); the reply is written for that concern (a nudge or challenge says
+what it weighs without agreeing, a check-in asks how they are and does not do the task, a decline
+refuses the harmful part, an escalation points to help); after "go ahead anyway" it helps as asked
+without repeating the concern; and it does not raise a concern the guidance says is muted. Where
+the platform checks in, declines or escalates, its reply never opens as if doing what was asked.
+It answers in the STANCE format, or as JSON when a response format is requested. Sent the LLM
+reader's rubric (``chat.llm_reader``), it answers that reader's verdict from the lexicons (``read``).
+Models for tests of failure handling:
 
 - ``offline/afterward`` (and any other name): answers.
 - ``offline/fail-error``: the provider fails with a server error.
@@ -15,7 +22,8 @@ it answers that reader's verdict from the lexicons (``read``). Models for tests 
   has something to find: it never questions a framing, ignores guidance short of escalation,
   affirms what it is told and, pushed back on, takes back what it said. The plain model turns
   the same way with a sad participant when its system prompt tells it to validate whatever
-  they say (``_VALIDATING``), as warm prompts are reported to make models do.
+  they say (``_VALIDATING``), as warm prompts are reported to make models do, unless the
+  platform's guidance requires a stance (only role conditions get guidance; bare ones never do).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from litellm.llms.custom_llm import CustomLLMError
 from litellm.types.utils import GenericStreamingChunk, ModelResponse, Usage
 
 from chat import monitors
-from chat.answer_format import read_guidance
+from chat.answer_format import muted_concerns, read_guidance
 from chat.llm_reader import MARKER as READER_MARKER
 from chat.llm_reader import ConcernFinding, DangerFinding, ReaderVerdict
 from chat.monitors import detect_crisis, normalize, sentence_with, sentiment
@@ -91,12 +99,44 @@ _SAFETY_REPLIES = {
         "I'm sorry this is happening to you. What someone else does to you is not your fault. Are you somewhere safe "
         "right now? I'm here to listen, and the people shown here can help you think about what to do next."),
     ("check_in", "risk_to_self"): (
-        "That sounds really hard, and I'm glad you told me. I'm here to listen: what's been weighing on you most, "
-        "and is there someone around you who knows how you're feeling?"),
+        "That sounds really hard, and I'm glad you told me. How are you doing right now, really? I'm here to listen: "
+        "what's been weighing on you most, and is there someone around you who knows how you're feeling?"),
 }
 
+# What a nudge or challenge says in the reply itself, concern by concern (the note carries the
+# platform's reason): what is weighed, never agreement, never the decision made for them.
+_WEIGHING = "Before going further, one thing worth weighing (see the note):"
+_PUSHING = "I want to push back on part of this first (see the note):"
+_PUSHBACK_REPLIES = {
+    ("nudge", "validation_seeking"): (
+        f"{_WEIGHING} I've only heard your side, so rather than simply agree, let's look at how it might seem to "
+        "the other person."),
+    ("challenge", "validation_seeking"): (
+        f"{_PUSHING} I won't simply agree when I've only heard one side. What would the other person say "
+        "happened?"),
+    ("nudge", "unsupported_framing"): (
+        f"{_WEIGHING} part of how you've put this may not match what actually happened, and it's worth checking "
+        "before you act on it."),
+    ("challenge", "unsupported_framing"): (
+        f"{_PUSHING} the way you've framed it doesn't seem to be supported by what you've told me, and a plan "
+        "built on it could cost you."),
+    ("nudge", "reassurance_loop"): (
+        f"{_WEIGHING} another yes from me may not settle this for long, so let's look at what keeps bringing the "
+        "question back."),
+    ("challenge", "reassurance_loop"): (
+        f"{_PUSHING} more reassurance from me hasn't settled it, so instead of giving another, let's look at "
+        "what's underneath."),
+    ("nudge", "dependence"): (
+        f"{_WEIGHING} I'd rather help you decide than decide for you. Let's lay out your options and what each "
+        "would mean for you."),
+    ("challenge", "dependence"): (
+        f"{_PUSHING} I won't make this decision for you, because you know your life better than I do. Let's work "
+        "out what you would choose."),
+}
+_OVER_DAYS = "Over the past week"  # how a dependence reason that counts days begins (chat.policy)
 
-def _reply(role: str, stance: str, concern: str, message: str, overridden: bool) -> str:
+
+def _reply(role: str, stance: str, concern: str, message: str, overridden: bool, rationale: str = "") -> str:
     topic = _topic(message)
     if stance in ("check_in", "decline", "escalate"):  # never opened as if doing what was asked
         return _SAFETY_REPLIES.get((stance, concern), _SAFETY_REPLIES[("escalate", "risk_to_self")])
@@ -116,10 +156,12 @@ def _reply(role: str, stance: str, concern: str, message: str, overridden: bool)
         "collaborator": "What matters most to you here, and what would you want to be true a month from now?",
         "coach": "What is one step you can take this week, and how will you know you took it?",
     }.get(role, "")
-    if stance == "nudge":
-        return f"{opening} Before going further, one thing worth weighing (see the note). {body}"
-    if stance == "challenge":
-        return f"{opening} I want to push back on part of this first (see the note). {body}"
+    if stance in ("nudge", "challenge"):
+        lead = _PUSHBACK_REPLIES.get((stance, concern), f"{_WEIGHING if stance == 'nudge' else _PUSHING} "
+                                                        "let's look at it together.")
+        if concern == "dependence" and rationale.startswith(_OVER_DAYS):
+            lead = f"{lead} You've come to me for this on several days lately, and that's worth noticing too."
+        return f"{opening} {lead} {body}"
     return f"{opening} {body}"
 
 
@@ -166,17 +208,18 @@ def answer(messages: list[dict[str, Any]], *, as_json: bool = False, sycophantic
     role = _role(system_text)
     guide = read_guidance(system_text)
     overridden = guide.get("override", "").startswith("yes")
+    required = guide.get("required_stance")
     stance, concern, rationale = "agree", "none", ""
-    if not sycophantic and _VALIDATING.search(system_text):
+    if not sycophantic and required is None and _VALIDATING.search(system_text):
         sycophantic = sentiment(last_user) < -0.05
-    if sycophantic and guide.get("required_stance") != "escalate":
+    if sycophantic and required != "escalate":
         reply = _sycophantic_reply(messages, last_user)
         if as_json:
             return json.dumps({"stance": stance, "concern": concern, "rationale": rationale, "reply": reply})
         return f"STANCE {json.dumps({'stance': stance, 'concern': concern, 'rationale': rationale})}\n\n{reply}"
-    if guide.get("required_stance") in ("nudge", "challenge", "check_in", "decline", "escalate"):
-        stance, concern, rationale = guide["required_stance"], guide.get("concern", "none"), guide.get("rationale", "")
-    elif not overridden and role in ("collaborator", "coach"):
+    if required in ("nudge", "challenge", "check_in", "decline", "escalate"):
+        stance, concern, rationale = required, guide.get("concern", "none"), guide.get("rationale", "")
+    elif not overridden and role in ("collaborator", "coach") and "unsupported_framing" not in muted_concerns(guide):
         match = _FRAMING.search(normalize(last_user))
         if match:
             stance = "nudge" if role == "collaborator" else "challenge"
@@ -184,7 +227,7 @@ def answer(messages: list[dict[str, Any]], *, as_json: bool = False, sycophantic
             said = sentence_with(last_user, match.group(0)) or last_user.strip()
             rationale = (f"You said \u201c{said}\u201d{'' if said[-1] in '.!?' else '.'} I'm not sure what you've "
                          "described supports that, and it's shaping the plan; is there evidence either way?")
-    reply = _reply(role, stance, concern, last_user, overridden)
+    reply = _reply(role, stance, concern, last_user, overridden, rationale)
     if as_json:
         return json.dumps({"stance": stance, "concern": concern, "rationale": rationale, "reply": reply})
     header = json.dumps({"stance": stance, "concern": concern, "rationale": rationale})

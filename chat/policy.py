@@ -6,11 +6,13 @@ stance the model proposed, keeping only concerns the role may raise and graduati
 a conversation along ``LADDER``: nudge, then challenge; safety concerns go on to escalation.
 
 How a step is shown fits the situation (``fitting``). An ordinary concern is a nudge or challenge
-the participant may override ("Go ahead anyway"); a concern they overrode is not raised again in
-that conversation. Safety is never overridable and its reasons are the platform's own words:
-distress, or danger from someone else, below escalation gets a supportive ``check_in`` with
-resources; harm to others is ``decline``d; escalation shows resources for its category. A reason
-that quotes the participant quotes whole sentences (``whole_sentences``), never a matched fragment.
+the participant may override ("Go ahead anyway"); a concern they overrode is muted (``History.overridden``)
+until the protocol's ``pushback.raise_again_after`` messages have passed. Safety is never overridable
+and its reasons are the platform's own words: distress, or danger from someone else, below escalation
+gets a supportive ``check_in`` with resources; harm to others is ``decline``d; escalation shows
+resources for its category. A reason that quotes the participant quotes whole sentences
+(``whole_sentences``), never a matched fragment. Dependence, once reliance has grown over days
+(``chat.drift``), is raised with a reason naming those days.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from chat.drift import reliance_growing
 from chat.monitors import CrisisFinding, normalize, sentence_with
 from chat.reading import Reading
 from chat.roles import LADDER, OVERRIDABLE_STANCES, SAFETY_CONCERNS, STANCES, Concern, RoleSpec, Stance
@@ -36,6 +39,8 @@ class Assessment:
     reassurance_cue: str | None = None
     reassurance_repeats: int = 0  # earlier similar requests, this and other conversations
     dependence_cue: str | None = None
+    # Days of the last week with a dependence-flagged message, this one included (chat.drift).
+    reliance_days: int = 0
     validation_cue: str | None = None
     framing_cue: str | None = None  # the sentence of a one-sided or unsupported framing (chat.reading)
     sentiment: float | None = None  # VADER compound of the message
@@ -55,6 +60,8 @@ class Assessment:
             "reassurance_repeats": self.reassurance_repeats,
             "dependence_signal": self.dependence_cue is not None,
             "dependence_cue": self.dependence_cue,
+            "reliance_days": self.reliance_days,
+            "reliance_drift": reliance_growing(self.reliance_days),
             "validation_seeking": self.validation_cue is not None,
             "validation_cue": self.validation_cue,
             "unsupported_framing": self.framing_cue is not None,
@@ -78,6 +85,9 @@ class StanceDecision:
     concern: Concern = "none"
     rationale: str = ""
     source: str = "platform"  # platform | model
+    # The reason says what only the platform saw (reliance over days, chat.drift): a model's own
+    # reason for the same concern does not replace it.
+    keeps_reason: bool = False
 
     @property
     def overridable(self) -> bool:
@@ -88,10 +98,12 @@ AGREE = StanceDecision("agree")
 
 
 def default_rationale(concern: Concern, stance: Stance, *, repeats: int = 0, raised: int = 0,
-                      quote: str | None = None) -> str:
+                      quote: str | None = None, reliance_days: int = 0) -> str:
     """Reasons in the platform's words: for safety stances always, otherwise when the model gave
     none. ``repeats``: earlier similar reassurance requests; ``raised``: times the concern was
-    already raised in the conversation; ``quote``: the participant's sentence the concern is about."""
+    already raised in the conversation; ``quote``: the participant's sentence the concern is about;
+    ``reliance_days``: days of the last week with a dependence-flagged message (``chat.drift``),
+    which, once reliance is growing, the dependence reason names instead of this one message."""
     if stance == "escalate":
         return {
             "harm_to_others": "What you wrote suggests someone could get seriously hurt. I can't help with that, and "
@@ -119,6 +131,15 @@ def default_rationale(concern: Concern, stance: Stance, *, repeats: int = 0, rai
     else:
         asked, backing = "You asked me to agree with your side of this.", "You're asking me to back you up."
         wrote = ""
+    if concern == "dependence" and reliance_growing(reliance_days):
+        days = (f"Over the past week you've asked me to decide for you, or leaned on me, on {reliance_days} "
+                "different days.")
+        return {
+            "nudge": f"{days} I'm glad to help, and I'd like you to have people and your own judgment to lean on "
+                     "too: who else could you talk this through with?",
+            "challenge": f"{days} You know your life better than I do, so rather than decide for you I'd like to "
+                         "help you decide: what would you choose if I weren't here?",
+        }.get(stance, "")
     texts: dict[str, dict[str, str]] = {
         "unsupported_framing": {
             "nudge": f"{wrote}Part of how this is framed may not be supported by what you've told me; it could be "
@@ -221,7 +242,9 @@ def graduated(role: RoleSpec, concern: Concern, history: History) -> Stance | No
 
 def directive(role: RoleSpec, assessment: Assessment, history: History) -> StanceDecision:
     """What the platform requires of this turn before the model is asked: the first of the
-    monitors' concerns (crisis, dependence, validation-seeking, a reassurance loop) the role raises."""
+    monitors' concerns (crisis, dependence, validation-seeking, a reassurance loop) the role raises.
+    Dependence, once reliance has grown over days (``chat.drift``), is raised with a reason that
+    says what was seen over those days, which a model's own reason does not replace."""
     crisis = assessment.crisis
     if crisis is not None and crisis.acute:
         return StanceDecision("escalate", crisis.category, default_rationale(crisis.category, "escalate"))
@@ -239,8 +262,10 @@ def directive(role: RoleSpec, assessment: Assessment, history: History) -> Stanc
     for concern, quote in found:
         stance = graduated(role, concern, history)
         if stance is not None:
+            over_days = concern == "dependence" and reliance_growing(assessment.reliance_days)
             return StanceDecision(stance, concern, default_rationale(
-                concern, stance, repeats=assessment.reassurance_repeats, raised=history.raised[concern], quote=quote))
+                concern, stance, repeats=assessment.reassurance_repeats, raised=history.raised[concern], quote=quote,
+                reliance_days=assessment.reliance_days), keeps_reason=over_days)
     return AGREE
 
 
@@ -267,7 +292,7 @@ def decide(role: RoleSpec, required: StanceDecision, proposed: StanceDecision | 
         return AGREE
     best = max(candidates, key=lambda c: STANCES.index(c.stance))
     if (proposed is not None and best.source == "platform" and best.overridable and proposed.concern == best.concern
-            and proposed.rationale.strip()):
+            and proposed.rationale.strip() and not best.keeps_reason):
         # Same concern: the model's reason is usually more specific than ours.
         return StanceDecision(best.stance, best.concern, whole_sentences(proposed.rationale.strip(), message),
                               source="platform")

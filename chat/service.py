@@ -25,7 +25,7 @@ from sqlalchemy import JSON, String, and_, case, cast, func, literal, null, or_,
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session, aliased
 
-from chat import check_ins
+from chat import check_ins, drift
 from chat.conversations import _require_active, get_conversation
 from chat.conversations import arm_of as arm_of  # re-exported: the service's callers find them here
 from chat.conversations import list_conversations as list_conversations
@@ -144,7 +144,14 @@ def _assess(session: Session, participant: Participant, content: str, before_tur
                                        *([Turn.id != before_turn_id] if before_turn_id else []))
             .order_by(Turn.id.desc()).limit(50)).all()
 
-    return assess_message(content, earlier, reader)
+    def reliance() -> Sequence[dt.datetime]:  # stored features: nothing is encoded in the transaction
+        return session.scalars(
+            select(Turn.created_at).where(Turn.participant_id == participant.id, Turn.speaker == "participant",
+                                          Turn.features["dependence_signal"].as_boolean().is_(True),
+                                          Turn.created_at >= drift.window_start(now()),
+                                          *([Turn.id != before_turn_id] if before_turn_id else []))).all()
+
+    return assess_message(content, earlier, reliance, tz=drift.zone(participant.timezone), reader=reader)
 
 
 def _recent(session: Session, conversation_id: int) -> list[tuple[str, str]]:

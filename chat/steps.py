@@ -5,21 +5,25 @@ them alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import datetime as dt
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
+from zoneinfo import ZoneInfo
 
-from chat import llm_reader, monitors, semantic
+from chat import drift, llm_reader, monitors, semantic
 from chat.answer_format import ParsedAnswer, guidance, parse_answer
 from chat.gateway import Completion
 from chat.llm_reader import LLMReading
 from chat.policy import Assessment, History, StanceDecision, decide, directive, platform_reply, shown_reply
 from chat.roles import ROLE_SPECS, RoleName
+from study.clock import now
 
 HISTORY_TURNS = 20  # turns of the conversation sent to the model
 
 
 def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]],
-                   reader: LLMReading | None = None) -> Assessment:
+                   earlier_reliance: Callable[[], Sequence[dt.datetime]], *,
+                   tz: ZoneInfo = drift.UTC, reader: LLMReading | None = None) -> Assessment:
     """What the monitors find in one message: the crisis finding (``chat.semantic.read``) and the
     concerns pushback follows, each found by the reading (``chat.reading``, quoting the sentence
     that carries it) or by its lexicon cue (validation-seeking's only when no reading is fitted),
@@ -27,7 +31,11 @@ def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]
     ``earlier_reassurance`` gives the participant's
     earlier reassurance-seeking messages (asked for only when this one seeks reassurance); they
     count as repeats when they are about the same worry (``chat.semantic.same_worry``); the
-    evaluation harness (``evals``) passes its own conversation's."""
+    evaluation harness (``evals``) passes its own conversation's. ``earlier_reliance`` gives the
+    times of the participant's earlier dependence-flagged messages since ``chat.drift.window_start``
+    (read from what was stored with them, never encoded again): with this message's own flag, the
+    days of the last week on which they leaned on the assistant (``reliance_days``, counted in
+    their time zone ``tz`` on the injected clock)."""
     crisis, verdict = semantic.read(content)
     reading = verdict.reading
 
@@ -48,6 +56,9 @@ def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]
                             sentiment=monitors.sentiment(content), message=content, reading=reading)
     if reader is not None:
         assessment = llm_reader.fuse(assessment, reader)
+    at = now()
+    leaned = [*earlier_reliance(), *([at] if assessment.dependence_cue is not None else [])]
+    assessment = replace(assessment, reliance_days=drift.reliance_days(leaned, at, tz))
     if assessment.reassurance_cue is None:
         return assessment
     earlier = list(earlier_reassurance())
@@ -58,17 +69,18 @@ def warm_up() -> None:
     """Load the crisis encoder and run every monitor once (the sentiment lexicon loads on first
     use too), so the first participant message waits for neither: the API does this at start-up."""
     semantic.load()
-    assess_message("Loading the monitors: I'm not sure, am I right?", list)
+    assess_message("Loading the monitors: I'm not sure, am I right?", list, list)
 
 
 def model_messages(system_text: str, recent: Sequence[tuple[str, str]], required: StanceDecision,
-                   *, overridden: bool = False) -> list[dict[str, str]]:
+                   *, overridden: bool = False, muted: Collection[str] = ()) -> list[dict[str, str]]:
     """What the model is sent: the role's prompt, the recent turns (``(speaker, content)``, oldest
-    first, the new message last) and the platform's guidance for this turn."""
+    first, the new message last) and the platform's guidance for this turn (``muted``: the
+    overridden concerns not to raise yet)."""
     messages = [{"role": "system", "content": system_text}]
     messages += [{"role": "user" if speaker == "participant" else "assistant", "content": content}
                  for speaker, content in recent]
-    note = guidance(required, overridden=overridden)
+    note = guidance(required, overridden=overridden, muted=muted)
     if note:
         messages.append({"role": "system", "content": note})
     return messages
@@ -81,7 +93,8 @@ def plan(role: RoleName, assessment: Assessment, history: History, system_text: 
     required = directive(ROLE_SPECS[role], assessment, history)
     if overridden and required.overridable:
         required = StanceDecision("agree")
-    return required, model_messages(system_text, recent[-HISTORY_TURNS:], required, overridden=overridden)
+    return required, model_messages(system_text, recent[-HISTORY_TURNS:], required, overridden=overridden,
+                                    muted=history.overridden)
 
 
 def settle_reply(role: RoleName, required: StanceDecision, history: History, content: str, answer: str,

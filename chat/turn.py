@@ -27,10 +27,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
+from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
-from chat import semantic, service, steps
+from chat import drift, semantic, service, steps
 from chat.answer_format import StreamSplitter
 from chat.gateway import Completion, Gateway, GatewayError
 from chat.llm_reader import LLMReading
@@ -38,6 +39,7 @@ from chat.models import Decision
 from chat.policy import Assessment, History
 from chat.roles import RoleName
 from chat.schemas import ConversationEnded, ConversationRead
+from study.clock import now
 from study.models import Participant
 from study.protocol import Pushback
 from study.settings import get_settings
@@ -160,6 +162,8 @@ class DatabaseStore:
 class _Message:
     content: str
     reassurance_seeking: bool = False
+    dependence: bool = False  # flagged for dependence (the feature dependence_signal)
+    at: dt.datetime | None = None  # when it was taken (the injected clock)
 
 
 @dataclass
@@ -172,6 +176,7 @@ class MemoryStore:
     role: RoleName
     system_text: str
     model: str | None = None
+    tz: ZoneInfo = drift.UTC  # the days reliance is counted in (chat.drift)
     recent: list[tuple[str, str]] = field(default_factory=list)  # (speaker, content), oldest first
     messages: list[_Message] = field(default_factory=list)
     raised: Counter[str] = field(default_factory=Counter)
@@ -185,7 +190,8 @@ class MemoryStore:
         """Take a participant message (``chat.service.accept_message``)."""
         index = len(self.messages)
         assessment = await asyncio.to_thread(self._assess, content, index)
-        self.messages.append(_Message(content, assessment.reassurance_cue is not None))
+        self.messages.append(_Message(content, assessment.reassurance_cue is not None,
+                                      assessment.dependence_cue is not None, now()))
         self.recent.append(("participant", content))
         return self._prepare(index, assessment, overridden=False)
 
@@ -199,7 +205,9 @@ class MemoryStore:
 
     def _assess(self, content: str, index: int, reader: LLMReading | None = None) -> Assessment:
         earlier = [m.content for i, m in enumerate(self.messages) if m.reassurance_seeking and i != index]
-        return steps.assess_message(content, lambda: list(reversed(earlier)), reader)
+        since = drift.window_start(now())
+        leaned = [m.at for i, m in enumerate(self.messages) if m.dependence and m.at and m.at >= since and i != index]
+        return steps.assess_message(content, lambda: list(reversed(earlier)), lambda: leaned, tz=self.tz, reader=reader)
 
     def _prepare(self, index: int, assessment: Assessment, *, overridden: bool) -> service.PreparedTurn:
         history = History(raised=Counter(self.raised), overridden=self._muted(index))

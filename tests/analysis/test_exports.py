@@ -178,6 +178,14 @@ def test_every_format_reads_back_as_the_database(engine: Engine, study: Built, t
         "FROM turns t " + IN_STUDY.format(t="t") + " ORDER BY t.id"), study.slug, ("created_at",)).assign(
         content=lambda f: f.content.map(scrub), reassurance_seeking=lambda f: f.reassurance_seeking.astype(bool),
         after_override=lambda f: f.after_override.astype(bool)))
+    # The monitors' features of each message, from turns.features: Bob asked the assistant to decide
+    # once (one day of reliance, not drift); replies carry none.
+    turns = read_back(result, "turns")
+    said = turns["speaker"] == "participant"
+    monitors = turns[said][["participant_code", "dependence_signal", "reliance_days", "reliance_drift"]]
+    assert [tuple(row) for row in monitors.itertuples(index=False)] == [
+        (study.alice, False, 0, False), (study.alice, False, 0, False), (study.bob, True, 1, False)]
+    assert turns[~said][["dependence_signal", "reliance_days", "reliance_drift"]].isna().all().all()
     same(read_back(result, "decisions"), db_frame(engine, (
         "SELECT d.id AS decision_id, p.code AS participant_code, d.conversation_id, d.decided_at FROM decisions d "
         + IN_STUDY.format(t="d") + " ORDER BY d.id"), study.slug, ("decided_at",)))

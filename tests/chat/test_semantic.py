@@ -140,7 +140,8 @@ def reading_as_before(text: str) -> tuple[float, Reading]:
 
     x = semantic.features(run(semantic.pieces(text)))
     parts = semantic.sentences(text)
-    z = np.concatenate([x, run([" ".join(parts[-2:])])[0] if len(parts) > 2 else x[:semantic.EMBEDDING]]).astype(np.float32)
+    last = run([" ".join(parts[-2:])])[0] if len(parts) > 2 else x[:semantic.EMBEDDING]
+    z = np.concatenate([x, last]).astype(np.float32)
     reading = heads.reading(z)
     quoted = [c for c in QUOTED if c in reading.flagged]
     if quoted and len(parts) == 1:
