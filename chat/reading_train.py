@@ -133,12 +133,14 @@ def corpus() -> tuple[list[dict[str, object]], list[Path]]:
     return rows, [*multi, *crisis_paths, pool_crisis, *validation]
 
 
-# The concerns pushback follows get a support-vector machine (RBF kernel, balanced classes): fitted
-# without validation rounds 1 and 2 and scored on them, it found 0.61 and 0.81 of their
-# validation-seeking messages at 4% of their neutral requests, against 0.51 and 0.74 for the
-# logistic regression. Every kernel head shares one gamma (``kernel_gamma``), so their support
-# vectors are one set at run time.
-KERNEL_CONCERNS = ("validation_seeking", "reassurance_seeking", "dependence", "one_sided")
+# Validation-seeking, reassurance-seeking and one-sided framing get a support-vector machine (RBF
+# kernel, balanced classes): fitted without validation rounds 1 and 2 and scored on them, it found
+# 0.61 and 0.81 of their validation-seeking messages at 4% of their neutral requests, against 0.51
+# and 0.74 for the logistic regression. Far from every support vector a kernel head's decision is
+# its intercept alone: with dependence's few positives (359) that flagged "Hello?" and "Help me plan
+# my week", so dependence stays linear. Every kernel head shares one gamma (``kernel_gamma``), so
+# their support vectors are one set at run time.
+KERNEL_CONCERNS = ("validation_seeking", "reassurance_seeking", "one_sided")
 KERNEL_C = 4.0
 # The concerns that push back on their own (``chat.policy.directive``; a reassurance request needs
 # repeats). Each has its budget above, but on a neutral request any of them is pushback nobody asked

@@ -26,7 +26,7 @@ def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]
                    tz: ZoneInfo = drift.UTC, reader: LLMReading | None = None) -> Assessment:
     """What the monitors find in one message: the crisis finding (``chat.semantic.read``) and the
     concerns pushback follows, each found by the reading (``chat.reading``, quoting the sentence
-    that carries it) or by its lexicon cue (validation-seeking's only when no reading is fitted),
+    that carries it) or by its lexicon cue,
     with the LLM reader's verdict added when one ran (``reader``; ``chat.llm_reader.fuse``).
     ``earlier_reassurance`` gives the participant's
     earlier reassurance-seeking messages (asked for only when this one seeks reassurance); they
@@ -39,19 +39,15 @@ def assess_message(content: str, earlier_reassurance: Callable[[], Sequence[str]
     crisis, verdict = semantic.read(content)
     reading = verdict.reading
 
-    def found(concern: str, lexical: str | None, *, lexicon_stands: bool = True) -> str | None:
+    def found(concern: str, lexical: str | None) -> str | None:
         if reading is not None and concern in reading.flagged:
             return reading.quotes.get(concern) or lexical or content
-        return lexical if reading is None or lexicon_stands else None
+        return lexical
 
     assessment = Assessment(crisis=crisis, crisis_score=verdict.score,
                             reassurance_cue=found("reassurance_seeking", monitors.reassurance_cue(content)),
                             dependence_cue=found("dependence", monitors.dependence_cue(content)),
-                            # The validation lexicon stands only without a fitted reading: on
-                            # validation round 2 it added 0.023 of recall for 0.031 more neutral
-                            # requests flagged, a worse trade than the head's own threshold.
-                            validation_cue=found("validation_seeking", monitors.validation_cue(content),
-                                                 lexicon_stands=False),
+                            validation_cue=found("validation_seeking", monitors.validation_cue(content)),
                             framing_cue=found("one_sided", None),
                             sentiment=monitors.sentiment(content), message=content, reading=reading)
     if reader is not None:
