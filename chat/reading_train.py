@@ -5,20 +5,24 @@
 The corpus (``corpus()``): the multi-label messages in ``chat/crisis_data/multi/*.jsonl`` (every
 concern and ``about`` labelled; provenance in that folder's README), the training pool
 (``pool/``: its crisis file labels the danger concerns, its validation file validation-seeking),
-the crisis classifier's corpus (``train/``, the scored held-out rounds: danger concerns only). A
-concern a file does not label is unknown for its messages, and each head is fitted on the messages
-that label it. Features are the crisis classifier's (``chat.crisis_train.embed``) and the
-embedding of the last sentences (``chat.semantic.reading_features``: on the cross-validated
-figures, +6 points of validation-seeking recall at 4% false positives, 0.775 to 0.835).
+the validation rounds already scored but ``API_SAMPLE`` (validation-seeking), the crisis
+classifier's corpus (``train/``, the scored held-out rounds: danger concerns only). A concern a
+file does not label is unknown for its messages, and each head is fitted on the messages that
+label it. Features are the crisis classifier's (``chat.crisis_train.embed``) and the embedding of
+the last sentences (``chat.semantic.reading_features``: on the cross-validated figures, +6 points
+of validation-seeking recall at 4% false positives, 0.775 to 0.835).
 
-For each concern, 5-fold cross-validation (messages of one thread kept in one fold) gives
-out-of-fold decision values of a logistic regression (messages that share a long run of words,
-``near_duplicate_groups``, kept in one fold as well); a Platt scaling fitted on them turns a
-decision value into a probability, the threshold is the highest probability at which the
-out-of-fold recall reaches ``TARGET_RECALL`` for the concern, and the reported figures (recall,
-false-positive rate at the threshold, Brier score, expected calibration error over 10 bins) are
-out of fold. The final regression is then fitted on every message that labels the concern. The
-same corpus gives the same head. Held-out rounds are scored by ``bench/understanding.py``, never here.
+For each concern, 5-fold cross-validation (messages of one thread kept in one fold, and messages
+that share a long run of words, ``near_duplicate_groups``) gives out-of-fold decision values of
+its head (an RBF support-vector machine for ``KERNEL_CONCERNS``, a logistic regression for the
+others); a Platt scaling fitted on them turns a decision value into a probability. The threshold
+is the highest probability at which the out-of-fold recall reaches ``TARGET_RECALL`` for the
+concern, raised to hold its ``FALSE_POSITIVE_BUDGET``, and the budgets of the ``PUSHBACK``
+concerns are scaled down together until their union holds ``PUSHBACK_BUDGET``
+(``pushback_thresholds``). The reported figures (recall, false-positive rate at the threshold,
+Brier score, expected calibration error over 10 bins) are out of fold. The final head is then
+fitted on every message that labels the concern. The same corpus gives the same head. Held-out
+rounds are scored by ``bench/understanding.py``, never here.
 """
 
 from __future__ import annotations
