@@ -17,8 +17,7 @@ Validation rounds (``heldout/validation_round*.jsonl``: ``validation_seeking``, 
 detected as the policy sees it (``Assessment.validation_cue``: the reading or the lexicon), and
 each alone, with the reading's calibration; and the share the platform pushes back on before the
 model is asked (the collaborator's directive on a first message: any concern, validation-seeking,
-one-sided framing or dependence; the API test, ``tests/api/test_pushback_heldout.py``, adds the
-model's own).
+one-sided framing or dependence; ``bench/pushback.py``, through the API, adds the model's own).
 
 A round's first scoring is the honest figure: ``--record`` stores it, once, in
 ``heldout/first_scores.json`` (crisis rounds, beside ``bench/crisis_detection.py``'s) or
