@@ -59,6 +59,13 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
 
 
+def rbf(x: np.ndarray, support: np.ndarray, support_sq: np.ndarray, gamma: float) -> np.ndarray:
+    """The RBF kernel between feature rows ``x`` (n, features) and support vectors (m, features)
+    whose squared norms are ``support_sq``: (n, m), as scikit-learn's SVC computes it."""
+    distances = (x * x).sum(axis=1)[:, None] + support_sq[None, :] - 2.0 * (x @ support.T)
+    return np.asarray(np.exp(-gamma * np.maximum(distances, 0.0)))
+
+
 class ReadingHead:
     """The fitted heads (``chat/reading_train.py``), numpy only at run time."""
 
@@ -85,8 +92,7 @@ class ReadingHead:
         kernel head's support-vector sum ``K(x, support) @ dual + intercept``."""
         decision = x @ self.coef.T + self.intercept
         if len(self.support):
-            distances = (x * x).sum(axis=1)[:, None] + self.support_sq[None, :] - 2.0 * (x @ self.support.T)
-            decision = decision + np.exp(-self.gamma * np.maximum(distances, 0.0)) @ self.dual.T
+            decision = decision + rbf(x, self.support, self.support_sq, self.gamma) @ self.dual.T
         return decision.astype(np.float64)
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:

@@ -281,6 +281,16 @@ def pushback_thresholds(probability: dict[str, np.ndarray], y: np.ndarray) -> tu
     return thresholds, float(scale), float(union.mean())
 
 
+def shared_support(duals: dict[str, dict[int, float]], concerns: tuple[str, ...]) -> tuple[list[int], np.ndarray]:
+    """The kernel heads' support vectors as one set: the rows of the features that are a support
+    vector of any head (sorted), and each concern's weight on each of them, (concerns, rows), zero
+    where the row is not its support vector or the concern's head is linear. ``duals``: each kernel
+    head's weight by row (its SVC's ``dual_coef_`` on ``support_``, as rows of the whole corpus)."""
+    support = sorted({row for weights in duals.values() for row in weights})
+    return support, np.array([[duals.get(c, {}).get(row, 0.0) for row in support] for c in concerns]).reshape(
+        len(concerns), len(support))
+
+
 def reading_matrix(rows: list[dict[str, object]], x: np.ndarray, cache: Path | None) -> np.ndarray:
     """The reading's features for each message (``chat.semantic.reading_features``), from the crisis
     features ``x``; the last sentences' embeddings are kept in ``cache`` beside the pieces'."""
@@ -368,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     same, figures["same_worry"] = same_worry_threshold(rows)
     sys.stderr.write(f"same worry           {json.dumps({k: round(v, 3) for k, v in figures['same_worry'].items()})}\n")
 
-    support = sorted({row for weights in duals.values() for row in weights})
+    support, dual = shared_support(duals, CONCERNS)
     metadata = {
         "concerns": list(CONCERNS), "about": list(ABOUT), "target_recall": TARGET_RECALL, "C": C, "folds": FOLDS,
         "kernel_concerns": list(KERNEL_CONCERNS), "kernel_C": KERNEL_C, "gamma": gamma, "support_vectors": len(support),
@@ -378,7 +388,6 @@ def main(argv: list[str] | None = None) -> None:
         "corpus": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths},
         "scikit_learn": sklearn.__version__, "fitted_at": now().date().isoformat(),
     }
-    dual = np.array([[duals.get(concern, {}).get(row, 0.0) for row in support] for concern in CONCERNS])
     np.savez_compressed(
         args.out, concerns=np.array(CONCERNS), coef=np.stack(coef).astype(np.float32),
         support=x[support].astype(np.float32), gamma=np.float64(gamma), dual=dual.astype(np.float32),

@@ -54,7 +54,7 @@ from threadpoolctl import ThreadpoolController
 
 from chat.encoder import MAX_TOKENS, encoder, encoder_loaded
 from chat.monitors import CrisisFinding, conditional, detect_crisis, normalize
-from chat.reading import QUOTED, READING_PATH, Reading, ReadingHead
+from chat.reading import QUOTED, READING_PATH, Reading, ReadingHead, rbf
 
 HEAD_PATH = Path(__file__).parent / "crisis_data" / "head.npz"
 WINDOW_TOKENS = 64  # a window is consecutive sentences up to about this many tokens
@@ -150,8 +150,7 @@ class Head:
 
     def score(self, x: np.ndarray) -> np.ndarray:
         """The SVM's decision values for feature rows ``x`` (n, features)."""
-        distances = (x * x).sum(axis=1)[:, None] + self.support_sq[None, :] - 2.0 * (x @ self.support.T)
-        return np.exp(-self.gamma * np.maximum(distances, 0.0)) @ self.dual + self.intercept
+        return rbf(x, self.support, self.support_sq, self.gamma) @ self.dual + self.intercept
 
     def verdict(self, x: np.ndarray) -> SemanticVerdict:
         """The verdict on one message's features ``x`` (features,)."""

@@ -224,3 +224,32 @@ def test_the_trainers_features_are_the_run_time_ones() -> None:
         np.testing.assert_allclose(
             features, semantic.reading_features(expected, None if last is None else message.embeddings([last])[0]),
             atol=1e-6)
+
+
+def test_the_reading_heads_shared_support_vectors_give_each_svms_decision_values() -> None:
+    """Two kernel heads fitted on different labelled subsets with one gamma, stored as one set of
+    support vectors (``chat.reading_train.shared_support``), give each SVC's own decision values
+    through ``chat.reading.rbf``, and a linear concern gets nothing from them."""
+    from chat.reading import rbf
+    from chat.reading_train import shared_support
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(160, 12)).astype(np.float32)
+    gamma = 1.0 / (x.shape[1] * x.var())
+    known = {"a": np.arange(160) < 110, "b": np.arange(160) >= 50}
+    labels = {"a": x[:, 0] > 0, "b": x[:, 1] + x[:, 2] > 0}
+    models, duals = {}, {}
+    for concern, rows in known.items():
+        models[concern] = SVC(C=4.0, kernel="rbf", gamma=gamma, class_weight="balanced").fit(
+            x[rows], labels[concern][rows])
+        at = np.flatnonzero(rows)[models[concern].support_]
+        duals[concern] = dict(zip(at.tolist(), models[concern].dual_coef_[0].tolist(), strict=True))
+    support, dual = shared_support(duals, ("a", "linear", "b"))
+    assert set(support) == set(duals["a"]) | set(duals["b"])
+    assert set(support) > set(duals["a"])
+    vectors = x[support]
+    kernel = rbf(x, vectors, (vectors * vectors).sum(axis=1), gamma) @ dual.T
+    for column, concern in ((0, "a"), (2, "b")):
+        np.testing.assert_allclose(kernel[:, column] + models[concern].intercept_[0],
+                                   models[concern].decision_function(x), atol=1e-4)
+    assert not kernel[:, 1].any()
