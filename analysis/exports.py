@@ -49,6 +49,8 @@ from analysis.spreadsheet import CSV_TEXT_NOTE
 from chat import triage
 from chat.drift import RELIANCE_MIN_DAYS, RELIANCE_WINDOW_DAYS
 from chat.models import Decision, Turn
+from chat.reading import ABOUT
+from chat.reading import CONCERNS as READING_CONCERNS
 from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
 from study import audit
@@ -247,6 +249,18 @@ class _Builder:
             _c("reliance_drift", "boolean", f"reliance_days >= {RELIANCE_MIN_DAYS}: reliance on the assistant was "
                "growing over days when the message arrived; collaborator and coach then raise dependence with a "
                "reason naming those days. Empty where reliance_days is."),
+            _c("crisis_score", "number", "The semantic crisis classifier's score of a participant message (an "
+               "SVM decision value, chat.semantic; flags at the head's threshold). Empty for assistant turns."),
+            *[_c(f"reading_{concern}", "number", f"The reading's calibrated probability that the participant message "
+                 f"shows {concern.replace('_', ' ')} (chat.reading; model card chat/crisis_data/READING.md). Empty "
+                 "for assistant turns and for messages read before the reading was fitted.", unit="probability")
+              for concern in READING_CONCERNS],
+            _c("about", "string", "Whom and when the participant message is about, as the reading reads it.",
+               enum={a: a for a in ABOUT}),
+            _c("llm_reader_status", "string", "The optional LLM reader's outcome on this message (chat.llm_reader): "
+               "ok, malformed, timeout or error; empty where no reader was configured or the message was "
+               "already escalated."),
+            _c("llm_reader_rubric", "string", "The LLM reader's rubric version (its number and the file's digest)."),
             _c("stance", "string", "Final stance of an assistant turn.", enum={s: s for s in STANCES}),
             _c("concern", "string", "Concern behind the stance.", enum={s: s for s in CONCERNS}),
             _c("rationale", "string", "The rationale shown to the participant.", free_text=True),
@@ -266,6 +280,12 @@ class _Builder:
                                    Turn.features["dependence_signal"].as_boolean().label("dependence_signal"),
                                    Turn.features["reliance_days"].as_integer().label("reliance_days"),
                                    Turn.features["reliance_drift"].as_boolean().label("reliance_drift"),
+                                   Turn.features["crisis_score"].as_float().label("crisis_score"),
+                                   *[Turn.features[("reading", concern)].as_float().label(f"reading_{concern}")
+                                     for concern in READING_CONCERNS],
+                                   Turn.features["about"].as_string().label("about"),
+                                   Turn.features[("llm_reader", "status")].as_string().label("llm_reader_status"),
+                                   Turn.features[("llm_reader", "rubric")].as_string().label("llm_reader_rubric"),
                                    Turn.stance, Turn.concern,
                                    Turn.rationale, Turn.stance_source, Turn.model_stance, Turn.after_override,
                                    Turn.model, Turn.prompt_version, Turn.prompt_tokens, Turn.completion_tokens,

@@ -28,6 +28,8 @@ from analysis.exports import ExportRefused, ExportResult, export_study, scrub
 from analysis.features import conversation_features
 from analysis.panel import panel
 from chat import check_ins
+from chat.models import Turn
+from chat.reading import CONCERNS as READING_CONCERNS
 from scheduler.service import save_profile
 from study import audit, clock, validation
 from study.db import session_scope
@@ -186,6 +188,19 @@ def test_every_format_reads_back_as_the_database(engine: Engine, study: Built, t
     assert [tuple(row) for row in monitors.itertuples(index=False)] == [
         (study.alice, False, 0, False), (study.alice, False, 0, False), (study.bob, True, 1, False)]
     assert turns[~said][["dependence_signal", "reliance_days", "reliance_drift"]].isna().all().all()
+    # The reading of each participant message (every concern's probability, whom it is about) and the
+    # classifier's score, as stored with it; replies carry none.
+    with engine.connect() as connection:
+        stored: dict[int, dict[str, Any]] = {turn_id: features for turn_id, features in connection.execute(
+            select(Turn.id, Turn.features))}
+    reading = [f"reading_{concern}" for concern in READING_CONCERNS]
+    for message in turns[said].to_dict("records"):
+        stored_features = stored[message["turn_id"]]
+        assert [message[column] for column in reading] == pytest.approx(
+            [stored_features["reading"][concern] for concern in READING_CONCERNS], abs=1e-6)
+        assert (message["about"], message["crisis_score"]) == (stored_features["about"],
+                                                               pytest.approx(stored_features["crisis_score"]))
+    assert turns[~said][[*reading, "about", "crisis_score"]].isna().all().all()
     same(read_back(result, "decisions"), db_frame(engine, (
         "SELECT d.id AS decision_id, p.code AS participant_code, d.conversation_id, d.decided_at FROM decisions d "
         + IN_STUDY.format(t="d") + " ORDER BY d.id"), study.slug, ("decided_at",)))
