@@ -5,7 +5,8 @@ On the crisis classifier's features (``chat.semantic.features``: all-MiniLM-L6-v
 message, the mean and the maximum of its sentence windows) and the embedding of its last two
 sentences (``chat.semantic.reading_features``), one head per concern (multi-label: a message can
 seek validation and frame a conflict one-sidedly at once): a support-vector machine with an RBF
-kernel for the concerns pushback follows, where it separated independently written rounds better
+kernel for validation-seeking, reassurance-seeking and one-sided framing
+(``chat.reading_train.KERNEL_CONCERNS``), where it separated independently written rounds better
 than a linear head, a logistic regression for the others, each
 Platt-scaled on cross-validated scores so that its number is a probability, and a multinomial
 logistic regression for ``about``. Each concern's threshold is chosen on those cross-validated
