@@ -44,6 +44,7 @@ from chat.answer_format import muted_concerns, read_guidance
 from chat.llm_reader import MARKER as READER_MARKER
 from chat.llm_reader import ConcernFinding, DangerFinding, ReaderVerdict
 from chat.monitors import detect_crisis, normalize, sentence_with, sentiment
+from chat.policy import OVER_DAYS
 from chat.reading import DANGER
 
 PROVIDER = "offline"
@@ -133,7 +134,6 @@ _PUSHBACK_REPLIES = {
         f"{_PUSHING} I won't make this decision for you, because you know your life better than I do. Let's work "
         "out what you would choose."),
 }
-_OVER_DAYS = "Over the past week"  # how a dependence reason that counts days begins (chat.policy)
 
 
 def _reply(role: str, stance: str, concern: str, message: str, overridden: bool, rationale: str = "") -> str:
@@ -159,7 +159,7 @@ def _reply(role: str, stance: str, concern: str, message: str, overridden: bool,
     if stance in ("nudge", "challenge"):
         lead = _PUSHBACK_REPLIES.get((stance, concern), f"{_WEIGHING if stance == 'nudge' else _PUSHING} "
                                                         "let's look at it together.")
-        if concern == "dependence" and rationale.startswith(_OVER_DAYS):
+        if concern == "dependence" and rationale.startswith(OVER_DAYS):
             lead = f"{lead} You've come to me for this on several days lately, and that's worth noticing too."
         return f"{opening} {lead} {body}"
     return f"{opening} {body}"

@@ -26,6 +26,8 @@ from chat.monitors import CrisisFinding, normalize, sentence_with
 from chat.reading import Reading
 from chat.roles import LADDER, OVERRIDABLE_STANCES, SAFETY_CONCERNS, STANCES, Concern, RoleSpec, Stance
 
+# How a dependence reason that names reliance over days opens (the offline model knows it by this).
+OVER_DAYS = "Over the past week"
 REASSURANCE_LOOP_AFTER = 2  # earlier similar requests before a reassurance loop is named
 DISTRESS_CONCERNS: frozenset[Concern] = frozenset({"risk_to_self", "risk_from_others"})
 
@@ -132,7 +134,7 @@ def default_rationale(concern: Concern, stance: Stance, *, repeats: int = 0, rai
         asked, backing = "You asked me to agree with your side of this.", "You're asking me to back you up."
         wrote = ""
     if concern == "dependence" and reliance_growing(reliance_days):
-        days = (f"Over the past week you've asked me to decide for you, or leaned on me, on {reliance_days} "
+        days = (f"{OVER_DAYS} you've asked me to decide for you, or leaned on me, on {reliance_days} "
                 "different days.")
         return {
             "nudge": f"{days} I'm glad to help, and I'd like you to have people and your own judgment to lean on "
