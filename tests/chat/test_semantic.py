@@ -127,6 +127,17 @@ def test_the_head_records_how_it_was_fitted() -> None:
     assert json.dumps(metadata)  # serialisable, as stored
 
 
+def test_the_heads_were_fitted_on_the_embeddings_of_the_shipped_encoder() -> None:
+    """A head fitted on another encoder's embeddings reads noise: after chat.encoder_train, refit
+    both heads (chat.crisis_train, chat.reading_train)."""
+    from chat.encoder import version
+
+    reading = semantic.reading_head()
+    assert reading is not None
+    assert semantic.head().metadata["encoder"] == version()
+    assert reading.metadata["encoder"] == version()
+
+
 def reading_as_before(text: str) -> tuple[float, Reading]:
     """The crisis score and the reading as they were computed before a message's runs of sentences
     were batched by length and encoded once: its pieces in one run padded to the longest (the whole
