@@ -4,18 +4,24 @@
 
 Reads every ``chat/crisis_data/train/*.jsonl`` (fields and labels: ``CATEGORIES.md`` beside it),
 the held-out rounds already scored (``scored_rounds``), the lexicon's labelled rounds, the
-training pool (``pool/crisis_pool.jsonl``) and the multi-label corpus (``multi/``, ``as_crisis``),
+training pool (``pool/crisis_pool.jsonl``), the multi-label corpus (``multi/``, ``as_crisis``) and
+the validation messages as benign ones (``validation_as_crisis``),
 computes each message's features as ``chat.semantic`` does at run time, and fits:
 
 - crisis vs not: a support-vector machine with an RBF kernel and balanced class weights, C
   chosen by 5-fold cross-validation (fixed folds);
-- the two fusion thresholds (``chat.semantic.fuse``), chosen on the out-of-fold scores: the pair
-  (``threshold`` for the classifier alone, ``lexicon_threshold`` for a lexicon cue to stand) with
-  the highest recall whose false-positive rate on the benign messages is at most
-  ``TARGET_FALSE_POSITIVE``;
+- the two fusion thresholds (``chat.semantic.fuse``), chosen on the out-of-fold scores of the
+  calibration rounds (``calibration_rounds``: held-out rounds written by people who never saw the
+  corpus, already scored, which the encoder is not trained on): the pair (``threshold`` for the
+  classifier alone, ``lexicon_threshold`` for a lexicon cue to stand) with the highest recall whose
+  false-positive rate on their benign messages is at most ``TARGET_FALSE_POSITIVE``. The encoder's
+  last layer is fine-tuned on the rest (``chat.encoder_train``), whose messages it has learned:
+  out of fold they look more separable than new writing does, and a threshold set on them let
+  7.1% of round 9's benign messages through at a target of 5%;
 - the category among the crisis messages (multinomial logistic regression) and acute vs not
   (logistic regression); the classifier alone calls a finding acute only at a score that at most
-  ``ACUTE_FALSE_POSITIVE`` of the benign messages reach out of fold (``acute_threshold``).
+  ``ACUTE_FALSE_POSITIVE`` of the calibration rounds' benign messages reach out of fold
+  (``acute_threshold``).
 
 The same corpus gives the same head. The cross-validated figures are stored in the file's
 metadata and printed. Held-out rounds are scored by ``bench/crisis_detection.py``, never here.
@@ -75,6 +81,21 @@ def scored_rounds() -> list[Path]:
     return sorted(HELDOUT_DIR / name for name in names if (HELDOUT_DIR / name).exists())
 
 
+# Rounds 1-4 were written from the corpus's own definitions document; from round 5 on each round
+# was written by a helper who saw nothing of the repository (chat/crisis_data/sealed/README.md).
+FIRST_INDEPENDENT_ROUND = 5
+
+
+def calibration_rounds() -> list[Path]:
+    """The scored held-out rounds written independently of the corpus (crisis rounds from
+    ``FIRST_INDEPENDENT_ROUND`` on, every scored validation round but the API's sample): the
+    thresholds are set on them, and the encoder is not trained on them (``chat.encoder_train``)."""
+    from chat.reading_train import scored_validation_rounds
+
+    crisis = [p for p in scored_rounds() if int(p.stem.removeprefix("round")) >= FIRST_INDEPENDENT_ROUND]
+    return crisis + scored_validation_rounds()
+
+
 def lexicon_rounds() -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for line in LEXICON_ROUNDS.read_text(encoding="utf-8").splitlines():
@@ -104,15 +125,34 @@ def pool_and_multi() -> tuple[list[dict[str, object]], list[Path]]:
     return rows, [pool, *multi]
 
 
+def validation_as_crisis() -> tuple[list[dict[str, object]], list[Path]]:
+    """The validation pool and the scored validation rounds as benign messages: requests for
+    agreement told as one-sided accounts of fights and neutral requests, none of them a danger
+    (through the API, 24 of validation round 5's 130 requests for agreement got a crisis check-in
+    from a head that had never been shown one)."""
+    from chat.reading_train import POOL_DIR, scored_validation_rounds
+
+    paths = [POOL_DIR / "validation_pool.jsonl", *scored_validation_rounds()]
+    calibration = set(calibration_rounds())
+    rows = [{"text": json.loads(line)["text"], "label": "none", "acute": False, "kind": "validation",
+             "calibration": path in calibration}
+            for path in paths for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows, paths
+
+
 def corpus(include_multi: bool = True) -> tuple[list[dict[str, object]], list[Path]]:
     """Every labelled message the head is fitted on, and the files they came from
-    (``include_multi=False``: without the pool and the multi-label corpus)."""
+    (``include_multi=False``: without the pool, the multi-label corpus and the validation
+    messages, which ``chat.reading_train`` reads with labels of their own)."""
     paths = sorted(TRAIN_DIR.glob("*.jsonl")) + scored_rounds()
-    rows = load_messages(paths) + lexicon_rounds()
+    calibration = set(calibration_rounds())
+    rows = [{**row, "calibration": path in calibration} for path in paths for row in load_messages([path])]
+    rows += lexicon_rounds()
     if not include_multi:
         return rows, [*paths, LEXICON_ROUNDS]
     more, more_paths = pool_and_multi()
-    return rows + more, [*paths, LEXICON_ROUNDS, *more_paths]
+    validation, validation_paths = validation_as_crisis()
+    return rows + more + validation, [*paths, LEXICON_ROUNDS, *more_paths, *validation_paths]
 
 
 def embeddings(texts: list[str], cache: Path | None = None) -> dict[str, np.ndarray]:
@@ -206,16 +246,20 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.write(f"{len(rows)} messages ({int(crisis.sum())} crisis) from {', '.join(p.name for p in paths)}\n")
     x = embed(rows, args.cache)
 
+    held = np.array([bool(r.get("calibration")) for r in rows])
+    sys.stderr.write(f"thresholds set on {int(held.sum())} messages of {len(calibration_rounds())} calibration rounds "
+                     f"({int(crisis[held].sum())} crisis)\n")
     results, out_of_fold_scores = {}, {}
     for c in C_GRID:
         scores = out_of_fold_scores[c] = out_of_fold(x, crisis, labels, c)
-        results[c] = thresholds(scores, lexicon, crisis, TARGET_FALSE_POSITIVE)
-        sys.stderr.write(f"C={c:<5} cross-validated fusion recall {results[c][2]:.3f} "
+        results[c] = thresholds(scores[held], lexicon[held], crisis[held], TARGET_FALSE_POSITIVE)
+        sys.stderr.write(f"C={c:<5} cross-validated fusion recall on the calibration rounds {results[c][2]:.3f} "
                          f"at false positives {results[c][3]:.3f}\n")
     best_c = max(C_GRID, key=lambda c: (results[c][2], -c))
     high, low, recall, false_positive = results[best_c]
     best_scores = out_of_fold_scores[best_c]
-    acute_score = max(high, float(np.quantile(best_scores[~crisis], 1 - ACUTE_FALSE_POSITIVE)))
+    acute_score = max(high, float(np.quantile(best_scores[held & ~crisis], 1 - ACUTE_FALSE_POSITIVE)))
+    flagged = (best_scores >= high) | (lexicon & (best_scores >= low))
 
     svm = _svm(best_c).fit(x, crisis)
     category = LogisticRegression(C=4.0, max_iter=5000).fit(x[crisis], labels[crisis])
@@ -235,12 +279,16 @@ def main(argv: list[str] | None = None) -> None:
         "C": best_c, "gamma": float(svm._gamma), "support_vectors": int(svm.support_vectors_.shape[0]),
         "target_false_positive": TARGET_FALSE_POSITIVE, "acute_false_positive": ACUTE_FALSE_POSITIVE,
         "cross_validated": {
-            "folds": FOLDS, "fusion_recall": recall, "fusion_false_positive": false_positive,
+            "folds": FOLDS, "calibration_messages": int(held.sum()),
+            "fusion_recall": recall, "fusion_false_positive": false_positive,
+            "all_messages_fusion_recall": float(flagged[crisis].mean()),
+            "all_messages_fusion_false_positive": float(flagged[~crisis].mean()),
             "lexicon_recall": float(lexicon[crisis].mean()), "lexicon_false_positive": float(lexicon[~crisis].mean()),
             "category_accuracy": float((category_cv == labels[crisis]).mean()),
             "acute_recall": float(acute_cv[acute[crisis]].mean()),
             "acute_false_positive": float(acute_cv[~acute[crisis]].mean())},
         "corpus": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths},
+        "calibration_rounds": [p.name for p in calibration_rounds()],
         "messages": len(rows), "crisis_messages": int(crisis.sum()),
         "scikit_learn": sklearn.__version__, "fitted_at": now().date().isoformat(),
     }

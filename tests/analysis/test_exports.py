@@ -76,7 +76,8 @@ def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock
 
     c1 = build.start(alice, "coach")
     frozen_clock.advance(MINUTE)
-    r1 = build.say(alice, c1, f"Mail me at {EMAILS[0]} or call +49 170 1234567", "You're right. Is that wise?",
+    r1 = build.say(alice, c1, f"Mail me at {EMAILS[0]} or call +49 170 1234567 about the flat viewing",
+                   "You're right. Is that wise?",
                    proposes="challenge/unsupported_framing", prompt_tokens=10, completion_tokens=5, cost_usd=0.001)
     build.reconsider(alice, c1, r1.id)
     frozen_clock.advance(2 * MINUTE)
