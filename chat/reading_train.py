@@ -41,7 +41,7 @@ from sklearn.svm import SVC
 
 from chat.crisis_train import DATA, HELDOUT_DIR, arguments, embed, embeddings
 from chat.crisis_train import corpus as crisis_corpus
-from chat.encoder import encoder, version
+from chat.encoder import published, version
 from chat.reading import ABOUT, CONCERNS, DANGER, READING_PATH
 from chat.semantic import LAST_SENTENCES, reading_features, sentences
 from study.clock import now
@@ -301,7 +301,8 @@ def reading_matrix(rows: list[dict[str, object]], x: np.ndarray, cache: Path | N
 
 
 def same_worry_threshold(rows: list[dict[str, object]]) -> tuple[float, dict[str, float]]:
-    """The cosine similarity (of whole-message embeddings, ``chat.semantic.same_worry``) at which two
+    """The cosine similarity (of the published model's whole-message embeddings,
+    ``chat.semantic.same_worry``) at which two
     reassurance requests count as one worry: the threshold that at most ``SAME_WORRY_FALSE_MATCH``
     of pairs from different threads reach, and the share of same-thread pairs that reach it."""
     threads: dict[str, list[str]] = {}
@@ -313,7 +314,7 @@ def same_worry_threshold(rows: list[dict[str, object]]) -> tuple[float, dict[str
     threads = {k: v for k, v in threads.items() if len(v) > 1}
     if len(threads) < 2:
         raise SystemExit("same_worry: needs at least two threads of reassurance requests (a \"thread\" field)")
-    vectors = {k: encoder().encode(v) for k, v in threads.items()}
+    vectors = {k: published().encode(v) for k, v in threads.items()}
     same = [float(a @ b) for v in vectors.values() for i, a in enumerate(v) for b in v[i + 1:]]
     keys = sorted(vectors)
     different = [float(a @ b) for i, k in enumerate(keys) for other in keys[i + 1:]

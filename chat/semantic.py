@@ -44,7 +44,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from chat.encoder import MAX_TOKENS, encoder, encoder_loaded
+from chat.encoder import MAX_TOKENS, encoder, encoder_loaded, published
 from chat.monitors import CrisisFinding, conditional, detect_crisis, normalize
 from chat.reading import QUOTED, READING_PATH, Reading, ReadingHead, rbf
 
@@ -77,8 +77,6 @@ class SemanticVerdict:
     flagged: bool
     supports_lexicon: bool  # the score lets a lexicon cue stand
     reading: Reading | None = None  # every concern's score, from the same encoding (chat.reading)
-    # the whole message's embedding, for comparing messages (same_worry)
-    embedding: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 def runs(sizes: list[int], limit: int = WINDOW_TOKENS) -> list[tuple[int, int]]:
@@ -199,15 +197,32 @@ def same_worry(text: str, earlier: list[str]) -> list[bool]:
         return []
     heads = reading_head()
     threshold = float(heads.metadata.get("same_worry", SAME_WORRY)) if heads is not None else SAME_WORRY
-    # The verdicts of recent messages keep their embeddings: a turn's unit of work (which may hold
-    # SQLite's writer lock) encodes nothing for messages the encoder has read lately.
-    vectors = np.stack([_embedding(t) for t in [text, *recent]])
+    vectors = np.stack(_similarity_embeddings([text, *recent]))
     return [bool(v) for v in (vectors[1:] @ vectors[0]) >= threshold]
 
 
-def _embedding(text: str) -> np.ndarray:
-    found = classify(text).embedding
-    return found if found is not None else encoder().encode([text])[0]
+_similar: OrderedDict[bytes, np.ndarray] = OrderedDict()
+
+
+def _similarity_embeddings(texts: list[str]) -> list[np.ndarray]:
+    """The published model's embeddings of whole messages (``chat.encoder.published``), recent ones
+    kept by the text's digest: a participant's earlier requests are encoded once, not at every
+    turn that compares with them."""
+    keys = [hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in texts]
+    with _lock:
+        missing = [i for i, key in enumerate(keys) if key not in _similar]
+    if missing:
+        vectors = published().encode([texts[i] for i in missing])
+        with _lock:
+            for i, vector in zip(missing, vectors, strict=True):
+                _similar[keys[i]] = vector
+    with _lock:
+        found = [_similar[key] for key in keys]
+        for key in keys:
+            _similar.move_to_end(key)
+        while len(_similar) > _CACHE_SIZE:
+            _similar.popitem(last=False)
+    return found
 
 
 def sentences(text: str) -> list[str]:
@@ -300,8 +315,9 @@ def _quotes(heads: ReadingHead, message: Message, quoted: list[str]) -> dict[str
 def load() -> None:
     """Load the encoder and the head and run them once (the first run of ONNX Runtime's session
     is slower than the rest), so the first participant message waits for neither: the API does
-    this at start-up."""
+    this at start-up; with the published model that compares requests for reassurance."""
     _verdict("Loading the crisis classifier.")
+    _similarity_embeddings(["Loading the model that compares messages."])
 
 
 def loaded() -> bool:
@@ -342,7 +358,7 @@ def _verdict(text: str) -> SemanticVerdict:
     vectors = message.embeddings([*spans, last] if last else spans)[: len(spans)]  # one call with the reading's
     embedded = features(vectors)
     with _threads.limit(limits=1, user_api="blas"):
-        return replace(head().verdict(embedded), reading=_read_concerns(message, embedded), embedding=vectors[0])
+        return replace(head().verdict(embedded), reading=_read_concerns(message, embedded))
 
 
 def statement_of(text: str, cue: str) -> str | None:
