@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     x = embed(rows, args.cache)
 
     held = np.array([bool(r.get("calibration")) for r in rows])
-    sys.stderr.write(f"thresholds set on {int(held.sum())} messages of {len(calibration_rounds())} calibration rounds "
+    calibration = [p.name for p in calibration_rounds()]
+    sys.stderr.write(f"thresholds set on {int(held.sum())} messages of {len(calibration)} calibration rounds "
                      f"({int(crisis[held].sum())} crisis)\n")
     results, out_of_fold_scores = {}, {}
     for c in C_GRID:
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
             "acute_recall": float(acute_cv[acute[crisis]].mean()),
             "acute_false_positive": float(acute_cv[~acute[crisis]].mean())},
         "corpus": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths},
-        "calibration_rounds": [p.name for p in calibration_rounds()],
+        "calibration_rounds": calibration,
         "messages": len(rows), "crisis_messages": int(crisis.sum()),
         "scikit_learn": sklearn.__version__, "fitted_at": now().date().isoformat(),
     }

@@ -80,7 +80,8 @@ def _graph(w: dict[str, np.ndarray], config: dict[str, Any], layers: int | None 
     """The encoder as a serialised ONNX model (``layers``: only the first so many of its layers,
     whose output feeds the next; ``chat.encoder_train`` trains the last on it). Inputs: ``ids``
     (batch, length) token ids, ``positions`` (length,), ``key_bias`` (batch, 1, 1, length: 0 for a
-    real token, -1e9 for padding, so padding takes no attention), ``split_shape`` (batch, length, heads, head size) and
+    real token, -1e9 for padding, so padding takes no attention), ``split_shape`` (batch, length,
+    heads, head size) and
     ``flat_shape`` (batch * length, hidden). Output: ``hidden`` (batch * length, hidden), the last
     layer's token states. Activations stay (tokens, hidden) between layers so every projection is
     one matrix product."""

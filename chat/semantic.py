@@ -204,11 +204,16 @@ def same_worry(text: str, earlier: list[str]) -> list[bool]:
 _similar: OrderedDict[bytes, np.ndarray] = OrderedDict()
 
 
+def _digest(text: str) -> bytes:
+    """The key of a message in the caches of recent verdicts and embeddings (not the text)."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
 def _similarity_embeddings(texts: list[str]) -> list[np.ndarray]:
     """The published model's embeddings of whole messages (``chat.encoder.published``), recent ones
     kept by the text's digest: a participant's earlier requests are encoded once, not at every
     turn that compares with them."""
-    keys = [hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in texts]
+    keys = [_digest(t) for t in texts]
     with _lock:
         missing = [i for i, key in enumerate(keys) if key not in _similar]
     if missing:
@@ -337,7 +342,7 @@ def classify(text: str) -> SemanticVerdict:
     Verdicts of recent messages are kept by the text's digest (not the text), so a retry or an
     override reassessing the same message, or ``chat.service`` scoring a message before it claims
     the reply, do not encode it again."""
-    key = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+    key = _digest(text)
     with _lock:
         found = _recent.get(key)
         if found is not None:
