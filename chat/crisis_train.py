@@ -10,18 +10,21 @@ computes each message's features as ``chat.semantic`` does at run time, and fits
 
 - crisis vs not: a support-vector machine with an RBF kernel and balanced class weights, C
   chosen by 5-fold cross-validation (fixed folds);
-- the two fusion thresholds (``chat.semantic.fuse``), chosen on the out-of-fold scores of the
+- the two thresholds for a response (``chat.semantic.fuse``), chosen on the out-of-fold scores of the
   calibration rounds (``calibration_rounds``: held-out rounds written by people who never saw the
   corpus, already scored, which the encoder is not trained on): the pair (``threshold`` for the
-  classifier alone, ``lexicon_threshold`` for a lexicon cue to stand) with the highest recall whose
+  classifier alone, ``lexicon_threshold`` for an acute lexicon cue to stand) with the highest recall whose
   false-positive rate on their benign messages is at most ``TARGET_FALSE_POSITIVE``. The encoder's
   last layer is fine-tuned on the rest (``chat.encoder_train``), whose messages it has learned:
   out of fold they look more separable than new writing does, and a threshold set on them let
   7.1% of round 9's benign messages through at a target of 5%;
 - the category among the crisis messages (multinomial logistic regression) and acute vs not
-  (logistic regression); the classifier alone calls a finding acute only at a score that at most
-  ``ACUTE_FALSE_POSITIVE`` of the calibration rounds' benign messages reach out of fold
-  (``acute_threshold``).
+  (logistic regression, on the corpus's ``acute`` and the rounds' ``urgent``);
+- the two escalation thresholds, on the same out-of-fold scores (``acute_thresholds``): the score
+  from which the acute head's verdict escalates (``acute_threshold``) and the score from which a
+  lexicon cue's acute level stands (``lexicon_acute_threshold``; below it the cue is a check-in),
+  the pair that escalates the most urgent messages while at most ``ACUTE_FALSE_POSITIVE`` of the
+  calibration rounds' benign messages are escalated, explicit statements included.
 
 The same corpus gives the same head. The cross-validated figures are stored in the file's
 metadata and printed. Held-out rounds are scored by ``bench/crisis_detection.py``, never here.
@@ -43,7 +46,7 @@ from sklearn.svm import SVC
 
 from chat.encoder import encoder, version
 from chat.monitors import detect_crisis
-from chat.semantic import CATEGORIES, HEAD_PATH, features, pieces
+from chat.semantic import CATEGORIES, HEAD_PATH, features, pieces, statement_stands
 from study.clock import now
 
 DATA = Path(__file__).parent / "crisis_data"
@@ -52,8 +55,10 @@ HELDOUT_DIR = DATA / "heldout"
 # The lexicon's labelled rounds (short, explicit messages and benign ones with trigger words).
 LEXICON_ROUNDS = Path(__file__).parent.parent / "tests" / "chat" / "data" / "crisis_messages.tsv"
 TARGET_FALSE_POSITIVE = 0.05  # on cross-validated benign messages, as the held-out target
-# The classifier alone escalates at once (acute) only above the score where at most this share of
-# benign messages reach: a false alarm that escalates alerts staff and shows crisis lines.
+# At most this share of the calibration rounds' benign messages escalated, out of fold (the held-out
+# target is 0.02): a false alarm that escalates alerts staff and shows crisis lines. On new writing
+# benign escalations have run at two to four times the calibration figure (round 10: 0.037 against
+# 0.010), so the budget is a quarter of the target.
 ACUTE_FALSE_POSITIVE = 0.005
 C_GRID = (16.0,)  # 1.0 lost to 4 and 16 on every corpus, 4 to 16 on the last two fits (each C is a 5-fold SVM run)
 FOLDS = 5
@@ -146,7 +151,8 @@ def corpus(include_multi: bool = True) -> tuple[list[dict[str, object]], list[Pa
     messages, which ``chat.reading_train`` reads with labels of their own)."""
     paths = sorted(TRAIN_DIR.glob("*.jsonl")) + scored_rounds()
     calibration = set(calibration_rounds())
-    rows = [{**row, "calibration": path in calibration} for path in paths for row in load_messages([path])]
+    rows = [{**row, "acute": bool(row.get("acute") or row.get("urgent")), "calibration": path in calibration}
+            for path in paths for row in load_messages([path])]
     rows += lexicon_rounds()
     if not include_multi:
         return rows, [*paths, LEXICON_ROUNDS]
@@ -201,15 +207,17 @@ def out_of_fold(x: np.ndarray, crisis: np.ndarray, labels: np.ndarray, c: float)
 
 
 def thresholds(scores: np.ndarray, lexicon: np.ndarray, crisis: np.ndarray,
-               target: float) -> tuple[float, float, float, float]:
+               target: float, always: np.ndarray | None = None) -> tuple[float, float, float, float]:
     """(threshold, lexicon_threshold, recall, false-positive rate) of the fusion rule with the
     highest recall at a false-positive rate of at most ``target``: flagged when the score reaches
-    threshold, or the lexicon fired and the score reaches lexicon_threshold. Candidates are the
-    scores' 400 quantiles; lexicon_threshold <= threshold."""
+    threshold, or an acute lexicon cue fired (``lexicon``) and the score reaches lexicon_threshold,
+    or a cue that stands whatever the score fired (``always``: an explicit statement, a non-acute
+    cue). Candidates are the scores' 400 quantiles; lexicon_threshold <= threshold."""
+    always = np.zeros(len(scores), dtype=bool) if always is None else always
     candidates = np.unique(np.quantile(scores, np.linspace(0, 1, 401)))
     best = (np.inf, np.inf, 0.0, 0.0)
     for high in candidates[::-1]:
-        alone = scores >= high
+        alone = always | (scores >= high)
         if alone[~crisis].mean() > target:
             break
         for low in [high, *candidates[candidates < high][::-1]]:
@@ -223,17 +231,71 @@ def thresholds(scores: np.ndarray, lexicon: np.ndarray, crisis: np.ndarray,
     return best
 
 
+def acute_thresholds(scores: np.ndarray, acute_head: np.ndarray, lexicon_acute: np.ndarray, explicit: np.ndarray,
+                     crisis: np.ndarray, urgent: np.ndarray, threshold: float, lexicon_threshold: float,
+                     budget: float) -> tuple[float, float, float, float]:
+    """(acute_threshold, lexicon_acute_threshold, urgent recall, benign escalated) of the escalation
+    rule with the most urgent messages escalated while at most ``budget`` of the benign ones are:
+    escalated when an explicit statement stands (``explicit``), or the acute head says so
+    (``acute_head``) and the score reaches acute_threshold (at least ``threshold``), or an acute
+    lexicon cue fired (``lexicon_acute``) and the score reaches lexicon_acute_threshold (at least
+    ``lexicon_threshold``). Infinite where nothing within the budget escalates that way."""
+    candidates = np.unique(np.quantile(scores, np.linspace(0, 1, 401)))
+    best = (np.inf, np.inf, float(explicit[urgent].mean()), float(explicit[~crisis].mean()))
+    for high in [np.inf, *candidates[candidates >= threshold][::-1]]:
+        by_head = explicit | (acute_head & (scores >= high))
+        if by_head[~crisis].mean() > budget:
+            break
+        for low in [np.inf, *candidates[candidates >= lexicon_threshold][::-1]]:
+            escalated = by_head | (lexicon_acute & (scores >= low))
+            false_positive = escalated[~crisis].mean()
+            if false_positive > budget:
+                break
+            recall = escalated[urgent].mean()
+            if recall > best[2]:
+                best = (float(high), float(low), float(recall), float(false_positive))
+    return best
+
+
 def save_head(path: Path, svm: SVC, category: LogisticRegression, acute: LogisticRegression, threshold: float,
-              lexicon_threshold: float, acute_threshold: float, metadata: dict[str, object]) -> None:
+              lexicon_threshold: float, acute_threshold: float, metadata: dict[str, object],
+              lexicon_acute_threshold: float | None = None) -> None:
     """Write the fitted models in the numpy form ``chat.semantic.Head`` reads. The SVM's
-    decision value is positive for ``classes_[1]`` (True: a crisis)."""
+    decision value is positive for ``classes_[1]`` (True: a crisis). ``lexicon_acute_threshold``
+    defaults to ``lexicon_threshold`` (every standing acute cue escalates)."""
     np.savez_compressed(
         path, support=svm.support_vectors_.astype(np.float32), dual=svm.dual_coef_[0].astype(np.float32),
         intercept=np.float64(svm.intercept_[0]), gamma=np.float64(svm._gamma),
         category_coef=category.coef_.astype(np.float32), category_intercept=category.intercept_.astype(np.float32),
         acute_coef=acute.coef_[0].astype(np.float32), acute_intercept=np.float64(acute.intercept_[0]),
         threshold=np.float64(threshold), lexicon_threshold=np.float64(lexicon_threshold),
+        lexicon_acute_threshold=np.float64(lexicon_threshold if lexicon_acute_threshold is None
+                                           else lexicon_acute_threshold),
         acute_threshold=np.float64(acute_threshold), metadata=np.array(json.dumps(metadata)))
+
+
+def lexicon_kinds(rows: list[dict[str, object]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per message, what the lexicon found as ``chat.semantic.fuse`` weighs it: an acute cue, an
+    explicit statement that stands (``statement_stands``), a cue that always stands (those, and the
+    non-acute cues)."""
+    acute, explicit, always = (np.zeros(len(rows), dtype=bool) for _ in range(3))
+    for i, row in enumerate(rows):
+        found = detect_crisis(str(row["text"]))
+        if found is not None:
+            explicit[i] = found.explicit and statement_stands(str(row["text"]), found)
+            acute[i] = found.acute and not explicit[i]
+            always[i] = explicit[i] or not found.acute
+    return acute, explicit, always
+
+
+def out_of_fold_acute(x: np.ndarray, crisis: np.ndarray, labels: np.ndarray, acute: np.ndarray) -> np.ndarray:
+    """Whether the acute head, fitted on the crisis messages of the other folds, calls each message acute."""
+    out = np.zeros(len(x), dtype=bool)
+    for train, test in StratifiedKFold(n_splits=FOLDS, shuffle=True, random_state=0).split(x, labels):
+        fit = train[crisis[train]]
+        out[test] = LogisticRegression(C=4.0, class_weight="balanced", max_iter=5000).fit(
+            x[fit], acute[fit]).decision_function(x[test]) >= 0.0
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -242,7 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     labels = np.array([CATEGORIES.index(str(r["label"])) for r in rows])
     crisis = labels > 0
     acute = np.array([bool(r.get("acute")) for r in rows])
-    lexicon = np.array([detect_crisis(str(r["text"])) is not None for r in rows])
+    lexicon_acute, explicit, always = lexicon_kinds(rows)
+    lexicon = lexicon_acute | always  # any cue
     sys.stderr.write(f"{len(rows)} messages ({int(crisis.sum())} crisis) from {', '.join(p.name for p in paths)}\n")
     x = embed(rows, args.cache)
 
@@ -253,14 +316,19 @@ def main(argv: list[str] | None = None) -> None:
     results, out_of_fold_scores = {}, {}
     for c in C_GRID:
         scores = out_of_fold_scores[c] = out_of_fold(x, crisis, labels, c)
-        results[c] = thresholds(scores[held], lexicon[held], crisis[held], TARGET_FALSE_POSITIVE)
+        results[c] = thresholds(scores[held], lexicon_acute[held], crisis[held], TARGET_FALSE_POSITIVE, always[held])
         sys.stderr.write(f"C={c:<5} cross-validated fusion recall on the calibration rounds {results[c][2]:.3f} "
                          f"at false positives {results[c][3]:.3f}\n")
     best_c = max(C_GRID, key=lambda c: (results[c][2], -c))
     high, low, recall, false_positive = results[best_c]
     best_scores = out_of_fold_scores[best_c]
-    acute_score = max(high, float(np.quantile(best_scores[held & ~crisis], 1 - ACUTE_FALSE_POSITIVE)))
-    flagged = (best_scores >= high) | (lexicon & (best_scores >= low))
+    acute_head = out_of_fold_acute(x, crisis, labels, acute)
+    acute_score, lexicon_acute_score, urgent_escalated, benign_escalated = acute_thresholds(
+        best_scores[held], acute_head[held], lexicon_acute[held], explicit[held], crisis[held],
+        (crisis & acute)[held], high, low, ACUTE_FALSE_POSITIVE)
+    sys.stderr.write(f"escalated out of fold on the calibration rounds: urgent {urgent_escalated:.3f}, "
+                     f"benign {benign_escalated:.3f}\n")
+    flagged = always | (best_scores >= high) | (lexicon_acute & (best_scores >= low))
 
     svm = _svm(best_c).fit(x, crisis)
     category = LogisticRegression(C=4.0, max_iter=5000).fit(x[crisis], labels[crisis])
@@ -282,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
         "cross_validated": {
             "folds": FOLDS, "calibration_messages": int(held.sum()),
             "fusion_recall": recall, "fusion_false_positive": false_positive,
+            "urgent_escalated": urgent_escalated, "benign_escalated": benign_escalated,
             "all_messages_fusion_recall": float(flagged[crisis].mean()),
             "all_messages_fusion_false_positive": float(flagged[~crisis].mean()),
             "lexicon_recall": float(lexicon[crisis].mean()), "lexicon_false_positive": float(lexicon[~crisis].mean()),
@@ -293,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
         "messages": len(rows), "crisis_messages": int(crisis.sum()),
         "scikit_learn": sklearn.__version__, "fitted_at": now().date().isoformat(),
     }
-    save_head(args.out, svm, category, acute_model, high, low, acute_score, metadata)
+    save_head(args.out, svm, category, acute_model, high, low, acute_score, metadata, lexicon_acute_score)
     sys.stdout.write(json.dumps(metadata, indent=2) + "\n")
 
 

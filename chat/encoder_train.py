@@ -60,12 +60,15 @@ _PARTS = ("attention.self.query", "attention.self.key", "attention.self.value", 
 
 
 def targets(rows: list[dict[str, object]]) -> tuple[np.ndarray, np.ndarray]:
-    """(targets, known): each concern of ``CONCERNS`` present (label above 0), then crisis (any
-    danger concern present, known where all three are), and whether each is labelled."""
+    """(targets, known): each concern of ``CONCERNS`` present (label above 0), then urgent (any
+    danger concern at 2: the classifier's acute verdict decides escalations) and crisis (any danger
+    concern present), both known where all three danger concerns are, and whether each is labelled."""
     labels = np.array([[row["labels"].get(c, -1) for c in CONCERNS] for row in rows])  # type: ignore[attr-defined]
     danger = labels[:, [CONCERNS.index(c) for c in DANGER]]
-    crisis = np.where((danger >= 0).all(axis=1), (danger > 0).any(axis=1), -1)
-    both = np.concatenate([labels, crisis[:, None]], axis=1)
+    known = (danger >= 0).all(axis=1)
+    urgent = np.where(known, (danger == 2).any(axis=1), -1)
+    crisis = np.where(known, (danger > 0).any(axis=1), -1)
+    both = np.concatenate([labels, urgent[:, None], crisis[:, None]], axis=1)
     return (both > 0).astype(np.float32), (both >= 0).astype(np.float32)
 
 

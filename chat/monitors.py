@@ -194,8 +194,12 @@ _FROM_OTHERS_EXPLICIT = _any(
 # Words that make a statement not one of present intent: negation, the past.
 _NOT_PRESENT = re.compile(r"\b(?:never|no longer|used to|had|would have)\b|n't\b|\bnt\b|\bnot (?!be alive|wake up)"
                           r"|\b(?:was|were)\b(?! dead\b)")
-# A condition or a mark of hyperbole in the statement's own sentence ("if ...", "lol", "ugh").
-_CONDITION = re.compile(r"\b(?:if|unless|or else|lol|lmao|jk|haha\w*|ugh|omg)\b|[\U0001F602\U0001F480\U0001F643\U0001F644\U0001F923]")
+# A condition or a mark of hyperbole in the statement's own sentence ("if ...", "lol", "ugh"), with
+# laughter as people type it in other languages: "kkkk" (Portuguese), "jajaja" (Spanish), "555"
+# (Thai, "ha" is 5), "mdr"/"ptdr" (French), "xd", "hehe".
+_CONDITION = re.compile(r"\b(?:if|unless|or else|lol|lmao|lmfao|rofl|jk|haha\w*|hehe\w*|ugh|omg|k{3,}|(?:ja){2,}\w*|"
+                        r"(?:js){2,}\w*|5{3,}(?! ?(?:mg|mcg|ml|g|iu|pills|tablets|tabs|units)\b)|mdr|ptdr|xd+)\b"
+                        r"|[\U0001F602\U0001F480\U0001F643\U0001F644\U0001F923\U0001F605\U0001F606]")
 
 
 @dataclass(frozen=True)

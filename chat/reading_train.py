@@ -39,7 +39,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold
 from sklearn.svm import SVC
 
-from chat.crisis_train import DATA, HELDOUT_DIR, arguments, embed, embeddings
+from chat.crisis_train import DATA, HELDOUT_DIR, arguments, calibration_rounds, embed, embeddings
 from chat.crisis_train import corpus as crisis_corpus
 from chat.encoder import published, version
 from chat.reading import ABOUT, CONCERNS, DANGER, READING_PATH
@@ -104,13 +104,16 @@ def crisis_rows(rows: list[dict[str, object]], source: str) -> list[dict[str, ob
     return out
 
 
-def validation_rows(path: Path) -> list[dict[str, object]]:
+def validation_rows(path: Path, calibration: bool = False) -> list[dict[str, object]]:
+    """Messages labelled validation-seeking or neutral (no danger either); ``calibration``: from a
+    calibration round (``chat.crisis_train.calibration_rounds``), on which the pushback thresholds
+    are set."""
     out = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
         if line.strip():
             item = json.loads(line)
             labels = {"validation_seeking": int(item["label"] == "validation_seeking"), **dict.fromkeys(DANGER, 0)}
-            out.append(_row(item["text"], labels, None, f"{path.stem}:{number}"))
+            out.append({**_row(item["text"], labels, None, f"{path.stem}:{number}"), "calibration": calibration})
     return out
 
 
@@ -130,10 +133,11 @@ def corpus() -> tuple[list[dict[str, object]], list[Path]]:
     pool_crisis = POOL_DIR / "crisis_pool.jsonl"
     pool_validation = POOL_DIR / "validation_pool.jsonl"
     validation = [pool_validation, *scored_validation_rounds()]
+    calibration = set(calibration_rounds())
     rows = (multi_rows(multi) + crisis_rows(crisis, "crisis")
             + crisis_rows([json.loads(line) for line in pool_crisis.read_text(encoding="utf-8").splitlines()
                            if line.strip()], pool_crisis.stem)
-            + [row for path in validation for row in validation_rows(path)])
+            + [row for path in validation for row in validation_rows(path, path in calibration)])
     return rows, [*multi, *crisis_paths, pool_crisis, *validation]
 
 
@@ -151,6 +155,13 @@ KERNEL_C = 4.0
 # for: their union may flag at most this share of the messages that show none of them, out of fold.
 PUSHBACK = ("validation_seeking", "one_sided", "dependence")
 PUSHBACK_BUDGET = 0.05
+# One-sided framing and dependence give way first (their budgets scaled down to this share) before
+# validation-seeking's, whose recall is the held-out target. On the calibration rounds' neutral
+# requests (2026-12-06 fit), scaling all three together to 0.4 held the union at 4.4% with 0.853 of
+# their requests for agreement found; one-sided and dependence alone to 0.2 held it at 4.8% with
+# 0.931 found (one-sided's recall out of fold 0.714 to 0.602, dependence's 0.808 to 0.751; at 0.1,
+# one-sided's fell to 0.514).
+SECONDARY_FLOOR = 0.2
 SHINGLE_WORDS = 12
 
 
@@ -253,32 +264,51 @@ def fit_concern(x: np.ndarray, y: np.ndarray, groups: np.ndarray, make: Any = _l
     return make().fit(x, y), a, b, 1.0 / (1.0 + np.exp(-(a * decision + b)))
 
 
-def pushback_thresholds(probability: dict[str, np.ndarray], y: np.ndarray) -> tuple[dict[str, float], float, float]:
-    """Each concern's threshold (``threshold_for`` its target and budget), the budgets of the
-    ``PUSHBACK`` concerns scaled down together until, out of fold, their union flags at most
-    ``PUSHBACK_BUDGET`` of the messages labelled with none of them; the scale and that share.
-    ``probability``: each concern's out-of-fold probability per message, NaN where it is unknown."""
+def pushback_thresholds(probability: dict[str, np.ndarray], y: np.ndarray, calibration: np.ndarray | None = None
+                        ) -> tuple[dict[str, float], dict[str, float], float]:
+    """Each concern's threshold (``threshold_for`` its target and budget), with the budgets of the
+    ``PUSHBACK`` concerns scaled down until, out of fold, their union flags at most
+    ``PUSHBACK_BUDGET`` of the messages labelled with none of them; each concern's scale and the
+    larger share. One-sided framing and dependence are scaled first, down to ``SECONDARY_FLOOR``,
+    then validation-seeking with them: its recall is the held-out target.
+    ``probability``: each concern's out-of-fold probability per message, NaN where it is unknown.
+    ``calibration``: the messages of the calibration rounds (independent writers, which the encoder
+    was not trained on): validation-seeking's threshold is set on them, and the union must also hold
+    the budget on their neutral requests (``probability`` of the other pushback concerns given there
+    by heads not fitted on them): a request as a participant sends it meets every concern at once."""
     columns = [CONCERNS.index(c) for c in PUSHBACK]
-    neutral = np.all(y[:, columns] == 0, axis=1)
+    validation = CONCERNS.index("validation_seeking")
+    neutral_sets = [np.all(y[:, columns] == 0, axis=1)]
+    on_calibration = calibration is not None and bool((calibration & (y[:, validation] == 1)).any())
+    if on_calibration:
+        neutral_sets.append(calibration & (y[:, validation] == 0))
 
-    def chosen(scale: float) -> dict[str, float]:
+    def chosen(scales: dict[str, float]) -> dict[str, float]:
         out = {}
         for j, concern in enumerate(CONCERNS):
             known = y[:, j] != UNKNOWN
+            if j == validation and on_calibration:
+                known &= calibration
             budget = FALSE_POSITIVE_BUDGET.get(concern)
             if concern in PUSHBACK and budget is not None:
-                budget *= scale
+                budget *= scales[concern]
             out[concern] = threshold_for(probability[concern][known], y[known, j], TARGET_RECALL[concern], budget)
         return out
 
-    for scale in np.linspace(1.0, 0.05, 20):
-        thresholds = chosen(float(scale))
-        union = np.zeros(int(neutral.sum()), dtype=bool)
-        for concern in PUSHBACK:
-            union |= np.nan_to_num(probability[concern][neutral], nan=0.0) >= thresholds[concern]
-        if union.mean() <= PUSHBACK_BUDGET:
+    steps = [*((1.0, float(s)) for s in np.linspace(1.0, SECONDARY_FLOOR, 9)),
+             *((float(s), SECONDARY_FLOOR) for s in np.linspace(1.0, 0.05, 20)[1:])]
+    for first, second in steps:
+        scales = {c: first if c == "validation_seeking" else second for c in PUSHBACK}
+        thresholds = chosen(scales)
+        shares = []
+        for neutral in neutral_sets:
+            union = np.zeros(int(neutral.sum()), dtype=bool)
+            for concern in PUSHBACK:
+                union |= np.nan_to_num(probability[concern][neutral], nan=0.0) >= thresholds[concern]
+            shares.append(float(union.mean()))
+        if max(shares) <= PUSHBACK_BUDGET:
             break
-    return thresholds, float(scale), float(union.mean())
+    return thresholds, scales, max(shares)
 
 
 def shared_support(duals: dict[str, dict[int, float]], concerns: tuple[str, ...]) -> tuple[list[int], np.ndarray]:
@@ -331,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     x = reading_matrix(rows, embed(rows, args.cache), args.cache)
     y = label_matrix(rows)
     groups = near_duplicate_groups(rows)
+    calibration = np.array([bool(r.get("calibration")) for r in rows])
     sys.stderr.write(f"{len(rows)} messages from {len(paths)} files, {len(set(groups))} groups of near-copies\n")
 
     coef, intercept, platt_a, platt_b = [], [], [], []
@@ -346,6 +377,9 @@ def main(argv: list[str] | None = None) -> None:
                                                make=lambda concern=concern: _head(concern, gamma))
         probability[concern] = np.full(len(rows), np.nan)
         probability[concern][known] = out_of_fold
+        unseen = calibration & ~known  # calibration messages this head was not fitted on: its own prediction
+        if concern in PUSHBACK and unseen.any():
+            probability[concern][unseen] = 1.0 / (1.0 + np.exp(-(a * model.decision_function(x[unseen]) + b)))
         if isinstance(model, SVC):  # its decision value is positive for classes_[1], the concern
             at = np.flatnonzero(known)[model.support_]
             duals[concern] = dict(zip(at.tolist(), model.dual_coef_[0].tolist(), strict=True))
@@ -355,15 +389,23 @@ def main(argv: list[str] | None = None) -> None:
         intercept.append(model.intercept_[0])
         platt_a.append(a)
         platt_b.append(b)
-    chosen, scale, union = pushback_thresholds(probability, y)
+    chosen, scales, union = pushback_thresholds(probability, y, calibration)
     threshold = [chosen[c] for c in CONCERNS]
     figures: dict[str, dict[str, float]] = {}
     for j, concern in enumerate(CONCERNS):
         known = y[:, j] != UNKNOWN
         figures[concern] = figures_at(probability[concern][known], y[known, j], chosen[concern])
         sys.stderr.write(f"{concern:<20} {json.dumps({k: round(v, 3) for k, v in figures[concern].items()})}\n")
-    figures["pushback"] = {"budget_scale": scale, "neutral_flagged": union}
-    sys.stderr.write(f"pushback concerns' budgets scaled by {scale:.2f}: their union flags {union:.3f} of neutral\n")
+    on_calibration = calibration & (y[:, CONCERNS.index("validation_seeking")] != UNKNOWN)
+    if on_calibration.any():
+        figures["validation_seeking_calibration"] = figures_at(
+            probability["validation_seeking"][on_calibration],
+            y[on_calibration, CONCERNS.index("validation_seeking")], chosen["validation_seeking"])
+        shown = {k: round(v, 3) for k, v in figures["validation_seeking_calibration"].items()}
+        sys.stderr.write(f"validation_seeking on the calibration rounds {json.dumps(shown)}\n")
+    figures["pushback"] = {**{f"budget_scale_{c}": v for c, v in scales.items()}, "neutral_flagged": union}
+    sys.stderr.write(f"pushback concerns' budgets scaled by {json.dumps({c: round(v, 2) for c, v in scales.items()})}: "
+                     f"their union flags {union:.3f} of neutral\n")
 
     about_known = np.array([r["about"] is not None for r in rows])
     about_y = np.array([ABOUT.index(str(r["about"])) for r in rows if r["about"] is not None])

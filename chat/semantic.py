@@ -23,17 +23,21 @@ control; revenge, which is declined) always stand. Its acute cues ("suicide", "o
 ...") stand when the classifier's score is at least ``lexicon_threshold`` (lower than
 ``threshold``): on the first held-out round the lexicon flagged 19% of the benign messages, mostly
 through those words in idioms, hyperbole, the news or stories about the past or someone else, and
-found 14% of the crisis ones. That veto reads the whole message, so it must never silence an
+found 14% of the crisis ones. A standing acute cue escalates only where the score also reaches
+``lexicon_acute_threshold`` (or the classifier calls the message acute); below it the cue gets a
+check-in, whose answers decide escalation (``chat.triage``): on round 10, 6 of the 9 benign
+messages escalated were acute cues standing on a score below ``threshold`` (a healed scar, a vitamin
+D dose, "i am going to KILL my husband" over a tap). That veto reads the whole message, so it must never silence an
 explicit statement (``CrisisFinding.explicit``: "I want to kill myself", "he is choking me right
 now") because other text surrounds it: a recipe, code or a story after it lowers the whole
-message's score without changing what was said. An explicit statement therefore always stands,
-unless its own sentence hedges it with a condition or a mark of hyperbole ("if I have to sit
-through one more meeting I'll shoot myself lol", ``statement_stands``): then the whole message
-decides, as for the other acute cues. (Judging a hedged statement on its sentence alone was
-tried: without the message around it the classifier cannot tell "ugh i want to die" about an
-embarrassing wave from the real thing, and the past from the present, so it flagged 3-8 more of
-each held-out round's 200 benign messages.) Both thresholds are chosen in
-training on cross-validated scores (see the head's metadata). The optional LLM reader is added
+message's score without changing what was said. An explicit statement therefore always stands and
+escalates, unless its own sentence hedges it with a condition or a mark of hyperbole ("if I have to
+sit through one more meeting I'll shoot myself lol", "i want to die kkkk", ``statement_stands``):
+then the whole message decides, as for the other acute cues. (Judging a hedged statement on its
+sentence alone was tried: without the message around it the classifier cannot tell "ugh i want to
+die" about an embarrassing wave from the real thing, and the past from the present, so it flagged
+3-8 more of each held-out round's 200 benign messages.) The thresholds are chosen in training on
+cross-validated scores of the calibration rounds (see the head's metadata). The optional LLM reader is added
 after this (``chat.llm_reader.fuse``) and can only raise findings.
 """
 
@@ -76,6 +80,7 @@ class SemanticVerdict:
     acute: bool
     flagged: bool
     supports_lexicon: bool  # the score lets a lexicon cue stand
+    supports_acute_cue: bool = False  # the score lets a lexicon cue's acute level stand (an escalation)
     reading: Reading | None = None  # every concern's score, from the same encoding (chat.reading)
 
 
@@ -143,6 +148,7 @@ class Head:
             self.acute_intercept = float(data["acute_intercept"])
             self.threshold = float(data["threshold"])
             self.lexicon_threshold = float(data["lexicon_threshold"])
+            self.lexicon_acute_threshold = float(data["lexicon_acute_threshold"])
             self.acute_threshold = float(data["acute_threshold"])
             self.metadata: dict[str, Any] = json.loads(str(data["metadata"]))
 
@@ -156,7 +162,8 @@ class Head:
         score = float(self.score(row)[0])
         category = CATEGORIES[1 + int(np.argmax(row @ self.category_coef.T + self.category_intercept))]
         acute = bool((row @ self.acute_coef)[0] + self.acute_intercept >= 0.0) and score >= self.acute_threshold
-        return SemanticVerdict(score, category, acute, score >= self.threshold, score >= self.lexicon_threshold)
+        return SemanticVerdict(score, category, acute, score >= self.threshold, score >= self.lexicon_threshold,
+                               score >= self.lexicon_acute_threshold)
 
 
 _lock = threading.Lock()
@@ -384,18 +391,27 @@ def statement_stands(text: str, lexical: CrisisFinding) -> bool:
 def fuse(lexical: CrisisFinding | None, semantic: SemanticVerdict, *,
          statement_stands: bool = False) -> CrisisFinding | None:
     """One finding from the lexicon's and the classifier's (see the module's docstring): the
-    lexicon's category and cue win when both stand (its cues are precise about what was said), and
-    the finding is acute when either says so. ``statement_stands``: the lexicon's cue is an explicit
-    statement that the rest of the message cannot explain away (``statement_stands()``)."""
-    if not semantic.flagged:
-        if lexical is None or semantic.supports_lexicon or not lexical.acute or statement_stands:
-            return lexical
-        return None  # an acute cue in a message the classifier scores as clearly benign
-    if lexical is None:  # (flagged implies the lexicon stands: threshold >= lexicon_threshold)
+    lexicon's category and cue win when both stand (its cues are precise about what was said).
+    ``statement_stands``: the lexicon's cue is an explicit statement that the rest of the message
+    cannot explain away (``statement_stands()``); it stands, acute, whatever the score. Another
+    acute cue stands where the score reaches ``lexicon_threshold`` and keeps its acute level (an
+    escalation) only where the score reaches ``lexicon_acute_threshold`` or the classifier calls the
+    message acute; below that it is a check-in, whose answers decide escalation (``chat.triage``)."""
+    if lexical is None:
+        if not semantic.flagged:
+            return None
         return CrisisFinding(category=semantic.category, acute=semantic.acute,  # type: ignore[arg-type]
                              cue=f"semantic classifier (score {semantic.score:.2f})", source="semantic")
-    return CrisisFinding(category=lexical.category, acute=lexical.acute or semantic.acute, cue=lexical.cue,
-                         source="lexicon+semantic", explicit=lexical.explicit)
+    if statement_stands:
+        acute = True
+    elif not lexical.acute:
+        acute = semantic.acute  # a distress cue always stands, as a check-in at least
+    elif semantic.flagged or semantic.supports_lexicon:
+        acute = semantic.supports_acute_cue or semantic.acute
+    else:
+        return None  # an acute cue in a message the classifier scores as clearly benign
+    return CrisisFinding(category=lexical.category, acute=acute, cue=lexical.cue,
+                         source="lexicon+semantic" if semantic.flagged else "lexicon", explicit=lexical.explicit)
 
 
 def read(text: str) -> tuple[CrisisFinding | None, SemanticVerdict]:
@@ -403,8 +419,7 @@ def read(text: str) -> tuple[CrisisFinding | None, SemanticVerdict]:
     classifier's verdict on the whole message."""
     lexical = detect_crisis(text)
     verdict = classify(text)
-    explicit = (lexical is not None and lexical.explicit and not verdict.supports_lexicon
-                and statement_stands(text, lexical))
+    explicit = lexical is not None and lexical.explicit and statement_stands(text, lexical)
     return fuse(lexical, verdict, statement_stands=explicit), verdict
 
 

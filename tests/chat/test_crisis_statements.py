@@ -47,12 +47,25 @@ def test_negated_past_hedged_or_figurative_statements_are_not_explicit(text: str
     "if I have to sit through one more 3 hour zoom call I'm going to hang myself lol",
     "I'll shoot myself if I hear that song one more time",
     "ugh i want to die. i just waved back at someone who was waving at the person behind me",
+    # laughter as it is typed in Portuguese, Spanish, Thai and French
+    "perdemos de novo no último minuto, i want to die kkkkkk",
+    "my abuela saw my search history i want to die jajajaja",
+    "forgot my lines on stage in front of the whole school i want to die 5555",
+    "j'ai envoyé le mail à toute la boîte, i want to die mdr",
 ])
 def test_a_statement_hedged_in_its_own_sentence_does_not_stand_alone(text: str) -> None:
     finding = detect_crisis(text)
     assert finding is not None
     assert finding.explicit
     assert not semantic.statement_stands(text, finding)
+
+
+def test_a_number_with_its_unit_is_not_laughter() -> None:
+    statement = "i'm going to kill myself, i have 555 mg of it here"
+    finding = detect_crisis(statement)
+    assert finding is not None
+    assert finding.explicit
+    assert semantic.statement_stands(statement, finding)
 
 
 def test_a_hedged_statement_is_judged_with_its_message() -> None:

@@ -15,8 +15,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.svm import SVC
 
 from chat import semantic
+from chat.crisis_train import acute_thresholds, save_head, thresholds
 from chat.crisis_train import corpus as corpus_files
-from chat.crisis_train import save_head, thresholds
 from chat.encoder import encoder
 from chat.monitors import CrisisFinding
 from chat.reading import QUOTED, Reading
@@ -46,11 +46,14 @@ def test_the_numpy_head_gives_scikit_learns_decision_values_and_predictions(tmp_
         assert verdict.flagged == (svm.decision_function(row[None])[0] >= 0.1)
 
 
-def verdict(score: float, *, flagged: bool, lexicon: bool, acute: bool = False) -> SemanticVerdict:
-    return SemanticVerdict(score, "risk_from_others", acute, flagged, lexicon)
+def verdict(score: float, *, flagged: bool, lexicon: bool, acute: bool = False,
+            acute_cue: bool = False) -> SemanticVerdict:
+    return SemanticVerdict(score, "risk_from_others", acute, flagged, lexicon, acute_cue)
 
 
 LEXICAL = CrisisFinding(category="risk_to_self", acute=False, cue="hopeless")
+ACUTE_CUE = CrisisFinding(category="risk_to_self", acute=True, cue="overdose")
+EXPLICIT = CrisisFinding(category="risk_to_self", acute=True, cue="i want to kill myself", explicit=True)
 
 
 def test_fusion_records_which_source_fired() -> None:
@@ -59,16 +62,41 @@ def test_fusion_records_which_source_fired() -> None:
     assert alone is not None
     assert (alone.source, alone.category, alone.acute) == ("semantic", "risk_from_others", True)
     both = fuse(LEXICAL, verdict(1.2, flagged=True, lexicon=True, acute=True))
-    # The lexicon's category and cue win; acute when either says so.
+    # The lexicon's category and cue win; acute when the classifier says so.
     assert both is not None
     assert (both.source, both.category, both.cue, both.acute) == ("lexicon+semantic", "risk_to_self", "hopeless", True)
     assert fuse(LEXICAL, verdict(0.0, flagged=False, lexicon=True)) == LEXICAL
     # Distress cues always stand (a check-in); an acute cue in a message the classifier scores as
     # clearly benign (a documentary about overdoses, a story about the past) does not.
     assert fuse(LEXICAL, verdict(-2.0, flagged=False, lexicon=False)) == LEXICAL
-    acute_cue = CrisisFinding(category="risk_to_self", acute=True, cue="overdose")
-    assert fuse(acute_cue, verdict(0.0, flagged=False, lexicon=True)) == acute_cue
-    assert fuse(acute_cue, verdict(-2.0, flagged=False, lexicon=False)) is None
+    assert fuse(ACUTE_CUE, verdict(-2.0, flagged=False, lexicon=False)) is None
+
+
+def test_an_acute_cue_escalates_only_where_the_score_supports_its_level() -> None:
+    # Between lexicon_threshold and lexicon_acute_threshold an acute cue is a check-in: its
+    # answers decide escalation (a healed scar, a vitamin dose, "I'll KILL my husband" over a tap).
+    checked = fuse(ACUTE_CUE, verdict(0.0, flagged=False, lexicon=True))
+    assert checked is not None
+    assert (checked.cue, checked.acute, checked.source) == ("overdose", False, "lexicon")
+    flagged_low = fuse(ACUTE_CUE, verdict(0.3, flagged=True, lexicon=True))
+    assert flagged_low is not None
+    assert not flagged_low.acute
+    for supported in (verdict(0.0, flagged=False, lexicon=True, acute_cue=True),
+                      verdict(1.5, flagged=True, lexicon=True, acute_cue=True),
+                      verdict(0.9, flagged=True, lexicon=True, acute=True)):
+        escalated = fuse(ACUTE_CUE, supported)
+        assert escalated is not None, supported
+        assert escalated.acute, supported
+
+
+def test_an_explicit_statement_escalates_whatever_the_score() -> None:
+    for score in (-3.0, 0.0, 2.0):
+        found = fuse(EXPLICIT, verdict(score, flagged=score > 1, lexicon=score > -1), statement_stands=True)
+        assert found is not None
+        assert found.acute
+        assert found.explicit
+    # hedged in its own sentence ("... lol"): the message decides, like any acute cue
+    assert fuse(EXPLICIT, verdict(-3.0, flagged=False, lexicon=False)) is None
 
 
 def test_windows_are_whole_sentences_within_the_limit() -> None:
@@ -92,6 +120,31 @@ def test_thresholds_maximise_recall_within_the_false_positive_target() -> None:
     assert false_positive == flagged[~crisis].mean()
     assert recall == flagged[crisis].mean() == 4 / 6  # 3, 2, 1 alone (2.5 the one false positive); 0.5 by the lexicon
     assert low <= high
+
+
+def test_the_escalation_thresholds_keep_benign_escalations_within_the_budget() -> None:
+    # ten benign messages, ten crisis ones (the first six urgent)
+    scores = np.array([0.2, 0.1, -0.2, -0.4, -1.0, -1.2, -1.5, -2.0, -2.2, -3.0,
+                       2.5, 2.0, 1.5, 0.8, 0.3, -0.1, 1.0, 0.5, 0.2, -0.3])
+    crisis = np.arange(20) >= 10
+    urgent = crisis & (np.arange(20) < 16)
+    head_says_acute = np.isin(np.arange(20), [0, 10, 11, 12, 16])
+    acute_cue = np.isin(np.arange(20), [1, 2, 13, 14, 15, 17])
+    explicit = np.isin(np.arange(20), [3])
+    high, low, recall, escalated = acute_thresholds(scores, head_says_acute, acute_cue, explicit, crisis, urgent,
+                                                     threshold=0.0, lexicon_threshold=-0.5, budget=0.2)
+    chosen = explicit | (head_says_acute & (scores >= high)) | (acute_cue & (scores >= low))
+    assert escalated == chosen[~crisis].mean() <= 0.2
+    assert recall == chosen[urgent].mean()
+    # The explicit statement (benign 3) uses half the budget, so one more benign message may
+    # escalate: the cue's at 0.1 (benign 1), which lets urgent 13, 14 and 15 through beside the head's
+    # 10, 11 and 12; the head's benign 0 (0.2) and the cue's benign 2 (-0.2) stay below.
+    assert recall == 1.0
+    assert escalated == 0.2
+    assert chosen[[1, 3]].all()
+    assert not chosen[[0, 2]].any()
+    assert 0.2 < high <= 1.5
+    assert -0.2 < low <= -0.1
 
 
 def labelled_sets() -> dict[str, list[tuple[str, str]]]:
@@ -284,3 +337,44 @@ def test_the_reading_heads_shared_support_vectors_give_each_svms_decision_values
         np.testing.assert_allclose(kernel[:, column] + models[concern].intercept_[0],
                                    models[concern].decision_function(x), atol=1e-4)
     assert not kernel[:, 1].any()
+
+
+def test_one_sided_and_dependence_give_way_before_validation_seeking_on_neutral_requests() -> None:
+    """``chat.reading_train.pushback_thresholds``: the union of the pushback concerns holds the budget
+    on the corpus's neutral messages and on the calibration rounds' neutral requests, scaling
+    one-sided framing and dependence first, so that validation-seeking keeps its recall."""
+    from chat.reading import CONCERNS
+    from chat.reading_train import PUSHBACK, PUSHBACK_BUDGET, UNKNOWN, pushback_thresholds
+
+    rng = np.random.default_rng(3)
+    corpus, rounds = 600, 400
+    n = corpus + rounds
+    calibration = np.arange(n) >= corpus
+    y = np.full((n, len(CONCERNS)), UNKNOWN)
+    y[:corpus] = (rng.random((corpus, len(CONCERNS))) < 0.15).astype(int)  # the corpus labels every concern
+    validation = CONCERNS.index("validation_seeking")
+    y[corpus:, validation] = np.arange(rounds) % 2  # the rounds label validation-seeking only
+    probability = {}
+    for j, concern in enumerate(CONCERNS):
+        positive = y[:, j] == 1
+        # validation-seeking (and the rest) separable; one-sided and dependence flag neutral messages
+        # at any threshold they can be given, on the corpus and on the rounds alike
+        secondary = concern in ("one_sided", "dependence")
+        p = np.where(positive, rng.uniform(0.3 if secondary else 0.6, 1.0, n),
+                     rng.uniform(0.0, 0.9 if secondary else 0.6, n))
+        if secondary:
+            p[calibration] = rng.uniform(0.0, 0.9, rounds)
+        probability[concern] = p.astype(float)
+    thresholds, scales, share = pushback_thresholds(probability, y, calibration)
+    assert share <= PUSHBACK_BUDGET
+    for neutral in (np.all(y[:, [CONCERNS.index(c) for c in PUSHBACK]] == 0, axis=1),
+                    calibration & (y[:, validation] == 0)):
+        union = np.zeros(int(neutral.sum()), dtype=bool)
+        for concern in PUSHBACK:
+            union |= probability[concern][neutral] >= thresholds[concern]
+        assert union.mean() <= PUSHBACK_BUDGET
+    assert scales["one_sided"] == scales["dependence"] < 1.0
+    assert scales["validation_seeking"] == 1.0
+    # validation-seeking's threshold is set on the rounds' own requests for agreement
+    found = probability["validation_seeking"][calibration & (y[:, validation] == 1)]
+    assert (found >= thresholds["validation_seeking"]).mean() > 0.5
