@@ -44,8 +44,8 @@ def card_markdown(card: dict[str, Any]) -> str:
              f"{card['queries']} queries, written {card['written_at']}",
              f"- Judge: {card['judge']} (rubric {card['rubric_version']})"]
     if card["judge_flagged"]:
-        lines.append("- **Judge flagged**: its agreement with human raters is below the threshold "
-                     f"({card['agreement_threshold']}); read these numbers with care.")
+        lines.append("- **Judge flagged**: the interval of its agreement with human raters reaches below the "
+                     f"threshold ({card['agreement_threshold']}); read these numbers with care.")
     elif card["judge_agreement"] is None:
         lines.append("- Judge not yet checked against human ratings for this run.")
     lines += ["", "| measure | value (95% interval) | change since previous |", "|---|---|---|"]

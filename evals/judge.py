@@ -42,13 +42,11 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from chat.gateway import Gateway
-from evals.grid import OFFLINE_JUDGE, Query
+from evals.grid import DIMENSIONS, OFFLINE_JUDGE, Query
 
 RUBRIC_PATH = Path(__file__).parent / "rubric.md"
 RUBRIC_TEXT = RUBRIC_PATH.read_text(encoding="utf-8")
 RUBRIC_VERSION = "1." + hashlib.sha256(RUBRIC_TEXT.encode()).hexdigest()[:8]
-DIMENSIONS = ("safety", "empathy", "constructive_support", "inappropriate_affirmation", "calibrated_disagreement",
-              "factual_accuracy", "capitulation")
 _SCORE: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 5}
 _OPTIONAL: dict[str, Any] = {"type": ["integer", "null"], "minimum": 1, "maximum": 5}
 JUDGE_SCHEMA: dict[str, Any] = {

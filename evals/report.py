@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 
 from analysis.report import STYLE, _Col, _notes, _table
 from evals.agreement import Agreement, agreement
+from evals.gates import GateReport, judge_run
 from evals.models import EvalCell, EvalRun
 from evals.results import (
     METRICS,
@@ -46,15 +47,29 @@ def _agreement_section(checked: Agreement) -> str:
         return ("<p class=\"not-estimated\" id=\"judge-unvalidated\">The judge has not been checked against human "
                 "ratings for this run (<code>afterward eval export-ratings</code>, then "
                 "<code>import-ratings</code>).</p>")
-    cols = [_Col("dimension", "dimension", "text"), _Col("cells rated", "n", "count"),
-            _Col("quadratic-weighted kappa", "kappa", "interval", "kappa_low", "kappa_high"),
-            _Col("Spearman", "spearman", "interval", "spearman_low", "spearman_high"),
-            _Col(f"kappa below {checked.threshold}", "below_threshold", "flag")]
-    flag = (f'<p class="not-estimated" id="judge-flagged">Judge flagged: its agreement with human raters is below '
-            f"the threshold ({checked.threshold}) on at least one dimension; read the results with care.</p>"
-            if checked.flagged else "")
-    return flag + _table(checked.table, cols, "agreement", "Agreement of the judge with human raters (95% "
-                                                          "bootstrap intervals)")
+    kappa = _Col("quadratic-weighted kappa", "kappa", "interval", "kappa_low", "kappa_high")
+    pooled = [_Col("dimension", "dimension", "text"), _Col("cells rated", "cells", "count"),
+              _Col("raters", "raters", "count"), kappa, _Col("interval degenerate", "degenerate", "flag"),
+              _Col(f"interval reaches below {checked.threshold}", "flagged", "flag")]
+    per_rater = [_Col("rater", "rater", "text"), _Col("dimension", "dimension", "text"),
+                 _Col("cells rated", "cells", "count"), kappa,
+                 _Col("Spearman", "spearman", "interval", "spearman_low", "spearman_high")]
+    between = [_Col("rater", "rater_a", "text"), _Col("and rater", "rater_b", "text"),
+               _Col("dimension", "dimension", "text"), _Col("cells both rated", "cells", "count"), kappa]
+    flag = (f'<p class="not-estimated" id="judge-flagged">Judge flagged: on at least one dimension the interval of '
+            f"its agreement with human raters reaches below the threshold ({checked.threshold}); read the results "
+            "with care.</p>" if checked.flagged else "")
+    return (flag + _table(checked.table, pooled, "agreement", "The judge with the raters, pooled by rater (the mean "
+                          "of the raters' kappas; 95% bootstrap intervals over cells)")
+            + _table(checked.by_rater, per_rater, "agreement-by-rater", "The judge with each rater")
+            + _table(checked.between_raters, between, "agreement-between-raters", "Raters with each other"))
+
+
+def _gates_section(report: GateReport) -> str:
+    if not report.checks and not report.problems:
+        return '<p class="empty" id="gates">The grid states no gates.</p>'
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in report.lines())
+    return f'<ul class="notes" id="gates">{items}</ul>'
 
 
 def render_report(engine: Engine, run_id: int) -> str:
@@ -80,12 +95,13 @@ def render_report(engine: Engine, run_id: int) -> str:
     comparisons = paired_comparisons(frame)
     comparison_cols = [_Col("family", "family", "text"), _Col("within", "within", "text"), _Col("a", "a", "text"),
                        _Col("b", "b", "text"), _Col("metric", "metric", "text"), _Col("queries", "n", "count"),
-                       _Col("a − b", "difference", "interval", "low", "high"), _Col("p", "p", "p"),
+                       _Col("a − b", "difference", "interval", "low", "high"), _Col("a higher", "positive", "count"),
+                       _Col("b higher", "negative", "count"), _Col("p (sign test)", "p", "p"),
                        _Col("p (BH)", "p_adjusted", "p"), _Col("significant", "significant", "flag")]
     gap = false_belief_gap(frame)
     gap_cols = [_Col("condition", "condition", "text"), _Col("model", "model", "text"),
                 _Col("sad", "sad"), _Col("neutral", "neutral"), _Col("pairs", "n", "count"),
-                _Col("sad − neutral", "difference", "interval", "low", "high"), _Col("p", "p", "p")]
+                _Col("sad − neutral", "difference", "interval", "low", "high"), _Col("p (sign test)", "p", "p")]
     turns = capitulation_by_turn(frame)
     turn_cols = [_Col("condition", "condition", "text"), _Col("model", "model", "text"),
                  _Col("pushback", "pushback", "count"), _Col("queries", "queries", "count"),
@@ -104,6 +120,7 @@ def render_report(engine: Engine, run_id: int) -> str:
            + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts.items())
            + "</dl></header>")
     sections = [
+        ("release-gates", "Gates", _gates_section(judge_run(engine, run_id))),
         ("judge", "The judge and human ratings", _agreement_section(checked)),
         ("results", "Results by condition and model",
          _table(overall, metric_cols([_Col("condition", "condition", "text"), _Col("model", "model", "text")]),
@@ -113,8 +130,9 @@ def render_report(engine: Engine, run_id: int) -> str:
          _table(by_domain, metric_cols([_Col("condition", "condition", "text"), _Col("model", "model", "text"),
                                         _Col("domain", "domain", "text")]), "results-domain")),
         ("comparisons", "Paired comparisons",
-         _table(comparisons, comparison_cols, "comparisons", "Paired by query: paired t-tests, Benjamini-Hochberg "
-                                                             "adjusted across all rows")),
+         _table(comparisons, comparison_cols, "comparisons", "Paired by query: exact sign tests, Benjamini-Hochberg "
+                                                             "adjusted across all rows; Bonett-Price adjusted Wald "
+                                                             "intervals")),
         ("false-beliefs", "False beliefs stated sadly versus neutrally",
          _table(gap, gap_cols, "false-belief-gap", "Share of replies affirming the false belief, paired by belief")),
         ("capitulation", "Capitulation per turn of pushback",

@@ -3,9 +3,10 @@ sad-vs-neutral false-belief gap and capitulation per turn of pushback.
 
 Queries are the unit: a cell's repeats are averaged per query first, so every interval and test
 treats queries (not repeated calls) as the independent observations. Rates carry Wilson 95%
-intervals over queries; mean scores and paired differences carry t intervals; paired comparisons
-(the same queries under two models or two conditions) are paired t-tests, with
-Benjamini-Hochberg adjusted p-values across all comparisons of a report.
+intervals over queries and mean scores t intervals. A paired comparison (the same queries under two
+models or two conditions, or a draft and its baseline) is tested with the exact sign test and its
+difference carries an adjusted Wald interval that is never of zero width (``paired_difference``),
+with Benjamini-Hochberg adjusted p-values across all comparisons of a report.
 
     >>> frame = load_frame(engine, run_id)
     >>> summary_table(frame)           # condition x model x domain
@@ -126,20 +127,32 @@ def summary_table(frame: pd.DataFrame, by: Sequence[str] = ("condition", "model"
     return pd.DataFrame(rows, columns=[*by, "metric", "queries", "mean", "low", "high"])
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
-    """Mean of a - b over paired queries with its t interval and the paired t-test's p. When every
-    difference is the same, the interval is that value and p is 0 (a constant non-zero shift) or 1."""
-    diff = a - b
+def paired_difference(a: np.ndarray, b: np.ndarray, bound: float = 1.0) -> dict[str, float]:
+    """``a - b`` paired by query, for values in a range of width ``bound`` (rates: 1).
+
+    - ``difference``: the mean of the differences.
+    - ``low``/``high``: its 95% interval, the Wald interval with Bonett and Price's adjustment (one
+      pseudo-pair differing by +bound and one by -bound added; for 0/1 values this is their
+      interval for matched proportions, 2012). It has width even when every difference is the same,
+      where a t or bootstrap interval collapses to a point.
+    - ``p``: the exact two-sided sign test (a binomial test of the positive against the negative
+      differences; for 0/1 values, McNemar's exact test). Five differences all of one sign give
+      2 x 0.5**5 = 0.0625. On few queries it is conservative, so an interval can exclude zero while
+      p stays above 0.05; ``significant`` follows p.
+    - ``positive``/``negative``: how many queries differ in each direction.
+    """
+    diff = np.asarray(a, float) - np.asarray(b, float)
     n = len(diff)
-    mean = float(np.mean(diff)) if n else math.nan
-    if n < 2:
-        return {"n": n, "difference": mean, "low": math.nan, "high": math.nan, "p": math.nan}
-    sd = float(np.std(diff, ddof=1))
-    if sd == 0:
-        return {"n": n, "difference": mean, "low": mean, "high": mean, "p": 0.0 if mean != 0 else 1.0}
-    half = float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
-    return {"n": n, "difference": mean, "low": mean - half, "high": mean + half,
-            "p": float(stats.ttest_rel(a, b).pvalue)}
+    positive, negative = int(np.sum(diff > 0)), int(np.sum(diff < 0))
+    if n == 0:
+        return {"n": 0, "difference": math.nan, "low": math.nan, "high": math.nan, "p": math.nan,
+                "positive": 0, "negative": 0}
+    centre = float(np.sum(diff)) / (n + 2)
+    spread = (float(np.sum(diff**2)) + 2 * bound**2) / (n + 2) - centre**2
+    half = float(stats.norm.ppf(0.975)) * math.sqrt(max(spread, 0.0) / (n + 2))
+    p = float(stats.binomtest(positive, positive + negative, 0.5).pvalue) if positive + negative else 1.0
+    return {"n": n, "difference": float(np.mean(diff)), "low": max(-bound, centre - half),
+            "high": min(bound, centre + half), "p": p, "positive": positive, "negative": negative}
 
 
 def _pairs(frame: pd.DataFrame) -> list[tuple[str, str, str, str]]:
@@ -171,12 +184,12 @@ def paired_comparisons(frame: pd.DataFrame, metrics: Sequence[str] = COMPARED,
             if a not in means or b not in means:
                 continue
             both = means[[a, b]].dropna()
-            if len(both) < 2:
+            if both.empty:
                 continue
             rows.append({"family": family, "within": fixed, "a": a, "b": b, "metric": metric,
                          **paired_difference(both[a].to_numpy(float), both[b].to_numpy(float))})
     table = pd.DataFrame(rows, columns=["family", "within", "a", "b", "metric", "n", "difference", "low", "high",
-                                        "p"])
+                                        "p", "positive", "negative"])
     if not table.empty:
         usable = table["p"].notna()
         table["p_adjusted"] = np.nan
@@ -203,7 +216,7 @@ def false_belief_gap(frame: pd.DataFrame, metric: str = "affirmed") -> pd.DataFr
                      "sad": float(both["sad"].mean()), "neutral": float(both["neutral"].mean()),
                      **paired_difference(both["sad"].to_numpy(float), both["neutral"].to_numpy(float))})
     return pd.DataFrame(rows, columns=["condition", "model", "metric", "sad", "neutral", "n", "difference", "low",
-                                       "high", "p"])
+                                       "high", "p", "positive", "negative"])
 
 
 def capitulation_by_turn(frame: pd.DataFrame) -> pd.DataFrame:

@@ -45,8 +45,18 @@ def _eval_execute(run_id: int, progress: bool) -> None:
     if outcome.finished:
         typer.echo(f"run {run_id} is complete: afterward eval report {run_id} --out report.html; "
                    f"afterward eval cards --run {run_id}")
-    else:
-        typer.echo(f"{outcome.remaining} cell(s) still to do: afterward eval resume {run_id}")
+
+
+def _gate(run_id: int) -> None:
+    """Print the run's gates (and whether it is complete); exit 1 unless everything passed."""
+    from evals.gates import judge_run
+    from study.db import get_engine
+
+    report = judge_run(get_engine(), run_id)
+    for line in report.lines():
+        typer.echo(line)
+    if not report.passed:
+        raise typer.Exit(1)
 
 
 @app.command("run")
@@ -54,7 +64,9 @@ def eval_run(
     grid_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="The grid (YAML)")],
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
-    """Start a grid run: prints the token and cost estimate, then runs every cell (resumable)."""
+    """Start a grid run: prints the token and cost estimate, runs every cell (resumable), then judges
+    the grid's gates. Exits 1 when a gate fails or cells are not done."""
+    from evals.gates import check_baseline
     from evals.grid import load_grid
     from evals.runner import check_models, create_run, plan
     from study.db import get_engine
@@ -62,16 +74,29 @@ def eval_run(
     with _failing_in_one_line():
         grid = load_grid(grid_file)
         check_models(grid)
-        run_id = create_run(get_engine(), plan(grid, grid_file.parent))
+        planned = plan(grid, grid_file.parent)
+        check_baseline(get_engine(), planned)  # refused before anything is paid for
+        run_id = create_run(get_engine(), planned)
         typer.echo(f"created evaluation run {run_id} ({grid.name})")
         _eval_execute(run_id, progress)
+        _gate(run_id)
 
 
 @app.command("resume")
 def eval_resume(run_id: int, progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True) -> None:
-    """Continue a run that was stopped: finished cells are not run again."""
+    """Continue a run that was stopped (finished cells are not run again), then judge its gates.
+    Exits 1 when a gate fails or cells are not done."""
     with _failing_in_one_line():
         _eval_execute(run_id, progress)
+        _gate(run_id)
+
+
+@app.command("gate")
+def eval_gate(run_id: int) -> None:
+    """Judge a run's gates: each rule with its figure and 95% interval. Exits 1 when a gate fails,
+    cells are not done or the baseline comparison is refused; 0 when everything passed."""
+    with _failing_in_one_line():
+        _gate(run_id)
 
 
 @app.command("runs")
@@ -154,7 +179,17 @@ def eval_import_ratings(
         count = import_ratings(get_engine(), run_id, file, rater=rater)
         checked = agreement(get_engine(), run_id)
     typer.echo(f"imported {count} ratings by {rater}")
+    typer.echo("the judge with the raters, pooled by rater (mean of the raters' kappas; 95% bootstrap over cells):")
     for row in checked.table.to_dict(orient="records"):
-        flag = "  BELOW THRESHOLD" if row["below_threshold"] else ""
+        flag = f"  FLAGGED (interval reaches below {checked.threshold})" if row["flagged"] else ""
         typer.echo(f"  {row['dimension']}: kappa {row['kappa']:.3f} ({row['kappa_low']:.3f} to "
-                   f"{row['kappa_high']:.3f}), Spearman {row['spearman']:.3f}, n {row['n']}{flag}")
+                   f"{row['kappa_high']:.3f}), {row['cells']} cells, {row['raters']} rater(s){flag}")
+    typer.echo("the judge with each rater:")
+    for row in checked.by_rater.to_dict(orient="records"):
+        typer.echo(f"  {row['rater']} {row['dimension']}: kappa {row['kappa']:.3f} ({row['kappa_low']:.3f} to "
+                   f"{row['kappa_high']:.3f}), Spearman {row['spearman']:.3f}, {row['cells']} cells")
+    if not checked.between_raters.empty:
+        typer.echo("rater with rater:")
+    for row in checked.between_raters.to_dict(orient="records"):
+        typer.echo(f"  {row['rater_a']} and {row['rater_b']} {row['dimension']}: kappa {row['kappa']:.3f} "
+                   f"({row['kappa_low']:.3f} to {row['kappa_high']:.3f}), {row['cells']} cells")

@@ -202,16 +202,23 @@ def test_agreement_with_human_ratings_matches_hand_computation(engine: Engine, t
         writer.writerow({**row, "empathy": empathy, "safety": safety})
     assert import_ratings(engine, run_id, out.getvalue(), rater="r1") == 5
 
-    table = agreement(engine, run_id, n_boot=300, seed=2).table.set_index("dimension")
-    assert table.loc["empathy", "kappa"] == pytest.approx(0.8)
-    assert table.loc["empathy", "spearman"] == pytest.approx(0.8)
+    checked = agreement(engine, run_id, n_boot=300, seed=2)
+    table = checked.table.set_index("dimension")
+    by_rater = checked.by_rater.set_index("dimension")
+    assert table.loc["empathy", "kappa"] == pytest.approx(0.8)  # one rater: pooled is that rater's
+    assert by_rater.loc["empathy", "spearman"] == pytest.approx(0.8)
     assert table.loc["safety", "kappa"] == pytest.approx(1 - 0.025 / 0.26)
-    assert table.loc["safety", "spearman"] == pytest.approx(8 / math.sqrt(9 * 9.5))
+    assert by_rater.loc["safety", "spearman"] == pytest.approx(8 / math.sqrt(9 * 9.5))
     for dimension in ("empathy", "safety"):
         low, kappa, high = table.loc[dimension, ["kappa_low", "kappa", "kappa_high"]].to_numpy(float)
         assert low <= kappa <= high
-    assert bool(table.loc["empathy", "below_threshold"])
-    assert not bool(table.loc["safety", "below_threshold"])
+        assert low < high
+    # The flag reads the interval: safety's kappa (0.904) clears 0.85, but on five cells its interval
+    # does not, so both dimensions are flagged.
+    assert table.loc["safety", ["kappa"]].to_numpy(float)[0] > 0.85
+    assert bool(table.loc["empathy", "flagged"])
+    assert bool(table.loc["safety", "flagged"])
+    assert checked.between_raters.empty
     assert 'id="judge-flagged"' in render_report(engine, run_id)
     assert write_cards(engine, run_id)[0]["judge_flagged"] is True
     # the functions against their definitions once more, on other data
@@ -227,7 +234,10 @@ def test_bad_ratings_are_refused(engine: Engine, tmp_path: Path) -> None:
                   "limit_queries: 2\n")
     with pytest.raises(Invalid, match="score from 1 to 5"):
         import_ratings(engine, run_id, "item,safety,empathy,constructive_support,inappropriate_affirmation,"
-                       "calibrated_disagreement,factual_accuracy,capitulation\n1,7,,,,,,\n", rater="r")
+                       "calibrated_disagreement,factual_accuracy,capitulation,capitulated\n1,7,,,,,,,\n", rater="r")
+    with pytest.raises(Invalid, match="pushback conversations only"):
+        import_ratings(engine, run_id, "item,safety,empathy,constructive_support,inappropriate_affirmation,"
+                       "calibrated_disagreement,factual_accuracy,capitulation,capitulated\n1,5,,,,,,,yes\n", rater="r")
 
 
 def test_model_cards_show_the_change_between_prompt_versions(engine: Engine, tmp_path: Path) -> None:
