@@ -36,6 +36,7 @@ PAGES = [
     PageSpec("safety", "Safety review", ":material/health_and_safety:", True),
     PageSpec("conversations", "Conversations", ":material/forum:", True),
     PageSpec("data_quality", "Data quality", ":material/rule:", True),
+    PageSpec("model_cards", "Model cards", ":material/fact_check:", False),
     PageSpec("exports", "Exports", ":material/download:", False),
 ]
 

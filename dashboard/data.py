@@ -4,8 +4,9 @@ Every number comes from ``analysis`` (the same code as the exports and the repor
 tables, the report's participant numbers, the panel's survey counts and attrition, each computed
 in grouped SQL, and the report's models as last fitted and stored (``analysis.fits``: fitting
 takes minutes on a large study, so it runs in a process of its own, never while a page waits),
-or from the SQL aggregates of ``analysis.operations``. Each read returns its frames with the time
-it was read, for the "refreshed at" line. Viewers only ever reach ``aggregates(..., viewer=True)``:
+or from the SQL aggregates of ``analysis.operations`` (the model cards page's from ``evals``, read
+by ``dashboard.evaluations`` in the same way). Each read returns its frames with the time it was
+read, for the "refreshed at" line. Of a study's data, viewers only ever reach ``aggregates(..., viewer=True)``:
 the tables with the suppression rule applied (``analysis.aggregates``).
 
 A study's cached reads are dropped together by ``refresh`` (the sidebar's button): the cache key

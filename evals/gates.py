@@ -131,11 +131,12 @@ def _cell_problems(engine: Engine, run_id: int) -> tuple[list[str], int]:
         error = session.scalar(select(EvalCell.error).where(EvalCell.run_id == run_id, EvalCell.status == "failed",
                                                             EvalCell.error.is_not(None)).limit(1))
     total, done, failed = sum(counts.values()), counts.get("done", 0), counts.get("failed", 0)
+    generated = counts.get("generated", 0)
     if total and failed == total:
         return [f"every cell failed ({failed} of {total}); the first error: {error}"], 0
     if done < total:
-        return [f"{total - done} of {total} cells not done ({failed} failed, {total - done - failed} not yet run): "
-                f"afterward eval resume {run_id}"], done
+        return [f"{total - done} of {total} cells not done ({failed} failed, {generated} not yet judged, "
+                f"{total - done - failed - generated} not yet run): afterward eval resume {run_id}"], done
     return [], done
 
 

@@ -221,6 +221,9 @@ class Grid(BaseModel):
     conditions: list[str | ConditionSpec] = Field(min_length=1)
     judge: str = OFFLINE_JUDGE
     concurrency: dict[str, int] = Field(default_factory=dict)
+    # The judge's calls in flight, a limit of its own (default: its provider's ``concurrency``):
+    # it never waits behind the conversations, even on the models' provider.
+    judge_concurrency: int | None = Field(default=None, ge=1)
     params: dict[str, Any] = Field(default_factory=dict)
     agreement_threshold: float = Field(default=0.6, ge=-1, le=1)
     api_base: str | None = None  # a self-hosted or test server for every non-offline model
@@ -276,6 +279,10 @@ class Grid(BaseModel):
 
     def limit(self, provider: str) -> int:
         return self.concurrency.get(provider, 4)
+
+    @property
+    def judge_limit(self) -> int:
+        return self.judge_concurrency or self.limit(self.judge.split("/", 1)[0])
 
 
 @dataclass(frozen=True)

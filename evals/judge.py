@@ -41,7 +41,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from chat.gateway import Gateway
+from chat.gateway import Completion, Gateway
+from evals.cache import CachingGateway
 from evals.grid import DIMENSIONS, OFFLINE_JUDGE, Query
 
 RUBRIC_PATH = Path(__file__).parent / "rubric.md"
@@ -97,7 +98,7 @@ class Judgement:
 
 
 class JudgeError(Exception):
-    """The judge gave no usable verdict (the cell is tried again on resume)."""
+    """The judge gave no usable verdict (the judgement is tried again on the saved conversation)."""
 
 
 class Judge(Protocol):
@@ -219,11 +220,20 @@ class LLMJudge:
         messages = [{"role": "system", "content": RUBRIC_TEXT},
                     {"role": "user", "content": judge_input(query, turns)}]
         params = {**self.params, "response_format": {"type": "json_schema", "json_schema": JUDGE_SCHEMA}}
-        completion = await self.gateway.complete(messages, self.model, structured=False, params=params)
-        verdict = parse_verdict(completion.text)
-        expected = query.pushbacks
-        if len(verdict.capitulated) != expected:
-            raise JudgeError(f"the judge rated {len(verdict.capitulated)} pushbacks; the script has {expected}")
+
+        def read(completion: Completion) -> Verdict:
+            verdict = parse_verdict(completion.text)
+            if len(verdict.capitulated) != query.pushbacks:
+                raise JudgeError(f"the judge rated {len(verdict.capitulated)} pushbacks; the script has "
+                                 f"{query.pushbacks}")
+            return verdict
+
+        if isinstance(self.gateway, CachingGateway):  # a verdict that does not fit is asked for again
+            completion = await self.gateway.complete(messages, self.model, structured=False, params=params,
+                                                     check=read)
+        else:
+            completion = await self.gateway.complete(messages, self.model, structured=False, params=params)
+        verdict = read(completion)
         return Judgement(self.model, RUBRIC_VERSION, verdict.scores(), verdict.capitulated,
                          completion.text)
 

@@ -1,6 +1,6 @@
 """Tables of the evaluation harness: runs, their cells (one conversation each), the judge's scores,
-human ratings and model cards. None of them is participant data: the harness never creates
-participants, conversations or safety events."""
+human ratings, model cards and the response cache. None of them is participant data: the harness
+never creates participants, conversations or safety events."""
 
 from __future__ import annotations
 
@@ -31,8 +31,12 @@ class EvalRun(Base):
 
 
 class EvalCell(Base):
-    """One conversation of the grid: a condition, a model, a query and a repeat. Written once,
-    when it finishes (``status`` done) or fails (``failed``, tried again on resume)."""
+    """One conversation of the grid: a condition, a model, a query and a repeat. ``status``:
+    ``pending``; ``generated`` once its conversation is saved (the transcript and its usage), before
+    it is judged; ``done`` once the run's judge scored it; ``failed`` when its conversation failed
+    (tried again on resume). ``attempts`` counts conversations tried and ``judge_attempts`` the run
+    judge's tries, each up to the grid's ``max_attempts``: a failed judgement is tried again on the
+    saved conversation, never by generating it again."""
 
     __tablename__ = "eval_cells"
     __table_args__ = (UniqueConstraint("run_id", "condition", "model", "query_id", "repeat"),)
@@ -44,8 +48,9 @@ class EvalCell(Base):
     query_id: Mapped[str] = mapped_column(String(64))
     repeat: Mapped[int] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(BigInteger)
-    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | done | failed
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | generated | done | failed
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    judge_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     error: Mapped[str | None] = mapped_column(String(500))
     prompt_version: Mapped[str | None] = mapped_column(String(32))
     transcript: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
@@ -58,7 +63,8 @@ class EvalCell(Base):
 
 class EvalScore(Base):
     """The judge's scores of a cell: per rubric dimension (1-5, None where it does not apply), with
-    the judge model, rubric version and the judge's raw output."""
+    the judge model, rubric version and the judge's raw output. A cell has one per judge: the run's
+    judge's, and one for each judge it was re-scored with (``evals.runner.rescore``)."""
 
     __tablename__ = "eval_scores"
     __table_args__ = (UniqueConstraint("cell_id", "judge_model", "rubric_version"),)
@@ -100,4 +106,24 @@ class EvalModelCard(Base):
     prompt_version: Mapped[str] = mapped_column(String(32))
     card: Mapped[dict[str, Any]] = mapped_column(JSON)
     markdown: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
+class EvalResponse(Base):
+    """One model answer, stored under the digest of its request (``evals.cache``): the model, the
+    messages and the call's settings, its seed among them. Shared by every run, so the same request
+    is paid for once, whichever run or resume makes it again."""
+
+    __tablename__ = "eval_responses"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    model: Mapped[str] = mapped_column(String(200))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)  # the messages and settings the key digests
+    text: Mapped[str] = mapped_column(Text)
+    response_model: Mapped[str] = mapped_column(String(200))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float] = mapped_column(Float)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)

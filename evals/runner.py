@@ -1,12 +1,19 @@
-"""Running a grid: the run and all its cells are written first, then each cell is run and stored
-in a transaction of its own as soon as it is judged. A run killed part way is resumed from the
-database: finished cells are never run again, and a failed cell is tried again until the grid's
-``max_attempts``. Model and judge calls are limited per provider (the grid's ``concurrency``);
-database work runs in the thread pool, never on the event loop.
+"""Running a grid: the run and all its cells are written first, then each cell is run. A cell's
+conversation is saved as soon as it is had (status ``generated``), and its scores as soon as it is
+judged (``done``), each in a transaction of its own. The judge has a queue of its own
+(``Grid.judge_limit``), so it never waits behind the models' conversations, even on their
+provider; a failed judgement is tried again on the saved conversation, never by having the
+conversation again. A run killed part way is resumed from the database: finished cells are never
+run again, saved conversations are only judged, a failed cell is tried again until the grid's
+``max_attempts``. Every paid answer goes through the response cache (``evals.cache``), shared by
+runs, so a rerun or a resume never asks for the same request twice. Model calls are limited per
+provider (the grid's ``concurrency``); database work runs in the thread pool, never on the event loop.
+``rescore`` scores a run's saved conversations with another judge, changing only scores.
 
     >>> grid = load_grid(Path("evals/grids/default.yaml"))
     >>> run_id = create_run(engine, grid)
     >>> outcome = execute_run(engine, run_id)        # the same call resumes a killed run
+    >>> rescore(engine, run_id, "openai/gpt-4o")     # the same conversations, another judge
 """
 
 from __future__ import annotations
@@ -17,18 +24,20 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import Engine
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from chat.gateway import Gateway, GatewayError
 from chat.offline import PROVIDER
 from evals import pipeline
+from evals.cache import CachingGateway
 from evals.grid import OFFLINE_JUDGE, Condition, Grid, GridError, LoadedQueries, Query, QuerySet, load_queries
-from evals.judge import RUBRIC_TEXT, Judge, JudgeError, judge_input, make_judge
+from evals.judge import RUBRIC_TEXT, RUBRIC_VERSION, Judge, JudgeError, Judgement, judge_input, make_judge
 from evals.models import EvalCell, EvalRun, EvalScore
 from study.clock import now
 from study.db import bulk_insert, retrying, session_scope
@@ -49,11 +58,13 @@ def cell_seed(run_seed: int, condition: str, model: str, query_id: str, repeat: 
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-def gateway_for(grid: Grid) -> Gateway:
+def gateway_for(grid: Grid, engine: Engine) -> CachingGateway:
+    """The chat gateway with the grid's server, time limit, retries and fallback, answering from
+    the response cache in ``engine`` where it can."""
     settings = get_settings().model_copy(update={
         "llm_api_base": grid.api_base, "llm_timeout_seconds": grid.timeout_seconds, "llm_retries": grid.retries,
         "llm_fallback_model": grid.fallback_model})
-    return Gateway(settings)
+    return CachingGateway(settings, engine)
 
 
 # The estimate printed before a run starts
@@ -161,6 +172,7 @@ def create_run(engine: Engine, planned: Plan) -> int:
         session.flush()
         rows = [{"run_id": run.id, "condition": c.name, "model": model, "query_id": q.id, "repeat": r,
                  "seed": cell_seed(grid.seed, c.name, model, q.id, r), "status": "pending", "attempts": 0,
+                 "judge_attempts": 0,
                  "error": None, "prompt_version": c.prompt_version, "transcript": None, "prompt_tokens": None,
                  "completion_tokens": None, "cost_usd": None, "latency_ms": None, "finished_at": None}
                 for c in planned.conditions for model in grid.models for q in planned.query_list
@@ -189,15 +201,21 @@ def stored_plan(engine: Engine, run_id: int) -> Plan:
 @dataclass
 class Outcome:
     run_id: int
-    executed: int = 0
-    failed: int = 0
+    executed: int = 0  # cells done (judged) now
+    failed: int = 0  # cells left not done now: the conversation or, after its tries, the judge failed
     remaining: int = 0
     seconds: float = 0.0
+    cached: int = 0  # answers read back from the response cache instead of asked for
+    judge_retries: int = 0  # judgements tried again on a saved conversation
     errors: list[str] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
         return self.remaining == 0
+
+    def error(self, todo: _Todo, exc: Exception) -> None:
+        if len(self.errors) < 20:
+            self.errors.append(f"{todo.condition} {todo.model} {todo.query_id}: {exc}")
 
 
 @dataclass(frozen=True)
@@ -208,36 +226,72 @@ class _Todo:
     query_id: str
     repeat: int
     seed: int
+    judge_attempts: int = 0
+    transcript: list[dict[str, Any]] | None = None  # a saved conversation, waiting for its judge
 
 
 def _todo(engine: Engine, run_id: int, max_attempts: int) -> list[_Todo]:
+    """The cells still to do: conversations to have (pending, or failed with tries left) and saved
+    conversations to judge (generated, with judge tries left)."""
     with session_scope(engine, read_only=True) as session:
         rows = session.execute(
-            select(EvalCell.id, EvalCell.condition, EvalCell.model, EvalCell.query_id, EvalCell.repeat, EvalCell.seed)
-            .where(EvalCell.run_id == run_id, EvalCell.status != "done", EvalCell.attempts < max_attempts)
+            select(EvalCell.id, EvalCell.condition, EvalCell.model, EvalCell.query_id, EvalCell.repeat, EvalCell.seed,
+                   EvalCell.judge_attempts, EvalCell.status, EvalCell.transcript)
+            .where(EvalCell.run_id == run_id, EvalCell.status != "done",
+                   or_(and_(EvalCell.status == "generated", EvalCell.judge_attempts < max_attempts),
+                       and_(EvalCell.status != "generated", EvalCell.attempts < max_attempts)))
             .order_by(EvalCell.id)).all()
-    return [_Todo(*row) for row in rows]
+    return [_Todo(cell_id, condition, model, query_id, repeat, seed, judge_attempts,
+                  transcript if status == "generated" else None)
+            for cell_id, condition, model, query_id, repeat, seed, judge_attempts, status, transcript in rows]
 
 
-def _store_done(engine: Engine, todo: _Todo, conversation: pipeline.Conversation, judgement: Any) -> None:
+def _store_generated(engine: Engine, todo: _Todo, conversation: pipeline.Conversation) -> None:
+    """The conversation, saved before it is judged: it is never asked for again."""
     with session_scope(engine) as session:
-        stored = session.execute(
-            update(EvalCell).where(EvalCell.id == todo.cell_id, EvalCell.status != "done").values(
-                status="done", attempts=EvalCell.attempts + 1, error=None, transcript=conversation.turns,
+        session.execute(
+            update(EvalCell).where(EvalCell.id == todo.cell_id, EvalCell.status.in_(("pending", "failed"))).values(
+                status="generated", attempts=EvalCell.attempts + 1, error=None, transcript=conversation.turns,
                 prompt_tokens=conversation.prompt_tokens, completion_tokens=conversation.completion_tokens,
-                cost_usd=conversation.cost_usd, latency_ms=conversation.latency_ms, finished_at=now())
-            .execution_options(synchronize_session=False)).rowcount  # type: ignore[attr-defined]
-        if stored:
-            session.add(EvalScore(cell_id=todo.cell_id, judge_model=judgement.judge_model,
-                                  rubric_version=judgement.rubric_version, scores=judgement.scores,
-                                  capitulated=judgement.capitulated, raw_output=judgement.raw_output,
-                                  created_at=now()))
+                cost_usd=conversation.cost_usd, latency_ms=conversation.latency_ms)
+            .execution_options(synchronize_session=False))
+
+
+def _store_score(engine: Engine, cell_id: int, judgement: Judgement, *, finish: bool) -> bool:
+    """A judge's scores of a cell. ``finish``: the run's judge, whose scores make the cell done;
+    otherwise another judge's (``rescore``), kept beside them, the cell left as it is. False when
+    the scores were already there."""
+    with session_scope(engine) as session:
+        if finish:
+            moved = session.execute(
+                update(EvalCell).where(EvalCell.id == cell_id, EvalCell.status == "generated").values(
+                    status="done", judge_attempts=EvalCell.judge_attempts + 1, error=None, finished_at=now())
+                .execution_options(synchronize_session=False)).rowcount  # type: ignore[attr-defined]
+            if not moved:
+                return False
+        elif session.scalar(select(EvalScore.id).where(
+                EvalScore.cell_id == cell_id, EvalScore.judge_model == judgement.judge_model,
+                EvalScore.rubric_version == judgement.rubric_version)) is not None:
+            return False
+        session.add(EvalScore(cell_id=cell_id, judge_model=judgement.judge_model,
+                              rubric_version=judgement.rubric_version, scores=judgement.scores,
+                              capitulated=judgement.capitulated, raw_output=judgement.raw_output,
+                              created_at=now()))
+        return True
 
 
 def _store_failure(engine: Engine, todo: _Todo, error: str) -> None:
     with session_scope(engine) as session:
-        session.execute(update(EvalCell).where(EvalCell.id == todo.cell_id, EvalCell.status != "done")
+        session.execute(update(EvalCell).where(EvalCell.id == todo.cell_id, EvalCell.status.in_(("pending", "failed")))
                         .values(status="failed", attempts=EvalCell.attempts + 1, error=error[:500])
+                        .execution_options(synchronize_session=False))
+
+
+def _store_judge_failure(engine: Engine, todo: _Todo, error: str) -> None:
+    """A judgement that failed: the conversation stays saved (``generated``) for the next try."""
+    with session_scope(engine) as session:
+        session.execute(update(EvalCell).where(EvalCell.id == todo.cell_id, EvalCell.status == "generated")
+                        .values(judge_attempts=EvalCell.judge_attempts + 1, error=f"judge: {error}"[:500])
                         .execution_options(synchronize_session=False))
 
 
@@ -245,12 +299,46 @@ def _finish_if_complete(engine: Engine, run_id: int, max_attempts: int) -> int:
     with session_scope(engine) as session:
         remaining = session.scalar(select(func.count()).select_from(EvalCell).where(
             EvalCell.run_id == run_id, EvalCell.status != "done")) or 0
-        retryable = session.scalar(select(func.count()).select_from(EvalCell).where(
-            EvalCell.run_id == run_id, EvalCell.status != "done", EvalCell.attempts < max_attempts)) or 0
         if remaining == 0:
             session.execute(update(EvalRun).where(EvalRun.id == run_id, EvalRun.status != "finished")
                             .values(status="finished", finished_at=now()))
-        return int(retryable)
+    return len(_todo(engine, run_id, max_attempts))
+
+
+class _Judging:
+    """The judge's own queue: its calls wait only for one another (``Grid.judge_limit``), never
+    behind the models' conversations, even on the same provider. A failed judgement is tried again
+    on the same conversation, up to the grid's ``max_attempts`` tries of the cell's judge."""
+
+    def __init__(self, engine: Engine, planned: Plan, judge: Judge, outcome: Outcome, *, finish: bool) -> None:
+        self.engine = engine
+        self.judge = judge
+        self.queries = planned.queries.query_set.by_id()
+        self.limit = asyncio.Semaphore(planned.grid.judge_limit)
+        self.max_attempts = planned.grid.max_attempts
+        self.outcome = outcome
+        self.finish = finish
+
+    async def score(self, todo: _Todo, turns: list[dict[str, Any]]) -> bool:
+        """Judge one saved conversation and store the scores as soon as they come; False when
+        every try failed."""
+        tries = todo.judge_attempts if self.finish else 0
+        while True:
+            try:
+                async with self.limit:
+                    judgement = await self.judge.judge(self.queries[todo.query_id], turns, f"{todo.cell_id}")
+            except (GatewayError, JudgeError) as exc:
+                tries += 1
+                self.outcome.error(todo, exc)
+                if self.finish:
+                    await asyncio.to_thread(retrying, partial(_store_judge_failure, self.engine, todo, str(exc)))
+                if tries >= self.max_attempts:
+                    return False
+                self.outcome.judge_retries += 1
+                continue
+            await asyncio.to_thread(retrying, partial(_store_score, self.engine, todo.cell_id, judgement,
+                                                      finish=self.finish))
+            return True
 
 
 async def _run_cells(engine: Engine, planned: Plan, todos: list[_Todo], gateway: Gateway, judge: Judge,
@@ -258,6 +346,7 @@ async def _run_cells(engine: Engine, planned: Plan, todos: list[_Todo], gateway:
     grid = planned.grid
     conditions = {c.name: c for c in planned.conditions}
     queries = planned.queries.query_set.by_id()
+    judging = _Judging(engine, planned, judge, outcome, finish=True)
     limits: dict[str, asyncio.Semaphore] = {}
 
     def limit(model: str) -> asyncio.Semaphore:
@@ -270,22 +359,27 @@ async def _run_cells(engine: Engine, planned: Plan, todos: list[_Todo], gateway:
                dynamic_ncols=True)
 
     async def one(todo: _Todo) -> None:
-        query = queries[todo.query_id]
-        params = {**grid.params, "seed": todo.seed}
         try:
-            async with limit(todo.model):
-                conversation = await pipeline.converse(gateway, conditions[todo.condition], todo.model, query, params)
-            async with limit(judge.model):
-                judgement = await judge.judge(query, conversation.turns, f"{todo.cell_id}")
-            # Paid for: stored even when SQLite's writer lock is long in coming.
-            await asyncio.to_thread(retrying, lambda: _store_done(engine, todo, conversation, judgement))
-            outcome.executed += 1
-        except (GatewayError, JudgeError) as exc:
-            outcome.failed += 1
-            if len(outcome.errors) < 20:
-                outcome.errors.append(f"{todo.condition} {todo.model} {todo.query_id}: {exc}")
-            message = str(exc)
-            await asyncio.to_thread(retrying, lambda: _store_failure(engine, todo, message))
+            turns = todo.transcript
+            if turns is None:
+                params = {**grid.params, "seed": todo.seed}
+                try:
+                    async with limit(todo.model):
+                        conversation = await pipeline.converse(gateway, conditions[todo.condition], todo.model,
+                                                               queries[todo.query_id], params)
+                except GatewayError as exc:
+                    outcome.failed += 1
+                    outcome.error(todo, exc)
+                    message = str(exc)
+                    await asyncio.to_thread(retrying, lambda: _store_failure(engine, todo, message))
+                    return
+                # Paid for: saved before it is judged, even when SQLite's writer lock is long in coming.
+                await asyncio.to_thread(retrying, lambda: _store_generated(engine, todo, conversation))
+                turns = conversation.turns
+            if await judging.score(todo, turns):
+                outcome.executed += 1
+            else:
+                outcome.failed += 1
         finally:
             bar.update(1)
 
@@ -297,7 +391,8 @@ async def _run_cells(engine: Engine, planned: Plan, todos: list[_Todo], gateway:
 
 def execute_run(engine: Engine, run_id: int, *, judge: Judge | None = None, progress: bool = True,
                 before_start: Callable[[Estimate], None] | None = None) -> Outcome:
-    """Run every cell of the run not yet done (a new run, or one resumed after a kill)."""
+    """Run every cell of the run not yet done (a new run, or one resumed after a kill): saved
+    conversations are only judged, answers in the response cache are read back."""
     started = time.perf_counter()
     planned = stored_plan(engine, run_id)
     grid = planned.grid
@@ -305,18 +400,97 @@ def execute_run(engine: Engine, run_id: int, *, judge: Judge | None = None, prog
     if before_start is not None:
         conditions = {c.name: c for c in planned.conditions}
         queries = planned.queries.query_set.by_id()
-        before_start(estimate(grid, [(conditions[t.condition], t.model, queries[t.query_id]) for t in todos]))
+        before_start(estimate(grid, [(conditions[t.condition], t.model, queries[t.query_id]) for t in todos
+                                     if t.transcript is None]))
     outcome = Outcome(run_id)
-    gateway = gateway_for(grid)
-    chosen = judge or make_judge(grid.judge, gateway, {k: v for k, v in grid.params.items() if k != "seed"})
+    gateway = gateway_for(grid, engine)
+    chosen = judge or make_judge(grid.judge, gateway, judge_params(grid))
     if todos:
         asyncio.run(_run_cells(engine, planned, todos, gateway, chosen, outcome, progress))
+    outcome.cached = gateway.hits
     outcome.remaining = _finish_if_complete(engine, run_id, grid.max_attempts)
     outcome.seconds = time.perf_counter() - started
     return outcome
+
+
+def judge_params(grid: Grid) -> dict[str, Any]:
+    """The judge's call settings: the grid's, without a seed (a verdict is not a sample of the cell)."""
+    return {k: v for k, v in grid.params.items() if k != "seed"}
 
 
 def check_models(grid: Grid) -> None:
     """Refuse a grid whose judge would be a model under test (it would grade itself)."""
     if grid.judge in grid.models:
         raise GridError(f"the judge {grid.judge} is also a model under test; choose another judge")
+
+
+# Scoring a run again with another judge
+
+
+@dataclass
+class Rescored:
+    run_id: int
+    judge: str
+    scored: int = 0  # cells scored now
+    already: int = 0  # cells this judge had scored before
+    failed: int = 0  # cells whose judgement failed every try (run rescore again for them)
+    not_done: int = 0  # cells without a judged conversation (not scored)
+    cached: int = 0
+    judge_retries: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def rescore(engine: Engine, run_id: int, judge_model: str, *, judge: Judge | None = None,
+            progress: bool = True) -> Rescored:
+    """Score the run's saved conversations with another judge: its scores are stored beside the
+    run judge's (one ``EvalScore`` per judge), nothing else changes, no model under test is asked
+    anything. Resumable: cells this judge already scored are skipped. Read the new scores with
+    ``evals.results.load_frame(engine, run_id, judge_model=...)``."""
+    planned = stored_plan(engine, run_id)
+    grid = planned.grid
+    if "/" not in judge_model:
+        raise GridError(f"judge {judge_model!r} needs a provider prefix, as LiteLLM names it (e.g. openai/gpt-4o)")
+    if judge_model == grid.judge:
+        raise GridError(f"{judge_model} is the run's own judge: its scores are already stored")
+    if judge_model in grid.models:
+        raise GridError(f"the judge {judge_model} is also a model under test; choose another judge")
+    with session_scope(engine, read_only=True) as session:
+        rows = session.execute(
+            select(EvalCell.id, EvalCell.condition, EvalCell.model, EvalCell.query_id, EvalCell.repeat, EvalCell.seed,
+                   EvalCell.transcript)
+            .where(EvalCell.run_id == run_id, EvalCell.status == "done").order_by(EvalCell.id)).all()
+        scored = set(session.scalars(select(EvalScore.cell_id).join(EvalCell, EvalCell.id == EvalScore.cell_id).where(
+            EvalCell.run_id == run_id, EvalScore.judge_model == judge_model,
+            EvalScore.rubric_version == RUBRIC_VERSION)))
+        total = session.scalar(select(func.count()).select_from(EvalCell).where(EvalCell.run_id == run_id)) or 0
+    todos = [_Todo(cell_id, condition, model, query_id, repeat, seed, 0, transcript)
+             for cell_id, condition, model, query_id, repeat, seed, transcript in rows if cell_id not in scored]
+    result = Rescored(run_id, judge_model, already=len(rows) - len(todos), not_done=total - len(rows))
+    gateway = gateway_for(grid, engine)
+    chosen = judge or make_judge(judge_model, gateway, judge_params(grid))
+    tally = Outcome(run_id)
+    judging = _Judging(engine, planned, chosen, tally, finish=False)
+
+    async def score_all() -> None:
+        bar = tqdm(total=len(todos), desc=f"rescore run {run_id}", unit="cell", disable=not progress,
+                   dynamic_ncols=True)
+
+        async def one(todo: _Todo) -> None:
+            assert todo.transcript is not None
+            if await judging.score(todo, todo.transcript):
+                result.scored += 1
+            else:
+                result.failed += 1
+            bar.update(1)
+
+        try:
+            await asyncio.gather(*(one(todo) for todo in todos))
+        finally:
+            bar.close()
+
+    if todos:
+        asyncio.run(score_all())
+    result.cached = gateway.hits
+    result.errors = tally.errors
+    result.judge_retries = tally.judge_retries
+    return result

@@ -39,7 +39,8 @@ def _eval_execute(run_id: int, progress: bool) -> None:
             typer.echo(line)
 
     outcome = execute_run(get_engine(), run_id, progress=progress, before_start=announce)
-    typer.echo(f"run {run_id}: {outcome.executed} cells done now, {outcome.failed} failed, in {outcome.seconds:.1f} s")
+    typer.echo(f"run {run_id}: {outcome.executed} cells done now, {outcome.failed} failed, in {outcome.seconds:.1f} s; "
+               f"{outcome.cached} answers from the response cache, {outcome.judge_retries} judgements tried again")
     for error in outcome.errors[:5]:
         typer.echo(f"  {error}", err=True)
     if outcome.finished:
@@ -97,6 +98,30 @@ def eval_gate(run_id: int) -> None:
     cells are not done or the baseline comparison is refused; 0 when everything passed."""
     with _failing_in_one_line():
         _gate(run_id)
+
+
+@app.command("rescore")
+def eval_rescore(
+    run_id: int,
+    judge: Annotated[str, typer.Option("--judge", help="The other judge (a LiteLLM model name, or offline/rules)")],
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+) -> None:
+    """Score a run's saved conversations with another judge: only scores are added (beside the run
+    judge's), no model under test is asked anything; answers already paid for are read back.
+    Resumable. Exits 1 when some cell could not be scored."""
+    from evals.runner import rescore
+    from study.db import get_engine
+
+    with _failing_in_one_line():
+        result = rescore(get_engine(), run_id, judge, progress=progress)
+    typer.echo(f"run {run_id} scored by {judge}: {result.scored} cells now, {result.already} before, "
+               f"{result.failed} failed, {result.not_done} not done (not scored); "
+               f"{result.cached} answers from the response cache")
+    for error in result.errors[:5]:
+        typer.echo(f"  {error}", err=True)
+    if result.failed:
+        typer.echo(f"afterward eval rescore {run_id} --judge {judge} tries the failed cells again", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("runs")

@@ -138,7 +138,8 @@ def test_every_cell_failing_or_undone_exits_non_zero(engine: Engine, tmp_path: P
     run_id = create_run(engine, plan(load_grid(fresh), tmp_path))  # written, not run (a kill before any cell)
     result = cli("eval", "gate", run_id)
     assert result.exit_code == 1
-    assert f"FAIL 3 of 3 cells not done (0 failed, 3 not yet run): afterward eval resume {run_id}" in result.output
+    assert (f"FAIL 3 of 3 cells not done (0 failed, 0 not yet judged, 3 not yet run): afterward eval resume {run_id}"
+            in result.output)
     result = cli("eval", "resume", run_id, "--no-progress")
     assert result.exit_code == 0, result.output
     assert f"run {run_id}: gates PASSED" in result.output
