@@ -233,17 +233,20 @@ def thresholds(scores: np.ndarray, lexicon: np.ndarray, crisis: np.ndarray,
 
 def acute_thresholds(scores: np.ndarray, acute_head: np.ndarray, lexicon_acute: np.ndarray, explicit: np.ndarray,
                      crisis: np.ndarray, urgent: np.ndarray, threshold: float, lexicon_threshold: float,
-                     budget: float) -> tuple[float, float, float, float]:
+                     budget: float, harm_cue: np.ndarray | None = None) -> tuple[float, float, float, float]:
     """(acute_threshold, lexicon_acute_threshold, urgent recall, benign escalated) of the escalation
     rule with the most urgent messages escalated while at most ``budget`` of the benign ones are:
     escalated when an explicit statement stands (``explicit``), or the acute head says so
     (``acute_head``) and the score reaches acute_threshold (at least ``threshold``), or an acute
     lexicon cue fired (``lexicon_acute``) and the score reaches lexicon_acute_threshold (at least
-    ``lexicon_threshold``). Infinite where nothing within the budget escalates that way."""
+    ``lexicon_threshold``), or a harm-to-others cue fired (``harm_cue``, among ``lexicon_acute``) and
+    the score reaches ``threshold`` (``chat.semantic.fuse``). Infinite where nothing within the
+    budget escalates that way."""
+    fixed = explicit | (harm_cue & (scores >= threshold) if harm_cue is not None else False)
     candidates = np.unique(np.quantile(scores, np.linspace(0, 1, 401)))
-    best = (np.inf, np.inf, float(explicit[urgent].mean()), float(explicit[~crisis].mean()))
+    best = (np.inf, np.inf, float(fixed[urgent].mean()), float(fixed[~crisis].mean()))
     for high in [np.inf, *candidates[candidates >= threshold][::-1]]:
-        by_head = explicit | (acute_head & (scores >= high))
+        by_head = fixed | (acute_head & (scores >= high))
         if by_head[~crisis].mean() > budget:
             break
         for low in [np.inf, *candidates[candidates >= lexicon_threshold][::-1]]:
@@ -274,18 +277,19 @@ def save_head(path: Path, svm: SVC, category: LogisticRegression, acute: Logisti
         acute_threshold=np.float64(acute_threshold), metadata=np.array(json.dumps(metadata)))
 
 
-def lexicon_kinds(rows: list[dict[str, object]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def lexicon_kinds(rows: list[dict[str, object]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per message, what the lexicon found as ``chat.semantic.fuse`` weighs it: an acute cue, an
     explicit statement that stands (``statement_stands``), a cue that always stands (those, and the
-    non-acute cues)."""
-    acute, explicit, always = (np.zeros(len(rows), dtype=bool) for _ in range(3))
+    non-acute cues), an acute cue of harm to others."""
+    acute, explicit, always, harm = (np.zeros(len(rows), dtype=bool) for _ in range(4))
     for i, row in enumerate(rows):
         found = detect_crisis(str(row["text"]))
         if found is not None:
             explicit[i] = found.explicit and statement_stands(str(row["text"]), found)
             acute[i] = found.acute and not explicit[i]
             always[i] = explicit[i] or not found.acute
-    return acute, explicit, always
+            harm[i] = acute[i] and found.category == "harm_to_others"
+    return acute, explicit, always, harm
 
 
 def out_of_fold_acute(x: np.ndarray, crisis: np.ndarray, labels: np.ndarray, acute: np.ndarray) -> np.ndarray:
@@ -304,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     labels = np.array([CATEGORIES.index(str(r["label"])) for r in rows])
     crisis = labels > 0
     acute = np.array([bool(r.get("acute")) for r in rows])
-    lexicon_acute, explicit, always = lexicon_kinds(rows)
+    lexicon_acute, explicit, always, harm_cue = lexicon_kinds(rows)
     lexicon = lexicon_acute | always  # any cue
     sys.stderr.write(f"{len(rows)} messages ({int(crisis.sum())} crisis) from {', '.join(p.name for p in paths)}\n")
     x = embed(rows, args.cache)
@@ -325,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     acute_head = out_of_fold_acute(x, crisis, labels, acute)
     acute_score, lexicon_acute_score, urgent_escalated, benign_escalated = acute_thresholds(
         best_scores[held], acute_head[held], lexicon_acute[held], explicit[held], crisis[held],
-        (crisis & acute)[held], high, low, ACUTE_FALSE_POSITIVE)
+        (crisis & acute)[held], high, low, ACUTE_FALSE_POSITIVE, harm_cue[held])
     sys.stderr.write(f"escalated out of fold on the calibration rounds: urgent {urgent_escalated:.3f}, "
                      f"benign {benign_escalated:.3f}\n")
     flagged = always | (best_scores >= high) | (lexicon_acute & (best_scores >= low))

@@ -24,7 +24,8 @@ control; revenge, which is declined) always stand. Its acute cues ("suicide", "o
 ``threshold``): on the first held-out round the lexicon flagged 19% of the benign messages, mostly
 through those words in idioms, hyperbole, the news or stories about the past or someone else, and
 found 14% of the crisis ones. A standing acute cue escalates only where the score also reaches
-``lexicon_acute_threshold`` (or the classifier calls the message acute); below it the cue gets a
+``lexicon_acute_threshold`` (or the classifier calls the message acute; for harm to others, which
+is declined rather than checked in on, wherever the classifier flags it); below it the cue gets a
 check-in, whose answers decide escalation (``chat.triage``): on round 10, 6 of the 9 benign
 messages escalated were acute cues standing on a score below ``threshold`` (a healed scar, a vitamin
 D dose, "i am going to KILL my husband" over a tap). That veto reads the whole message, so it must never silence an
@@ -407,7 +408,10 @@ def fuse(lexical: CrisisFinding | None, semantic: SemanticVerdict, *,
     elif not lexical.acute:
         acute = semantic.acute  # a distress cue always stands, as a check-in at least
     elif semantic.flagged or semantic.supports_lexicon:
-        acute = semantic.supports_acute_cue or semantic.acute
+        # Harm to others has no check-in to follow a lower level (it is declined), so its acute cue
+        # keeps its level wherever the classifier flags the message ("I want to kill my wife").
+        acute = (semantic.supports_acute_cue or semantic.acute
+                 or (lexical.category == "harm_to_others" and semantic.flagged))
     else:
         return None  # an acute cue in a message the classifier scores as clearly benign
     return CrisisFinding(category=lexical.category, acute=acute, cue=lexical.cue,

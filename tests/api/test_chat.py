@@ -16,6 +16,7 @@ from api.app import create_app
 from api.routers.chat import _sse
 from chat.gateway import Gateway
 from chat.roles import system_prompt
+from chat.steps import assess_message
 from study.models import StaffRole
 from study.settings import Settings
 from tests.builders import (
@@ -235,7 +236,7 @@ def test_override_is_honoured_recorded_and_not_repeated(
 # Each a new instance of the same concern: a one-sided account and a plan built on it (the offline
 # model names it, as FRAMING).
 NEW_FRAMINGS = ["Everyone at the club hates me, so I'm not going to the dinner on Friday",
-                "My landlord never listens, so I'm stopping the rent from next month",
+                "My landlord never listens, so I'm not paying rent from next month",
                 "She clearly hates me, so I'm going over her head to the director",
                 "Nobody in my family ever calls, so I'm skipping Christmas this year"]
 
@@ -245,6 +246,9 @@ def test_an_overridden_concern_is_raised_again_on_a_new_instance_at_the_protocol
     engine: Engine, app_client: TestClient, example_protocol: str, setting: str, raised_again_at: int | None,
 ) -> None:
     assert "raise_again_after: 3" in example_protocol
+    for text in NEW_FRAMINGS:  # the framing alone: the reading finds no other concern a role would raise
+        found = assess_message(text, list, list)
+        assert (found.validation_cue, found.dependence_cue, found.crisis) == (None, None, None), text
     slug = load_study(engine, example_protocol.replace("raise_again_after: 3", f"raise_again_after: {setting}"))
     who = wellbeing_participant(engine, app_client, slug)
     conversation = start_chat(app_client, who, "coach")

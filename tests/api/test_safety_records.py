@@ -43,7 +43,9 @@ def _escalated(engine: Engine, client: TestClient, slug: str) -> ParticipantHand
     who = enroll_fully(client, invite)
     put_in_arm(engine, who.code, "wellbeing")
     conversation = start_chat(client, who, "concierge")
-    say(client, who, conversation, "I keep thinking about my job")
+    # (not "I keep thinking about my job": the classifier reads that as the start of a disclosure,
+    # score 0.20, and checks in; chat/crisis_data/READING.md, "What it misses")
+    say(client, who, conversation, "Can you help me plan my week around two deadlines?")
     assert say(client, who, conversation, CRISIS)["stance"] == "escalate"
     return who
 

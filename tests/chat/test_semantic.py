@@ -89,6 +89,22 @@ def test_an_acute_cue_escalates_only_where_the_score_supports_its_level() -> Non
         assert escalated.acute, supported
 
 
+def test_a_harm_to_others_cue_keeps_its_level_where_the_classifier_flags_it() -> None:
+    # Harm to others below escalation is declined, with no check-in to ask more: "I want to kill my
+    # wife" flagged by the classifier escalates; "I am going to KILL my husband" over a leaking tap,
+    # which it does not flag, is declined.
+    harm = CrisisFinding(category="harm_to_others", acute=True, cue="kill my wife")
+    flagged = fuse(harm, verdict(0.8, flagged=True, lexicon=True))
+    assert flagged is not None
+    assert flagged.acute
+    vented = fuse(harm, verdict(-0.3, flagged=False, lexicon=True))
+    assert vented is not None
+    assert not vented.acute
+    to_self = fuse(replace(harm, category="risk_to_self"), verdict(0.8, flagged=True, lexicon=True))
+    assert to_self is not None
+    assert not to_self.acute  # a check-in asks the screening questions instead
+
+
 def test_an_explicit_statement_escalates_whatever_the_score() -> None:
     for score in (-3.0, 0.0, 2.0):
         found = fuse(EXPLICIT, verdict(score, flagged=score > 1, lexicon=score > -1), statement_stands=True)
@@ -143,6 +159,14 @@ def test_the_escalation_thresholds_keep_benign_escalations_within_the_budget() -
     assert escalated == 0.2
     assert chosen[[1, 3]].all()
     assert not chosen[[0, 2]].any()
+    # A harm-to-others cue that the classifier flags escalates whatever lexicon_acute_threshold is:
+    # counted in the budget beside the explicit statement (benign 5 at -1.0 is not flagged).
+    harm = np.isin(np.arange(20), [5, 17])
+    _, _, with_harm, escalated_with_harm = acute_thresholds(
+        scores, head_says_acute, acute_cue | harm, explicit, crisis, urgent, threshold=0.0, lexicon_threshold=-0.5,
+        budget=0.2, harm_cue=harm)
+    assert escalated_with_harm <= 0.2
+    assert with_harm == 1.0
     assert 0.2 < high <= 1.5
     assert -0.2 < low <= -0.1
 
