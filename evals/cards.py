@@ -26,8 +26,8 @@ from sqlalchemy.engine import Engine
 
 from evals.agreement import agreement
 from evals.models import EvalModelCard, EvalRun
-from evals.results import METRICS, interval, load_frame, paired_difference, per_query
-from evals.runner import Plan, stored_plan
+from evals.results import METRICS, interval, load_frame, paired_by_query, per_query
+from evals.runner import Plan, query_difference, stored_plan
 from study.clock import now
 from study.db import session_scope
 
@@ -51,24 +51,16 @@ def unpaired_because(mine: Plan, theirs: Plan, previous_run: int) -> str | None:
     if theirs.grid.judge != mine.grid.judge:
         return (f"run {previous_run} was scored by the judge {theirs.grid.judge} and this run by {mine.grid.judge}; "
                 "scores of different judges are not compared")
-    here, there = {q.id: q for q in mine.query_list}, {q.id: q for q in theirs.query_list}
-    if here == there:
-        return None
-    only_here, only_there = len(here.keys() - there.keys()), len(there.keys() - here.keys())
-    reworded = sum(here[q] != there[q] for q in here.keys() & there.keys())
-    return (f"different queries: run {previous_run} used {len(there)} queries of {theirs.queries.source}, this run "
-            f"{len(here)} of {mine.queries.source} ({only_there} only there, {only_here} only here, {reworded} "
-            "worded differently), so no change is shown")
+    differ = query_difference(mine, theirs, previous_run)
+    return None if differ is None else f"different queries: {differ}, so no change is shown"
 
 
 def paired_change(now_frame: pd.DataFrame, before_frame: pd.DataFrame, metric: str) -> dict[str, Any] | None:
     """This card's ``metric`` minus the previous card's, paired by query over the queries measured
     in both (each query's repeats averaged first); None when no query measures it in both."""
-    both = per_query(now_frame, metric, []).merge(per_query(before_frame, metric, []), on="query_id",
-                                                  suffixes=("_now", "_before"))
-    if both.empty:
+    found = paired_by_query(now_frame, before_frame, metric)
+    if found is None:
         return None
-    found = paired_difference(both[f"{metric}_now"].to_numpy(float), both[f"{metric}_before"].to_numpy(float))
     return {"difference": round(found["difference"], 4), "low": round(found["low"], 4),
             "high": round(found["high"], 4), "p": round(found["p"], 4), "queries": int(found["n"]),
             "positive": int(found["positive"]), "negative": int(found["negative"])}

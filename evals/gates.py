@@ -32,8 +32,8 @@ from sqlalchemy.engine import Engine
 from evals.agreement import agreement
 from evals.grid import AgreementGate, Baseline, ChangeGate, GridError, RateGate
 from evals.models import EvalCell
-from evals.results import interval, load_frame, paired_difference, per_query
-from evals.runner import Plan, stored_plan
+from evals.results import interval, load_frame, paired_by_query, per_query
+from evals.runner import Plan, query_difference, stored_plan
 from study.db import session_scope
 from study.errors import NotFound
 
@@ -109,15 +109,10 @@ def check_baseline(engine: Engine, planned: Plan) -> Plan | None:
                         "scores of different judges are not compared")
     if not set(theirs.grid.models) & set(planned.grid.models):
         raise GridError(f"{refused}: no model is in both (there: {', '.join(theirs.grid.models)})")
-    mine, before = {q.id: q for q in planned.query_list}, {q.id: q for q in theirs.query_list}
-    if mine != before:
-        only_here, only_there = len(mine.keys() - before.keys()), len(before.keys() - mine.keys())
-        reworded = sum(mine[q] != before[q] for q in mine.keys() & before.keys())
-        raise GridError(
-            f"{refused} on different queries: run {baseline.run} used {len(before)} queries of "
-            f"{theirs.queries.source}, this grid {len(mine)} of {planned.queries.source} ({only_there} only there, "
-            f"{only_here} only here, {reworded} worded differently). A draft is compared with its baseline on the "
-            "same queries: use that run's query set and limit_queries")
+    differ = query_difference(planned, theirs, baseline.run, this="this grid")
+    if differ is not None:
+        raise GridError(f"{refused} on different queries: {differ}. A draft is compared with its baseline on the "
+                        "same queries: use that run's query set and limit_queries")
     return theirs
 
 
@@ -166,16 +161,12 @@ def _change_checks(frame: pd.DataFrame, before: pd.DataFrame, baseline: Baseline
     checks = []
     for model in models:
         subject = f"{baseline.draft_condition} vs {baseline.condition} of run {baseline.run} on {model}"
-        draft = per_query(frame[(frame["condition"] == baseline.draft_condition) & (frame["model"] == model)],
-                          gate.metric, [])
-        base = per_query(before[(before["condition"] == baseline.condition) & (before["model"] == model)],
-                         gate.metric, [])
-        both = draft.merge(base, on="query_id", suffixes=("_draft", "_base"))
-        if both.empty:
+        found = paired_by_query(frame[(frame["condition"] == baseline.draft_condition) & (frame["model"] == model)],
+                                before[(before["condition"] == baseline.condition) & (before["model"] == model)],
+                                gate.metric)
+        if found is None:
             checks.append(_not_judged(rule, subject, f"no query measures {gate.metric} in both runs"))
             continue
-        found = paired_difference(both[f"{gate.metric}_draft"].to_numpy(float),
-                                  both[f"{gate.metric}_base"].to_numpy(float))
         checks.append(Check(rule, subject, found["difference"], found["low"], found["high"], int(found["n"]),
                             f"paired queries, sign test p {found['p']:.3g}", gate.holds(found["low"], found["high"])))
     return checks or [_not_judged(rule, baseline.draft_condition, "no judged model in both runs")]

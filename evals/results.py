@@ -155,6 +155,16 @@ def paired_difference(a: np.ndarray, b: np.ndarray, bound: float = 1.0) -> dict[
             "high": min(bound, centre + half), "p": p, "positive": positive, "negative": negative}
 
 
+def paired_by_query(frame: pd.DataFrame, other: pd.DataFrame, metric: str) -> dict[str, float] | None:
+    """``paired_difference`` of ``metric`` between the cells of ``frame`` and of ``other``, paired by
+    query over the queries measured in both (each query's repeats averaged first); None when no
+    query is (a draft against its baseline, a card against its previous version)."""
+    both = per_query(frame, metric, []).merge(per_query(other, metric, []), on="query_id", suffixes=("_a", "_b"))
+    if both.empty:
+        return None
+    return paired_difference(both[f"{metric}_a"].to_numpy(float), both[f"{metric}_b"].to_numpy(float))
+
+
 def _pairs(frame: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     """(family, held fixed, a, b): models within each condition, then supportiveness levels and
     roles within each model; ``a`` minus ``b``."""

@@ -195,6 +195,19 @@ def stored_plan(engine: Engine, run_id: int) -> Plan:
     return Plan(grid, conditions, LoadedQueries(query_set, f"{query_set.name}@{query_set.version}", ""))
 
 
+def query_difference(mine: Plan, theirs: Plan, their_run: int, this: str = "this run") -> str | None:
+    """How the queries of ``mine`` differ from those of run ``their_run`` (planned as ``theirs``),
+    with the counts a reader needs; None when they are the same (ids and wording). Paired
+    comparisons (a draft's gate, a card's change) are made only on the same queries."""
+    here, there = {q.id: q for q in mine.query_list}, {q.id: q for q in theirs.query_list}
+    if here == there:
+        return None
+    only_here, only_there = len(here.keys() - there.keys()), len(there.keys() - here.keys())
+    reworded = sum(here[q] != there[q] for q in here.keys() & there.keys())
+    return (f"run {their_run} used {len(there)} queries of {theirs.queries.source}, {this} {len(here)} of "
+            f"{mine.queries.source} ({only_there} only there, {only_here} only here, {reworded} worded differently)")
+
+
 # Running its cells
 
 
