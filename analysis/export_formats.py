@@ -1,13 +1,25 @@
 """The file formats of a study export: one table written chunk by chunk as Parquet or CSV (through
 Arrow; CSV text cells neutralized against formulas, ``analysis.spreadsheet``), or whole as SPSS
 (.sav) or Stata (.dta) with labelled values (pyreadstat cannot append); chunks normalized to their
-table's spec so every chunk and every format has the same types; Stata's 32-character names."""
+table's spec so every chunk and every format has the same types; Stata's 32-character names.
+
+SPSS and Stata files are read back for Frictionless validation by ``ReadstatPlugin``, through
+ReadStat (pyreadstat), the library R's haven reads them with (frictionless's own SPSS reader needs
+savReaderWriter, which does not import on Python 3.10 or later, and it has none for Stata)::
+
+    python -m analysis.export_formats validate exports/datapackage.json
+"""
 
 from __future__ import annotations
 
+import math
+import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import frictionless
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,6 +31,8 @@ from analysis.codebook import TableSpec
 from analysis.spreadsheet import neutralized
 
 STATA_NAME_LIMIT = 32
+READSTAT_FORMATS = {"sav": pyreadstat.read_sav, "dta": pyreadstat.read_dta}  # file extension -> reader
+READ_CHUNK_ROWS = 10_000
 
 
 def stata_names(spec: TableSpec) -> tuple[TableSpec, dict[str, str]]:
@@ -40,10 +54,22 @@ def stata_names(spec: TableSpec) -> tuple[TableSpec, dict[str, str]]:
     return TableSpec(spec.name, spec.description, columns), renamed
 
 
+class UncodedValue(ValueError):
+    """A coded column holds a value its codes (``analysis.codebook``) do not list."""
+
+
 def normalize(chunk: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
+    """The chunk's columns in their spec's types. A value of a coded text column that its codes do
+    not list raises ``UncodedValue``: SPSS and Stata could not store it, and no format should hold
+    a value its codebook does not describe."""
     out = pd.DataFrame(index=chunk.index)
     for column in spec.columns:
         values = chunk[column.name] if column.name in chunk.columns else pd.Series(None, index=chunk.index)
+        if column.type == "string" and column.enum:
+            unknown = set(values.dropna().astype(str)) - set(column.enum)
+            if unknown:
+                raise UncodedValue(f"{spec.name}.{column.name} holds {sorted(unknown)}, not among its codes "
+                                   "(add them to analysis/codebook.py)")
         if column.type == "datetime":
             out[column.name] = pd.to_datetime(values, utc=True).astype("datetime64[us, UTC]")
         elif column.type == "integer":
@@ -103,9 +129,13 @@ class TableWriter:
 
 
 def _write_labelled(path: Path, frame: pd.DataFrame, spec: TableSpec, export_format: str) -> None:
-    """SPSS/Stata: categories and booleans as labelled integers, datetimes as naive UTC."""
+    """SPSS/Stata: categories and booleans as labelled integer codes, datetimes as naive UTC, a
+    missing number, date, code or boolean as system-missing (NaN). Text has no system-missing: a
+    missing one is written empty, and SPSS files declare the empty text user-missing, so haven and
+    pyreadstat read it as NA (Stata has no user-missing text: its missing string is the empty one)."""
     out = pd.DataFrame(index=frame.index)
     value_labels: dict[str, dict[int | float, str]] = {}
+    missing: dict[str, list[Any]] = {}
     for column in spec.columns:
         values = frame[column.name]
         if column.type == "datetime":
@@ -118,6 +148,7 @@ def _write_labelled(path: Path, frame: pd.DataFrame, spec: TableSpec, export_for
             out[column.name] = values.astype("float64")
         else:
             out[column.name] = values.fillna("").astype(object)
+            missing[column.name] = [""]
         labels = column.value_labels()
         if labels:
             value_labels[column.name] = {float(code): label for code, label in labels.items()}
@@ -125,7 +156,76 @@ def _write_labelled(path: Path, frame: pd.DataFrame, spec: TableSpec, export_for
     titles: list[str | None] = [column.full_description()[:limit] for column in spec.columns]
     if export_format == "spss":
         pyreadstat.write_sav(out, str(path), column_labels=titles, variable_value_labels=value_labels,
-                             file_label=spec.name)
+                             missing_ranges=missing, file_label=spec.name)
     else:
         pyreadstat.write_dta(out, str(path), column_labels=titles, variable_value_labels=value_labels,
                              file_label=spec.name[:80], version=15)
+
+
+# Frictionless validation of SPSS and Stata files
+
+
+def _cell(value: Any) -> Any:
+    """A value pyreadstat read, as frictionless takes it: missing as None, numpy scalars as Python's."""
+    if value is None or value is pd.NaT or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, pd.Timestamp):
+        return value.to_pydatetime()
+    return value.item() if hasattr(value, "item") else value
+
+
+class ReadstatParser(frictionless.Parser):
+    """Reads a .sav or .dta file's rows, as stored (codes, not labels), through pyreadstat in
+    chunks: a system-missing or declared user-missing value is None, as in haven's ``read_sav``
+    and ``read_dta``."""
+
+    supported_types = ["integer", "number", "string", "datetime"]
+
+    def read_cell_stream_create(self) -> Iterator[list[Any]]:
+        read, path = READSTAT_FORMATS[str(self.resource.format)], str(self.resource.normpath)
+        _, meta = read(path, metadataonly=True)
+        yield list(meta.column_names)
+        for chunk, _ in pyreadstat.read_file_in_chunks(read, path, chunksize=READ_CHUNK_ROWS):
+            for row in chunk.itertuples(index=False, name=None):
+                yield [_cell(value) for value in row]
+
+
+class ReadstatPlugin(frictionless.Plugin):
+    """Frictionless reads .sav and .dta resources as tables with ``ReadstatParser``."""
+
+    def create_parser(self, resource: frictionless.Resource) -> ReadstatParser | None:
+        return ReadstatParser(resource) if resource.format in READSTAT_FORMATS else None
+
+    def detect_resource(self, resource: frictionless.Resource) -> None:
+        if resource.format in READSTAT_FORMATS:
+            resource.datatype = resource.datatype or "table"
+
+
+def register_readstat() -> None:
+    """Let frictionless read SPSS and Stata files (a registered plugin comes before its own SPSS
+    reader). Registering again replaces the plugin."""
+    frictionless.system.register("readstat", ReadstatPlugin())
+    # register() drops frictionless's cached plugin list only when its table of hooks was built
+    # too (frictionless 5.x): drop both, so the plugin is seen whichever was built first.
+    for cached in ("plugins", "methods"):
+        vars(frictionless.system).pop(cached, None)
+
+
+def validate_package(path: Path | str) -> frictionless.Report:
+    """``frictionless validate`` of an export's ``datapackage.json``, SPSS and Stata files read by
+    ``ReadstatPlugin``: every row of every table against its schema (types, allowed codes, row
+    counts)."""
+    register_readstat()
+    return frictionless.validate(str(path))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``frictionless`` command line with ``ReadstatPlugin`` registered."""
+    register_readstat()
+    from frictionless.console import console
+
+    console(args=sys.argv[1:] if argv is None else argv, prog_name="frictionless")
+
+
+if __name__ == "__main__":
+    main()

@@ -21,7 +21,7 @@ import random
 import re
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -32,26 +32,28 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from analysis.codebook import (
+    MISSING_NOTE,
     Column,
     ColumnType,
+    StudyCodes,
     TableSpec,
+    coded,
     file_name,
+    study_codes,
     write_codebook_markdown,
     write_datapackage,
 )
 from analysis.deidentify import ID_SPACES, PSEUDONYM, SHIFT_MAX_DAYS, Deidentified, Shuffled, shift_participant_dates
 from analysis.export_formats import TableWriter, normalize, stata_names
 from analysis.features import FEATURES
-from analysis.panel import PANEL_COLUMNS, iter_conversations_and_panel
+from analysis.panel import PANEL_COLUMNS, SURVIVAL_COLUMNS, iter_conversations_and_panel, survival
 from analysis.reading import stream_frames
 from analysis.software import packages_line
 from analysis.spreadsheet import CSV_TEXT_NOTE
 from chat import triage
 from chat.drift import RELIANCE_MIN_DAYS, RELIANCE_WINDOW_DAYS
 from chat.models import Decision, Turn
-from chat.reading import ABOUT
 from chat.reading import CONCERNS as READING_CONCERNS
-from chat.roles import CONCERNS, STANCES
 from scheduler.models import Delivery, FollowUp
 from study import audit
 from study.db import READ_ONLY, session_scope
@@ -60,12 +62,10 @@ from study.models import (
     ConsentSignature,
     ConsentVersion,
     Participant,
-    ParticipantStatus,
     ProtocolVersion,
     StaffAccount,
     StaffMembership,
     Study,
-    WithdrawalLevel,
 )
 from study.safety import CheckInKind, SafetyCheckIn, SafetyEvent
 from surveys import registry
@@ -83,9 +83,6 @@ CHUNK_PARTICIPANTS = 2_000  # the conversations and panel tables are computed th
 EMAIL_PATTERN = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 PHONE_PATTERN = re.compile(r"(?<![\w+])\+?\(?\d[\d\s().\-/]{5,}\d(?!\w)")
 PHONE_MIN_DIGITS = 9
-
-ROLES = {"concierge": "Concierge", "collaborator": "Collaborator", "coach": "Coach",
-         "standard": "Standard assistant (default mode)"}
 
 
 def scrub(text: Any) -> str | None:
@@ -152,14 +149,24 @@ class _Builder:
         self.study = study
         self.chunk_rows = chunk_rows
         self.chunk_participants = chunk_participants
-        versions = connection.execute(select(ProtocolVersion.id, ProtocolVersion.protocol)
-                                      .where(ProtocolVersion.study_id == study.id)).all()
-        self.arms: dict[str, str] = {}
-        for _, protocol in versions:
-            for arm in protocol.get("arms", []):
-                self.arms[arm["name"]] = f"{arm['name']} ({arm['mode']} mode)"
-        self.consent_versions = {v: v for v in connection.scalars(
-            select(ConsentVersion.version).where(ConsentVersion.study_id == study.id).order_by(ConsentVersion.id))}
+        self.codes = self._codes(connection)
+
+    def _codes(self, connection: Connection) -> StudyCodes:
+        """The codes this study defines: from its protocol versions, and what its records hold."""
+        def found(column: Any, participant_column: Any) -> list[Any]:
+            return [v for v in connection.scalars(self.scoped(select(column).distinct(), participant_column)) if v]
+
+        study_id = self.study.id
+        protocols = connection.scalars(select(ProtocolVersion.protocol).where(ProtocolVersion.study_id == study_id)
+                                       .order_by(ProtocolVersion.version)).all()
+        consents = connection.scalars(select(ConsentVersion.version).where(ConsentVersion.study_id == study_id)
+                                      .order_by(ConsentVersion.id)).all()
+        timezones = connection.scalars(select(Participant.timezone).where(Participant.study_id == study_id).distinct())
+        return study_codes(list(protocols), consent_versions=list(consents), timezones=list(timezones),
+                           waves=found(FollowUp.followup_key, FollowUp.participant_id)
+                           + found(SurveyAssignment.followup_key, SurveyAssignment.participant_id),
+                           instruments=found(FollowUp.instrument_id, FollowUp.participant_id)
+                           + found(SurveyAssignment.instrument_id, SurveyAssignment.participant_id))
 
     def scoped(self, query: Any, participant_column: Any) -> Any:
         return query.join(Participant, Participant.id == participant_column).where(
@@ -171,15 +178,13 @@ class _Builder:
     def participants(self) -> tuple[TableSpec, ChunkSource]:
         spec = TableSpec("participants", "One row per participant (never contact details).", [
             self.code(),
-            _c("arm", "string", "Study arm assigned at enrollment.", enum=self.arms),
-            _c("status", "string", "Participant status.", enum={s.value: s.value for s in ParticipantStatus}),
+            _c("arm", "string", "Study arm assigned at enrollment."),
+            _c("status", "string", "Participant status."),
             _c("protocol_version", "integer", "Protocol version in force at enrollment."),
             _c("created_at", "datetime", "When the invite was redeemed (UTC)."),
             _c("enrolled_at", "datetime", "When enrollment completed (UTC)."),
             _c("withdrawn_at", "datetime", "When the participant withdrew (UTC)."),
-            _c("withdrawal_level", "string", "What the withdrawal asked for.",
-               enum={WithdrawalLevel.STOP_CONTACT.value: "stop contact, keep data",
-                     WithdrawalLevel.DELETE_DATA.value: "stop contact and delete research data"}),
+            _c("withdrawal_level", "string", "What the withdrawal asked for."),
             _c("data_deleted_at", "datetime", "When research data were deleted at the participant's request (UTC)."),
         ])
         query = select(Participant.code.label("participant_code"), Participant.arm, Participant.status,
@@ -192,7 +197,7 @@ class _Builder:
     def consents(self) -> tuple[TableSpec, ChunkSource]:
         spec = TableSpec("consents", "One row per consent signature (the typed signature is not exported).", [
             self.code(),
-            _c("consent_version", "string", "Consent version signed.", enum=self.consent_versions),
+            _c("consent_version", "string", "Consent version signed."),
             _c("signed_at", "datetime", "When it was signed (UTC)."),
             _c("signed_text_sha256", "string", "SHA-256 of the exact consent text signed (hex).", dated=False),
             _c("confirmations", "string", "Confirmations ticked, ';'-separated."),
@@ -213,10 +218,7 @@ class _Builder:
     def conversations_and_panel(self) -> tuple[list[TableSpec], GroupSource]:
         """Conversations with their features, and the participant x wave panel: computed together,
         a chunk of participants at a time (the panel's wave features reuse the conversations')."""
-        enums: dict[str, dict[str, str]] = {
-            "arm": self.arms, "mode": {"wellbeing": "well-being mode", "default": "default mode"},
-            "starting_role": ROLES, "final_role": ROLES, "status": {"active": "active", "ended": "ended"}}
-        columns = [_c(name, f.type, f.definition, unit=f.unit, enum=enums.get(name)) for name, f in FEATURES.items()]
+        columns = [_c(name, f.type, f.definition, unit=f.unit) for name, f in FEATURES.items()]
         spec = TableSpec("conversations", "One row per conversation with its features (analysis.features).",
                          columns)
         panel = TableSpec("panel", "Participant x wave panel (analysis.panel).", [
@@ -225,6 +227,16 @@ class _Builder:
         return [spec, panel], lambda c: iter_conversations_and_panel(
             c, self.study.id, chunk_participants=self.chunk_participants)
 
+    def survival(self) -> tuple[TableSpec, ChunkSource]:
+        """Time to dropping out of follow-ups, one row per participant, as ``analysis.panel.survival``
+        computes it (the dropout models' input), read in the export's snapshot."""
+        spec = TableSpec("survival", "One row per enrolled participant (data not deleted): time from enrollment "
+                         "to dropping out of follow-ups, or to censoring (analysis.panel.survival; the input of "
+                         "the dropout models).", [
+            Column(name, doc.type, doc.definition, unit=doc.unit, dated=name != "participant_code")
+            for name, doc in SURVIVAL_COLUMNS.items()])
+        return spec, lambda c: iter([survival(c, self.study.id)])
+
     def turns(self) -> tuple[TableSpec, ChunkSource]:
         spec = TableSpec("turns", "One row per message (only with --turns). Text is scrubbed of email "
                          "addresses and phone numbers.", [
@@ -232,8 +244,8 @@ class _Builder:
             _c("conversation_id", "integer", "Conversation id (conversations table)."),
             self.code(),
             _c("seq", "integer", "Position in the conversation (1 = first)."),
-            _c("speaker", "string", "Who wrote it.", enum={"participant": "participant", "assistant": "assistant"}),
-            _c("role", "string", "Assistant role in force.", enum=ROLES),
+            _c("speaker", "string", "Who wrote it."),
+            _c("role", "string", "Assistant role in force."),
             _c("content", "string", "Message text, emails and phone numbers replaced by [email] / [phone].",
                free_text=True),
             _c("created_at", "datetime", "When it was stored (UTC)."),
@@ -255,18 +267,16 @@ class _Builder:
                  f"shows {concern.replace('_', ' ')} (chat.reading; model card chat/crisis_data/READING.md). Empty "
                  "for assistant turns and for messages read before the reading was fitted.", unit="probability")
               for concern in READING_CONCERNS],
-            _c("about", "string", "Whom and when the participant message is about, as the reading reads it.",
-               enum={a: a for a in ABOUT}),
+            _c("about", "string", "Whom and when the participant message is about, as the reading reads it."),
             _c("llm_reader_status", "string", "The optional LLM reader's outcome on this message (chat.llm_reader): "
                "ok, malformed, timeout or error; empty where no reader was configured or the message was "
                "already escalated."),
             _c("llm_reader_rubric", "string", "The LLM reader's rubric version (its number and the file's digest)."),
-            _c("stance", "string", "Final stance of an assistant turn.", enum={s: s for s in STANCES}),
-            _c("concern", "string", "Concern behind the stance.", enum={s: s for s in CONCERNS}),
+            _c("stance", "string", "Final stance of an assistant turn."),
+            _c("concern", "string", "Concern behind the stance."),
             _c("rationale", "string", "The rationale shown to the participant.", free_text=True),
-            _c("stance_source", "string", "Who decided the stance.", enum={"platform": "platform", "model": "model"}),
-            _c("model_stance", "string", "Stance the model proposed, before the policy.",
-               enum={s: s for s in STANCES}),
+            _c("stance_source", "string", "Who decided the stance."),
+            _c("model_stance", "string", "Stance the model proposed, before the policy."),
             _c("after_override", "boolean", "Reply produced after the participant overrode a pushback."),
             _c("model", "string", "Model that produced the reply."),
             _c("prompt_version", "string", "System-prompt version."),
@@ -318,7 +328,6 @@ class _Builder:
         return spec, chunks
 
     def followups(self) -> tuple[TableSpec, ChunkSource]:
-        statuses = ("planned", "sent", "completed", "expired", "cancelled")
         spec = TableSpec("followups", "One row per planned follow-up survey, with its delivery outcome.", [
             _c("followup_id", "integer", "Follow-up id."),
             self.code(),
@@ -331,7 +340,7 @@ class _Builder:
             _c("sent_at", "datetime", "Actual send time of the invitation (UTC)."),
             _c("lateness_seconds", "number", "sent_at - intended_at.", unit="seconds"),
             _c("reminders_sent", "integer", "Reminders sent.", unit="reminders"),
-            _c("status", "string", "Follow-up status.", enum={s: s for s in statuses}),
+            _c("status", "string", "Follow-up status."),
             _c("ended_at", "datetime", "When it was completed, expired or cancelled (UTC)."),
             _c("end_reason", "string", "Why it ended (system reason)."),
             _c("deliveries", "integer", "Messages (invitation and reminders) planned on a channel.", unit="messages"),
@@ -356,8 +365,7 @@ class _Builder:
             self.code(),
             _c("instrument_id", "string", "Instrument."),
             _c("instrument_version", "string", "Instrument version the score was computed with."),
-            _c("purpose", "string", "Why it was asked.", enum={"baseline": "baseline", "followup": "follow-up",
-                                                              "exit": "exit check"}),
+            _c("purpose", "string", "Why it was asked."),
             _c("followup_key", "string", "The protocol's follow-up id, for follow-ups."),
             _c("submitted_at", "datetime", "When the survey was submitted (UTC)."),
             _c("name", "string", "Score name (per the instrument's scoring rules)."),
@@ -385,7 +393,11 @@ class _Builder:
         for definition in definitions:
             for item in definition.items:
                 name = item_column(item.id)
-                if name in items:
+                known = items.get(name)
+                if known is not None:
+                    if known.enum and item.type == "single_choice":  # a later version's new options
+                        items[name] = replace(known, enum={**known.enum, **{o.value: o.label for o in item.options
+                                                                          if o.value not in known.enum}})
                     continue
                 text = f"{item.text} (item {item.id}, {item.type}"
                 text += f", {item.min:g} to {item.max:g})" if item.min is not None and item.max is not None else ")"
@@ -409,8 +421,7 @@ class _Builder:
             _c("response_id", "integer", "Survey response id."),
             self.code(),
             _c("instrument_version", "string", "Instrument version answered."),
-            _c("purpose", "string", "Why it was asked.", enum={"baseline": "baseline", "followup": "follow-up",
-                                                              "exit": "exit check"}),
+            _c("purpose", "string", "Why it was asked."),
             _c("followup_key", "string", "The protocol's follow-up id, for follow-ups."),
             _c("context_conversation_id", "integer", "The conversation an exit check refers to."),
             _c("context_decision_id", "integer", "The decision a regret follow-up refers to."),
@@ -453,31 +464,21 @@ class _Builder:
             self.code(),
             _c("conversation_id", "integer", "Conversation it was raised in."),
             _c("turn_id", "integer", "Assistant turn that checked in or escalated."),
-            _c("category", "string", "Category of risk.", enum={c: c for c in CONCERNS if c != "none"}),
-            _c("source", "string", "What detected it.", enum={
-                "lexicon": "the crisis lexicon", "semantic": "the semantic classifier (chat.semantic)",
-                "lexicon+semantic": "both the lexicon and the semantic classifier",
-                "classifier": "the optional LLM reader (chat.llm_reader)", "model": "the chat model's own stance"}),
+            _c("category", "string", "Category of risk."),
+            _c("source", "string", "What detected it."),
             _c("created_at", "datetime", "When it was raised (UTC)."),
-            _c("level", "string", "Its level now (levels only rise).", enum={
-                "check_in": "a sign of risk met by a check-in, for staff to review",
-                "escalation": "an escalation: pages the on-call contacts",
-                "unanswered": "its check-in was not answered by the protocol's deadline (or the participant "
-                              "withdrew first)"}),
+            _c("level", "string", "Its level now (levels only rise)."),
             _c("page_since", "datetime", "When its level started to page the on-call contacts (UTC); empty when "
                "it does not page."),
             _c("unanswered_at", "datetime", "When its check-in became unanswered (UTC)."),
             _c("check_in", "string", "The check-in its reply asked (chat.triage; structured after the C-SSRS "
-               "screener, not a validated instrument); empty for none.", enum={
-                   "risk_to_self": "the risk-to-self questions", "risk_from_others": "safe now from someone else"}),
+               "screener, not a validated instrument); empty for none."),
             _c("check_in_answered_at", "datetime", "When the check-in's answers decided its level (UTC)."),
             _c("check_in_outcome", "string", "What the answers say by the triage rule (chat.triage.decide); "
-               "empty while they decide nothing.", enum={outcome: outcome for outcome in triage.OUTCOMES}),
-            *(_c(f"answer_{question.id}", "string", f"Check-in answer: “{question.text}”",
-                 enum={"yes": "yes", "no": "no", "declined": "prefer not to say"})
+               "empty while they decide nothing."),
+            *(_c(f"answer_{question.id}", "string", f"Check-in answer: “{question.text}”")
               for question in (*triage.RISK_TO_SELF, *triage.RISK_FROM_OTHERS)),
-            _c("review_status", "string", "Whether staff reviewed it at its current level.",
-               enum={"reviewed": "reviewed", "unreviewed": "not yet reviewed"}),
+            _c("review_status", "string", "Whether staff reviewed it at its current level."),
             _c("reviewed_at", "datetime", "Latest staff review at its current level (UTC)."),
             _c("participant_data_deleted", "boolean", "A de-identified safety record: the participant withdrew and "
                "deleted their data, so participant, conversation and turn are empty (and, with shifted dates, "
@@ -606,9 +607,10 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
         tables = [build.participants(), build.consents(), *([build.turns()] if turns else []), build.decisions(),
                   build.followups(), *(build.responses(connection, i) for i in instruments), build.scores(),
                   build.safety_events()]
-        for group, chunks in [*map(_alone, tables[:2]), build.conversations_and_panel(), *map(_alone, tables[2:])]:
+        for group, chunks in [*map(_alone, tables[:2]), build.conversations_and_panel(), _alone(build.survival()),
+                              *map(_alone, tables[2:])]:
             outputs = []
-            for spec in group:
+            for spec in (coded(spec, build.codes) for spec in group):
                 if drop_free_text:
                     spec.columns = [c for c in spec.columns if not c.free_text]
                 written, short = stata_names(spec) if format == "stata" else (spec, {})
@@ -635,7 +637,7 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
     description = f"Export of study {study.slug} at {exported_at.isoformat()}."
     write_datapackage(out_dir / "datapackage.json", re.sub(r"[^a-z0-9._-]", "-", study.slug.lower()), title,
                       specs, format, counts, description)
-    write_codebook_markdown(out_dir / "CODEBOOK.md", title, specs, counts)
+    write_codebook_markdown(out_dir / "CODEBOOK.md", title, specs, counts, format)
     _write_readme(out_dir / "README.md", title, protocols, exported_at, counts, format, options)
     files += [out_dir / "datapackage.json", out_dir / "CODEBOOK.md", out_dir / "README.md"]
     record_export(engine, actor, study.id, audit_in, format=format, options=options, row_counts=counts,
@@ -656,8 +658,12 @@ def _write_readme(path: Path, title: str, protocols: Any, exported_at: dt.dateti
              "## Tables", "", "| table | rows |", "|---|---|",
              *(f"| {name} | {n} |" for name, n in counts.items()), "",
              "The codebook of every column is in `CODEBOOK.md` and `datapackage.json` (Frictionless Data "
-             "Package). SPSS and Stata files carry variable and value labels: categories are stored as "
-             "labelled integer codes, booleans as 0/1.", "",
+             "Package). SPSS and Stata files carry variable and value labels: coded columns are stored as "
+             "integer codes labelled with their values (the same codes in every table), booleans as 0/1.", "",
+             *([MISSING_NOTE[export_format], "",
+                "Frictionless cannot read .sav or .dta files by itself: validate the package with Afterward's "
+                "reader (ReadStat, as R's haven), `python -m analysis.export_formats validate datapackage.json`.",
+                ""] if export_format in MISSING_NOTE else []),
              "## De-identification", "",
              "- Contact details and typed signatures are never exported; participants appear by pseudonymous code.",
              f"- Free text is scrubbed: email addresses (`{EMAIL_PATTERN.pattern}`) become `[email]`, phone "

@@ -121,16 +121,29 @@ SURVIVAL_COLUMNS: dict[str, Column] = {
     "roles_used": PANEL_COLUMNS["roles_used"],
     "first_role": PANEL_COLUMNS["first_role"],
     "enrolled_at": PANEL_COLUMNS["enrolled_at"],
-    "duration_days": Column("Time from enrollment to the event, or to censoring.", "number", "days"),
-    "event": Column("1 = the participant missed an enrollment-anchored follow-up (it expired) or withdrew, "
-                    "whichever came first; 0 = censored.", "integer"),
-    "event_type": Column("missed_followup, withdrew, or censored.", "string"),
-    "event_at": Column("When the event happened (UTC): the missed follow-up's window close, or the "
-                       "withdrawal; for censored rows the censoring time.", "datetime"),
-    "event_wave": Column("The missed follow-up's key; empty otherwise.", "string"),
-    "censored_because": Column("For censored rows: 'followups_pending' (still at risk, censored at the time "
-                               "the data were read) or 'all_completed' (censored at the last submission); "
-                               "empty for events.", "string"),
+    "duration_days": Column("The analysis time, from enrollment: for stopped_answering and end_of_follow_up rows "
+                            "the scheduled close of event_wave (the median over the study's participants of that "
+                            "window's close in days since enrollment, the same for everyone); for data_cut rows "
+                            "event_at - enrolled_at or, if earlier, one second before the scheduled close of the "
+                            "first window whose outcome is not known yet; for withdrew rows event_at - enrolled_at.",
+                            "number", "days"),
+    "event": Column("1 = the participant stopped answering (event_type stopped_answering); 0 = not seen to stop: "
+                    "withdrew first (the competing event), reached the end of follow-up, or still in follow-up when "
+                    "the data were read (censored_because says which).", "integer"),
+    "event_type": Column("stopped_answering: missed an enrollment-anchored follow-up and answered none after it, "
+                         "with none left to answer; withdrew: withdrew before stopping answering, cancelling a "
+                         "follow-up still to be answered (a competing event); censored: neither.", "string"),
+    "event_at": Column("When (UTC): for stopped_answering the close of the first missed window after the last "
+                       "answered one; for withdrew the withdrawal; for censored rows the end of follow-up (the last "
+                       "window's close) or, while a window's outcome is still to come, the time the data were "
+                       "read.",
+                       "datetime"),
+    "event_wave": Column("The follow-up at whose close the row ends: the missed one (stopped_answering) or the "
+                         "last one (end_of_follow_up); empty otherwise.", "string"),
+    "censored_because": Column("Why event is 0: withdrew (the competing event), end_of_follow_up (every window "
+                               "closed with no miss after the last answer) or data_cut (a window's outcome still to "
+                               "come when the data were read: a window open or due, or a missed one with a later "
+                               "one to come); empty when event is 1.", "string"),
 }
 
 
@@ -237,6 +250,7 @@ def _times(frame: pd.DataFrame, columns: list[str]) -> None:
 
 DUE = ("completed", "expired", "open", "overdue")  # surveys whose time has come
 PENDING = ("open", "overdue")  # due, not answered yet
+PENDING_STATUSES = ("open", "not_yet_due", "overdue")  # due or to come: the follow-up may still be answered
 HEADLINE = {PERMA: "overall_wellbeing", REGRET: "regret"}  # the score summaries count, per instrument
 
 
@@ -363,18 +377,29 @@ def participant_states(source: Source, study: int | str, *,
 
 
 def attrition(source: Source, study: int | str) -> pd.DataFrame:
-    """Per arm, the panel's participants by how their follow-up ended or stands, in SQL: the
-    ``event_type`` of ``survival`` (missed_followup: an enrollment-anchored follow-up expired
-    before any withdrawal; withdrew; censored). Columns arm, event_type, participants."""
+    """Per arm, the panel's participants by the ``event_type`` of ``survival`` (stopped_answering,
+    withdrew, censored), counted in SQL by the same rule (:data:`STOP_RULE`) at the time of reading.
+    Columns arm, event_type, participants."""
+    at = now()
     with connect(source) as connection:
         scope = Scope(resolve_study_id(connection, study))
-        first_miss = (select(func.min(FollowUp.closes_at)).where(
-            FollowUp.participant_id == Participant.id, FollowUp.anchor_key == "enrollment",
-            FollowUp.status == "expired").scalar_subquery())
-        event = case((and_(first_miss.is_not(None),
-                           or_(Participant.withdrawn_at.is_(None), first_miss <= Participant.withdrawn_at)),
-                      "missed_followup"),
-                     (Participant.withdrawn_at.is_not(None), "withdrew"), else_="censored")
+
+        def closes(aggregate: Any, *where: Any) -> Any:
+            """``aggregate`` of the closes of the participant's enrollment-anchored follow-ups ``where``."""
+            return (select(aggregate(FollowUp.closes_at))
+                    .outerjoin(SurveyAssignment, SurveyAssignment.id == FollowUp.assignment_id)
+                    .where(FollowUp.participant_id == Participant.id, FollowUp.anchor_key == "enrollment", *where)
+                    .correlate(Participant).scalar_subquery())
+
+        last_answer = closes(func.max, followup_status(at) == "completed")
+        stopped = closes(func.min, followup_status(at) == "expired",
+                         or_(last_answer.is_(None), FollowUp.closes_at > last_answer))
+        cancelled = closes(func.count, followup_status(at) == "withdrawn")  # by the withdrawal
+        waiting = closes(func.count, followup_status(at).in_(PENDING_STATUSES))
+        withdrawn = Participant.withdrawn_at
+        candidate = and_(stopped.is_not(None), or_(withdrawn.is_(None), stopped <= withdrawn))
+        event = case((and_(candidate, waiting == 0), "stopped_answering"),
+                     (and_(~candidate, withdrawn.is_not(None), cancelled > 0), "withdrew"), else_="censored")
         frame = read_frame(connection, select(Participant.arm, event.label("event_type"),
                                               func.count().label("participants"))
                            .where(*_enrolled(scope)).group_by(Participant.arm, event)
@@ -482,47 +507,99 @@ def _typed(frame: pd.DataFrame, columns: dict[str, Column]) -> pd.DataFrame:
     return frame
 
 
+STOP_RULE = """\
+Time to dropout is the time a participant stops answering the enrollment-anchored follow-ups (the
+schedule everyone shares; decision-anchored ones are left out, as only people who reported a
+decision have them). Counted from enrollment, it ends at the first of:
+
+- stopped_answering (event 1): the close of the first follow-up window the participant missed
+  (expired unanswered) after the last one they answered (windows in order of closing), i.e. a
+  missed window with no answer to any later one, once no later window can still be answered
+  (all closed, or cancelled by a withdrawal). A missed window followed by an answer is not
+  dropout.
+- withdrew (event 0, censored for stopping; a competing event): the withdrawal, when it came
+  before stopping answering and cancelled a follow-up still to be answered (a withdrawal after
+  the last window was answered or missed ends nothing).
+- otherwise censored (event 0): at the end of follow-up, the close of the participant's last
+  window (end_of_follow_up); or, while a window's outcome is still to come, at the data cut
+  (data_cut): the time the data were read or, if earlier, one second before the close of the
+  first window whose outcome is not known yet (a missed window with a later one still to come,
+  or a window not yet closed), so that nobody counts as still answering past a close whose
+  outcome is unknown.
+
+A window cancelled for a reason other than withdrawal counts for nothing. The time of a window's
+close is the wave's scheduled close (duration_days): the median over the study's participants of
+that window's close in days since enrollment, the same for everyone. Each participant's own close
+differs from it by hours (time zone, send time, quiet hours); on those times the Kaplan-Meier
+product would split one wave's dropouts over hundreds of steps whose risk sets hold people whose
+window had not closed yet, and fall far below the share still answering."""
+
+JUST_BEFORE = 1 / DAY_SECONDS  # one second, in days: a data-cut censoring before an unknown close
+
+
+def stopping_answering(people: pd.DataFrame, waves: pd.DataFrame, at: dt.datetime | pd.Timestamp, *,
+                       key: str = "participant_id") -> pd.DataFrame:
+    """``people`` (one row per participant: ``key``, enrolled_at, withdrawn_at, and any columns to
+    carry) with event, event_type, event_at, event_wave, censored_because and duration_days by
+    :data:`STOP_RULE`, the one rule of the survival table. ``waves``: the participants'
+    enrollment-anchored follow-ups, a row each: ``key``, wave, closes_at and response_status in the
+    panel's vocabulary (``followup_status``) at ``at``, when the data were read."""
+    at = pd.Timestamp(at)
+    waves = waves[waves[key].isin(people[key])].sort_values(["closes_at", "wave"], kind="stable")
+    status = waves["response_status"].astype(str)
+    close_days = (waves["closes_at"] - waves[key].map(people.set_index(key)["enrolled_at"])).dt.total_seconds()
+    scheduled = (close_days / DAY_SECONDS).groupby(waves["wave"]).median()
+    last = waves[status != "cancelled"].groupby(key).last()
+    live = waves[~status.isin(("cancelled", "withdrawn"))]
+    unsettled = live[live["response_status"].astype(str).isin(PENDING_STATUSES) | (live["closes_at"] > at)]
+    last_answer = waves[status == "completed"].groupby(key)["closes_at"].max()
+    pending = waves.loc[status.isin(PENDING_STATUSES), key].unique()
+    cancelled = waves.loc[status == "withdrawn", key].unique()  # by the withdrawal
+    missed = waves[status == "expired"]
+    after = missed[key].map(last_answer)
+    stop = missed[after.isna() | (missed["closes_at"] > after)].groupby(key).first()
+    out = people.copy()
+    stopped_at, withdrawn, ends = out[key].map(stop["closes_at"]), out["withdrawn_at"], out[key].map(last["closes_at"])
+    candidate = stopped_at.notna() & (withdrawn.isna() | (stopped_at <= withdrawn))
+    waiting = out[key].isin(pending)  # a later window may still be answered: a missed one is not dropout yet
+    stops = candidate & ~waiting
+    withdrew = ~candidate & withdrawn.notna() & out[key].isin(cancelled)
+    cut = ~stops & ~withdrew & (waiting | ends.isna() | (ends > at))
+    ended = ~stops & ~withdrew & ~cut
+    out["event_type"] = np.select([stops, withdrew], ["stopped_answering", "withdrew"], default="censored")
+    out["event"] = stops.astype("int64")
+    out["event_at"] = pd.to_datetime(pd.Series(at, index=out.index).where(~ended, ends).where(~withdrew, withdrawn)
+                                     .where(~stops, stopped_at), utc=True)
+    out["event_wave"] = out[key].map(stop["wave"]).where(stops, out[key].map(last["wave"]).where(ended))
+    out["censored_because"] = pd.Series("data_cut", index=out.index, dtype=object).where(
+        ~ended, "end_of_follow_up").where(~withdrew, "withdrew").where(~stops)
+    actual = (out["event_at"] - out["enrolled_at"]).dt.total_seconds() / DAY_SECONDS
+    unknown = out[key].map(stop["wave"]).where(candidate, out[key].map(unsettled.groupby(key)["wave"].first()))
+    before_unknown = unknown.map(scheduled).astype(float) - JUST_BEFORE
+    out["duration_days"] = actual.where(~(stops | ended), out["event_wave"].map(scheduled)).where(
+        ~cut, np.fmin(actual, before_unknown)).astype(float)
+    return out
+
+
 def survival(source: Source, study: int | str) -> pd.DataFrame:
-    """One row per enrolled participant (data not deleted): days from enrollment to the first
-    missed enrollment-anchored follow-up (at its window's close) or the withdrawal, whichever came
-    first (``event`` 1), else censored (``event`` 0) at the time the data were read while
-    follow-ups are pending, or at the last submission once every one was completed. Columns in
-    ``SURVIVAL_COLUMNS``. Decision-anchored follow-ups are left out: only participants who
-    reported a decision have them, so counting them would make deciding look like attrition."""
-    at = pd.Timestamp(now())
+    """One row per enrolled participant (data not deleted): time from enrollment to stopping
+    answering the follow-ups (``event`` 1), to withdrawal (``event_type`` withdrew, the competing
+    event) or to censoring, by :data:`STOP_RULE` (``stopping_answering``) at the time the data are
+    read. Columns in ``SURVIVAL_COLUMNS``."""
+    at = now()
     with connect(source) as connection:
         scope = Scope(resolve_study_id(connection, study))
         modes = _protocol_modes(connection, scope.study_id)
         people = _people(connection, scope)
-        waves = read_frame(connection, select(
-            FollowUp.participant_id, FollowUp.followup_key, FollowUp.status, FollowUp.closes_at,
-            SurveyResponse.submitted_at,
-        ).outerjoin(SurveyResponse, SurveyResponse.assignment_id == FollowUp.assignment_id)
-            .where(FollowUp.study_id == scope.study_id, FollowUp.anchor_key == "enrollment"))
+        waves = read_frame(connection, scope.apply(select(
+            FollowUp.participant_id, FollowUp.followup_key.label("wave"), FollowUp.closes_at,
+            followup_status(at).label("response_status"),
+        ).outerjoin(SurveyAssignment, SurveyAssignment.id == FollowUp.assignment_id), FollowUp.participant_id)
+            .where(FollowUp.anchor_key == "enrollment"))
         roles = participant_roles(_conversation_roles(connection, scope))
-    _times(waves, ["closes_at", "submitted_at"])
-
-    missed = waves[waves["status"] == "expired"].sort_values(["closes_at", "followup_key"])
-    first_miss = missed.groupby("participant_id").first()[["followup_key", "closes_at"]]
-    pending = waves[waves["status"].isin(("planned", "sent"))].groupby("participant_id").size()
-    last_submitted = waves.groupby("participant_id")["submitted_at"].max()
-
-    out = people.join(first_miss, on="participant_id")
-    out["mode"] = out["arm"].map(modes)
-    out = out.join(roles, on="participant_code")
-    out["roles_used"] = out["roles_used"].fillna("")
-    has_pending = out["participant_id"].map(pending).fillna(0) > 0
-    submitted = out["participant_id"].map(last_submitted)
-    misses_first = out["closes_at"].notna() & (out["withdrawn_at"].isna() | (out["closes_at"] <= out["withdrawn_at"]))
-    withdrew = out["withdrawn_at"].notna() & ~misses_first
-    censor_complete = ~misses_first & ~withdrew & ~has_pending & submitted.notna()
-    out["event_type"] = np.select([misses_first, withdrew], ["missed_followup", "withdrew"], default="censored")
-    out["event"] = (out["event_type"] != "censored").astype("int64")
-    event_at = pd.Series(at, index=out.index).where(~censor_complete, submitted)
-    event_at = event_at.where(~withdrew, out["withdrawn_at"]).where(~misses_first, out["closes_at"])
-    out["event_at"] = pd.to_datetime(event_at, utc=True)
-    out["event_wave"] = out["followup_key"].where(misses_first)
-    out["censored_because"] = pd.Series("followups_pending", index=out.index).where(
-        ~censor_complete, "all_completed").where(out["event"] == 0)
-    out["duration_days"] = (out["event_at"] - out["enrolled_at"]).dt.total_seconds() / DAY_SECONDS
+    _times(waves, ["closes_at"])
+    people["mode"] = people["arm"].map(modes)
+    people = people.join(roles, on="participant_code")
+    people["roles_used"] = people["roles_used"].fillna("")
+    out = stopping_answering(people, waves, at)
     return out[list(SURVIVAL_COLUMNS)].reset_index(drop=True)

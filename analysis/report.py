@@ -59,6 +59,7 @@ from analysis.estimates import (
     regret_model,
     subgroup_effects,
 )
+from analysis.estimates.dropout import COMPETING, ESTIMAND
 from analysis.exports import ExportRefused, open_study
 from analysis.panel import participant_states
 from analysis.reading import Source, connect, resolve_study_id
@@ -445,27 +446,44 @@ def _screen(fit: FeatureScreen | None) -> str:
 def _dropout(fit: DropoutSurvival | None) -> str:
     if fit is None:
         return ""
+    intro = f"<p>{html.escape(ESTIMAND)} {html.escape(COMPETING)}</p>"
     groups = [_Col("by", "by", "text"), _Col("group", "group", "text"), _Col("participants", "participants", "count"),
-              _Col("dropouts", "events", "count"), _Col("median days", "median_days", "days")]
+              _Col("stopped answering", "events", "count"), _Col("withdrew", "withdrew", "count"),
+              _Col("still answering at the end", "still_answering"), _Col("median days", "median_days", "days")]
+    incidence = fit.cumulative_incidence
+    final = incidence.groupby(["group", "cause"], sort=False).tail(1) if not incidence.empty else incidence
+    cumulative = [_Col("arm", "group", "text"), _Col("event", "cause", "text"), _Col("by day", "days", "days"),
+                  _Col("cumulative incidence (95% CI)", "cumulative_incidence", "interval", "ci_low", "ci_high"),
+                  _Col("still at risk", "at_risk", "count")]
     logrank = [_Col("by", "by", "text"), _Col("groups", "groups", "count"),
                _Col("statistic", "test_statistic"), _Col("df", "df", "count"), _Col("p", "p", "p")]
     cox = [_Col("term", "term", "text"), _Col("meaning", "label", "text"),
            _Col("hazard ratio (95% CI)", "hazard_ratio", "interval", "hr_low", "hr_high"),
            _Col("log hazard ratio", "coef"), _Col("SE", "se"), _Col("p", "p", "p")]
-    hazards = [_Col("term", "term", "text"), _Col("statistic", "test_statistic"), _Col("p", "p", "p"),
-               _Col("time transform", "transform", "text")]
-    return (figure_html(km_plot(fit.curves), "Kaplan-Meier estimates of the share still answering follow-ups, with "
-                        "95% intervals (exponential Greenwood), by arm and by the first conversation's role.")
-            + _table(fit.groups, groups, "dropout-groups", "Participants and dropouts per group")
-            + _table(fit.logrank, logrank, "dropout-logrank", "Log-rank tests")
-            + _table(fit.cox, cox, "dropout-cox", "Cox model")
+    hazards = [_Col("term", "term", "text"), _Col("columns", "columns", "text"), _Col("chi-square", "test_statistic"),
+               _Col("df", "df", "count"), _Col("p", "p", "p"), _Col("time transform", "transform", "text")]
+    transform = str(fit.proportional_hazards["transform"].iloc[0]) if not fit.proportional_hazards.empty else "km"
+    response = ""
+    if not fit.response.empty and fit.response_sample is not None:
+        response = (_table(fit.response, COEFFICIENT_COLS, "dropout-response",
+                           "Log-odds that a follow-up whose window closed was completed (vs expired)")
+                    + _sample(fit.response_sample, "completing a follow-up", "dropout-response-missingness"))
+    return (intro + figure_html(km_plot(fit.curves), "Kaplan-Meier estimates of the share still answering follow-ups "
+                                "(withdrawal censored), with 95% intervals (exponential Greenwood), by arm and by the "
+                                "first conversation's role.")
+            + _table(fit.groups, groups, "dropout-groups", "Participants, dropouts and withdrawals per group")
+            + _table(final, cumulative, "dropout-cumulative-incidence",
+                     "Cumulative incidence (Aalen-Johansen) of stopping answering and of withdrawing, by arm, at the "
+                     "last time observed")
+            + _table(fit.logrank, logrank, "dropout-logrank", "Log-rank tests (withdrawal censored)")
+            + _table(fit.cox, cox, "dropout-cox", "Cox model of stopping answering (cause-specific: withdrawal "
+                     "censored; Efron ties)")
             + _table(fit.proportional_hazards, hazards, "dropout-proportional-hazards",
-                     "Proportional-hazards check (Schoenfeld residuals; a small p: the hazard ratio changes over time)")
+                     "Proportional-hazards test: the score test of R's cox.zph (survival 3.x) per term and GLOBAL, "
+                     f"time transform '{transform}'" + (" (1 - Kaplan-Meier, R's default)" if transform == "km" else "")
+                     + "; a small p: the hazard ratio changes over time")
             + _sample(fit.sample, "Cox model", "dropout-missingness")
-            + _table(fit.response, COEFFICIENT_COLS, "dropout-response",
-                     "Log-odds that a follow-up whose window closed was completed (vs expired)")
-            + _sample(fit.response_sample, "completing a follow-up", "dropout-response-missingness")
-            + _notes(fit.notes))
+            + response + _notes([note for note in fit.notes if note not in (ESTIMAND, COMPETING)]))
 
 
 def _subgroups(fit: SubgroupEffects | None) -> str:

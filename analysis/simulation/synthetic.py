@@ -52,7 +52,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from analysis.features import FEATURES
-from analysis.panel import PANEL_COLUMNS, PERMA, PERMA_SCORES, REGRET, SURVIVAL_COLUMNS
+from analysis.panel import PANEL_COLUMNS, PERMA, PERMA_SCORES, REGRET, SURVIVAL_COLUMNS, stopping_answering
 from analysis.simulation.population import (
     OFFLINE_MODEL,
     TIMEZONES,
@@ -198,31 +198,14 @@ class SyntheticStudy:
         return _normalized(out, PANEL_COLUMNS, integers="Int64")
 
     def survival(self) -> pd.DataFrame:
-        """Like ``analysis.panel.survival()`` (the same rule): columns of ``SURVIVAL_COLUMNS``."""
+        """Like ``analysis.panel.survival()``, by its rule (``analysis.panel.stopping_answering``):
+        columns of ``SURVIVAL_COLUMNS``."""
         people = self._kept(self.people).join(_participant_roles(self._kept(self.conversations)), on="person")
         people["roles_used"] = people["roles_used"].fillna("")
         waves = self._kept(self.waves)
         waves = waves[waves["anchor_key"] == "enrollment"]
-        missed = waves[waves["response_status"] == "expired"].sort_values(["closes_at", "wave"])
-        first_miss = missed.groupby("person").first()[["wave", "closes_at"]]
-        pending = waves[waves["response_status"].isin(("open", "not_yet_due"))].groupby("person").size()
-        last_submitted = waves.groupby("person")["submitted_at"].max()
-        out = people.join(first_miss, on="person")
-        has_pending = out["person"].map(pending).fillna(0) > 0
-        submitted = out["person"].map(last_submitted)
-        misses_first = out["closes_at"].notna() & (out["withdrawn_at"].isna()
-                                                   | (out["closes_at"] <= out["withdrawn_at"]))
-        withdrew = out["withdrawn_at"].notna() & ~misses_first
-        censor_complete = ~misses_first & ~withdrew & ~has_pending & submitted.notna()
-        out["event_type"] = np.select([misses_first, withdrew], ["missed_followup", "withdrew"], default="censored")
-        out["event"] = (out["event_type"] != "censored").astype("int64")
-        event_at = pd.Series(pd.Timestamp(self.read_at), index=out.index).where(~censor_complete, submitted)
-        event_at = event_at.where(~withdrew, out["withdrawn_at"]).where(~misses_first, out["closes_at"])
-        out["event_at"] = pd.to_datetime(event_at, utc=True)
-        out["event_wave"] = out["wave"].where(misses_first)
-        out["censored_because"] = pd.Series("followups_pending", index=out.index).where(
-            ~censor_complete, "all_completed").where(out["event"] == 0)
-        out["duration_days"] = (out["event_at"] - out["enrolled_at"]).dt.total_seconds() / DAY
+        out = stopping_answering(people, waves[["person", "wave", "closes_at", "response_status"]], self.read_at,
+                                 key="person")
         return _normalized(out, SURVIVAL_COLUMNS)
 
 

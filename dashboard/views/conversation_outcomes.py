@@ -45,7 +45,7 @@ def render(context: auth.Context) -> None:
             rows = curves[curves["by"] == by]
             base = alt.Chart(rows).encode(x=alt.X("days:Q", title="days since enrollment"), color="group:N")
             show.chart(base.mark_line(interpolate="step-after").encode(
-                y=alt.Y("survival:Q", scale=alt.Scale(domain=[0, 1]), title="still taking part"),
+                y=alt.Y("survival:Q", scale=alt.Scale(domain=[0, 1]), title="still answering"),
                 tooltip=["group", "days", "survival", "ci_low", "ci_high", "at_risk"])
                 + base.mark_area(interpolate="step-after", opacity=0.15).encode(y="ci_low:Q", y2="ci_high:Q"),
                 caption=f"Kaplan-Meier curves by {by} with 95% intervals")

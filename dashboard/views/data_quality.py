@@ -47,7 +47,8 @@ def render(context: auth.Context) -> None:
         by_arm["all"] = by_arm.sum(axis=1)
         show.table(by_arm.reset_index().rename_axis(columns=None),
                    "Attrition: how each participant's follow-up ended or stands, by arm", file_name="attrition",
-                   caption="missed_followup and withdrew are dropouts; censored: still taking part or done")
+                   caption="stopped_answering: no answer to a closed follow-up or any later one (dropout); withdrew: "
+                           "withdrew with a follow-up still to answer; censored: still answering or done")
     few = counts["few_items"]
     show.table(few, "Scores resting on few items", file_name="few-items",
                caption="fewer_items: computed from fewer items than the instrument has; under_half_items: from "

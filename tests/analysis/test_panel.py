@@ -197,16 +197,19 @@ def test_survival_durations_and_censoring(engine: Engine, study: Study) -> None:
     check(rows.loc[study.alice], {  # still has follow-ups pending: censored when read, 10 days 1 hour in
         "arm": "wellbeing", "roles_used": "coach", "first_role": "coach", "event": 0, "event_type": "censored",
         "event_at": pd.Timestamp(NOW), "duration_days": 10 + 1 / 24, "event_wave": None,
-        "censored_because": "followups_pending",
+        "censored_because": "data_cut",
     })
-    check(rows.loc[study.bob], {  # week 1 expired when its window closed on 12 March 09:00 UTC
-        "arm": "control", "mode": "default", "event": 1, "event_type": "missed_followup",
-        "event_at": utc("2026-03-12 09:00"), "duration_days": 10.0, "event_wave": "perma-week-1",
-        "censored_because": None,
+    # Week 1 expired when its window closed on 12 March 09:00 UTC, but week 4 is still to come: not dropout
+    # yet. Censored when read, at one second before week 1's scheduled close, the median over alice and
+    # bob (and carol, whose week 1 the withdrawal cancelled) of 10 days, 10 days and 10 days 5 hours.
+    check(rows.loc[study.bob], {
+        "arm": "control", "mode": "default", "event": 0, "event_type": "censored",
+        "event_at": pd.Timestamp(NOW), "duration_days": 10.0 - 1 / 86_400, "event_wave": None,
+        "censored_because": "data_cut",
     })
-    check(rows.loc[study.carol], {  # withdrew 4 March 12:00, 2 days 3 hours in
-        "event": 1, "event_type": "withdrew", "event_at": utc("2026-03-04 12:00"), "duration_days": 2.125,
-        "event_wave": None,
+    check(rows.loc[study.carol], {  # withdrew 4 March 12:00, 2 days 3 hours in: the competing event
+        "event": 0, "event_type": "withdrew", "event_at": utc("2026-03-04 12:00"), "duration_days": 2.125,
+        "event_wave": None, "censored_because": "withdrew",
     })
 
 
@@ -226,7 +229,7 @@ def test_every_column_is_documented() -> None:
             assert column.type in ("integer", "number", "string", "boolean", "datetime"), name
 
 
-def test_survival_censors_at_the_last_submission_once_every_wave_is_done(
+def test_survival_censors_at_the_end_of_follow_up_once_every_wave_is_done(
         engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock) -> None:
     build = PanelBuilder(engine, example_protocol)
     erin = build.participant("control")
@@ -240,10 +243,11 @@ def test_survival_censors_at_the_last_submission_once_every_wave_is_done(
     frozen_clock.set(dt.datetime(2026, 4, 20, 0, 0, tzinfo=dt.UTC))
     build.tick()
     [row] = [r for _, r in survival(engine, build.slug).iterrows()]
-    # Last submission 30 March 10:00 UTC: 28 days and 1 hour after enrollment on 2 March 09:00.
+    # Week 4's window closes 4 April 08:00 UTC (10:00 CEST on 30 March, plus 5 days): 32 days and 23 hours
+    # after enrollment on 2 March 09:00, whenever she answered.
     check(row, {"participant_code": erin, "event": 0, "event_type": "censored",
-                "censored_because": "all_completed", "event_at": utc("2026-03-30 10:00"),
-                "duration_days": 28 + 1 / 24})
+                "censored_because": "end_of_follow_up", "event_at": utc("2026-04-04 08:00"),
+                "event_wave": "perma-week-4", "duration_days": 32 + 23 / 24})
     frame = panel(engine, build.slug).set_index("wave")
     assert frame["response_status"].to_dict() == {
         "baseline": "completed", "perma-week-1": "completed", "perma-week-4": "completed"}

@@ -35,7 +35,7 @@ from analysis.estimates import (
     subgroup_effects,
 )
 from analysis.report import ACTION, ReportHeader, fit_models, participant_numbers, render_report
-from analysis.simulation.simulate import simulate
+from analysis.simulation.simulate import load_simulated_study, simulate
 from analysis.simulation.synthetic import synthetic_study
 from api.cli import app
 from scheduler.models import FollowUp
@@ -44,7 +44,7 @@ from study.db import make_engine, session_scope
 from study.models import AuditEntry, Participant, StaffRole, Study
 from study.settings import get_settings
 from surveys.models import SurveyAssignment
-from tests.builders import load_study, make_staff
+from tests.builders import make_staff
 from tests.conftest import EXAMPLE, POSTGRES_URL
 from tests.e2e.conftest import CHROMIUM, FLAGS
 
@@ -116,7 +116,8 @@ def equal(shown: str | None, expected: Any) -> bool:
 INTERVALS = {"estimate": ("ci_low", "ci_high"), "mean": ("ci_low", "ci_high"),
              "exit_rating": ("exit_rating_low", "exit_rating_high"), "features": ("features_low", "features_high"),
              "difference": ("difference_low", "difference_high"), "hazard_ratio": ("hr_low", "hr_high"),
-             "estimate_per_sd": ("ci_low_per_sd", "ci_high_per_sd")}
+             "estimate_per_sd": ("ci_low_per_sd", "ci_high_per_sd"),
+             "cumulative_incidence": ("ci_low", "ci_high")}
 
 
 def assert_shows(page: dict[str, list[dict[str, dict[str, str | None]]]], table_id: str,
@@ -182,6 +183,7 @@ def test_the_report_shows_the_models_numbers(synthetic: tuple[Any, StudyData]) -
         ("feature-screen", screen.table), ("dropout-groups", dropout.groups), ("dropout-logrank", dropout.logrank),
         ("dropout-cox", dropout.cox), ("dropout-proportional-hazards", dropout.proportional_hazards),
         ("dropout-response", dropout.response), ("subgroup-effects", subgroups.effects),
+        ("dropout-cumulative-incidence", dropout.cumulative_incidence.groupby(["group", "cause"]).tail(1)),
         ("subgroup-heterogeneity", subgroups.heterogeneity),
         ("perma-overall_wellbeing-missingness", perma.samples["overall_wellbeing"].missingness),
         ("regret-missingness", regret.sample.missingness)))
@@ -259,7 +261,7 @@ def analyzed(database_template: str, tmp_path_factory: pytest.TempPathFactory) -
     ``afterward analyze`` as a researcher, with the clock at the simulated study's end."""
     folder = tmp_path_factory.mktemp("report")
     engine = _empty_database(database_template, folder)
-    slug = load_study(engine, EXAMPLE.read_text(encoding="utf-8"))
+    slug = load_simulated_study(engine, EXAMPLE.read_text(encoding="utf-8"))
     with session_scope(engine) as session:  # the arms come from the study's randomization: fix it
         session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed="report-e2e"))
     simulate(engine, slug, participants=60, weeks=WEEKS, seed=11, start=START, tick_minutes=120)

@@ -19,12 +19,11 @@ from sqlalchemy.engine import Engine
 from analysis.features import FEATURES, LIST_SEPARATOR, conversation_features
 from analysis.panel import PANEL_COLUMNS, SURVIVAL_COLUMNS, panel, survival
 from analysis.simulation.population import Effects
-from analysis.simulation.simulate import simulate
+from analysis.simulation.simulate import load_simulated_study, simulate
 from analysis.simulation.synthetic import SyntheticStudy, load_protocol, null_effects, study_weeks, synthetic_study
 from scheduler import planner
 from study import clock
 from surveys import registry
-from tests.builders import load_study
 
 Z = 4.0  # standard errors allowed: a correct generator fails one of these checks about once in 15,000 runs
 NO_WITHDRAWAL: dict[str, Any] = {"withdraw_weekly_logit": -math.inf, "withdraw_per_baseline_point": 0.0}
@@ -61,7 +60,7 @@ def test_the_same_kinds_as_the_tables_of_a_real_simulated_study(engine: Engine, 
     """The real panel, features and survival of a tiny study run through the services, beside
     the synthetic ones: the same columns, each holding the same kind of value."""
     start = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
-    slug = load_study(engine, example_protocol)
+    slug = load_simulated_study(engine, example_protocol)
     simulate(engine, slug, participants=4, weeks=2, seed=2, start=start, tick_minutes=180)
     previous = clock.set_clock(clock.FrozenClock(start + dt.timedelta(weeks=2)))
     try:
@@ -137,22 +136,44 @@ def test_the_wave_columns_roll_up_the_conversations_before_each_wave(small: Synt
 
 
 def test_survival_follows_the_panel_rule(small: SyntheticStudy) -> None:
+    """analysis.panel.STOP_RULE, participant by participant from the raw draws: the first missed
+    window after the last answered one once none is left to answer; else the withdrawal if it
+    cancelled a follow-up; else the last window's close, or the data cut while an outcome is to come
+    (no later than a second before the close of the first window whose outcome is unknown)."""
     table = small.survival().set_index("participant_code")
     waves = small.waves[small.waves["anchor_key"] == "enrollment"]
-    sample = set(table.index[::3])
+    enrolled = small.people.set_index("participant_code")["enrolled_at"]
+    kept = waves[waves["participant_code"].isin(table.index)]
+    scheduled = ((kept["closes_at"] - kept["participant_code"].map(enrolled)).dt.total_seconds() / 86_400
+                 ).groupby(kept["wave"]).median()
+    read_at = pd.Timestamp(small.read_at)
     withdrawals = small.people.set_index("participant_code")["withdrawn_at"]
-    for code, rows in waves[waves["participant_code"].isin(sample)].groupby("participant_code"):
+    seen = set()
+    for code, rows in kept[kept["participant_code"].isin(set(table.index[::3]))].groupby("participant_code"):
         row = table.loc[str(code)]
-        expired = rows[rows["response_status"] == "expired"]
+        rows = rows.sort_values("closes_at")
+        status = rows["response_status"]
+        answered = rows.loc[status == "completed", "closes_at"]
+        missed = rows[(status == "expired") & ((rows["closes_at"] > answered.max()) if len(answered) else True)]
+        to_come = status.isin(("open", "not_yet_due"))
         withdrawn = withdrawals[str(code)]
-        if len(expired) and (pd.isna(withdrawn) or expired["closes_at"].min() <= withdrawn):
-            assert (row["event_type"], row["event_at"]) == ("missed_followup", expired["closes_at"].min())
-        elif not pd.isna(withdrawn):
-            assert (row["event_type"], row["event_at"]) == ("withdrew", withdrawn)
-        elif (rows["response_status"] == "completed").all():
-            assert (row["censored_because"], row["event_at"]) == ("all_completed", rows["submitted_at"].max())
+        first_miss = len(missed) and (pd.isna(withdrawn) or missed["closes_at"].iloc[0] <= withdrawn)
+        if first_miss and not to_come.any():
+            expected = ("stopped_answering", missed["closes_at"].iloc[0], scheduled[missed["wave"].iloc[0]])
+        elif not first_miss and not pd.isna(withdrawn) and (status == "withdrawn").any():
+            expected = ("withdrew", withdrawn, (withdrawn - enrolled[str(code)]).total_seconds() / 86_400)
+        elif to_come.any() or rows["closes_at"].max() > read_at:
+            unknown = missed["wave"].iloc[0] if first_miss else rows.loc[
+                to_come | (rows["closes_at"] > read_at), "wave"].iloc[0]
+            expected = ("data_cut", read_at, min((read_at - enrolled[str(code)]).total_seconds() / 86_400,
+                                                 scheduled[unknown] - 1 / 86_400))
         else:
-            assert (row["censored_because"], row["event_at"]) == ("followups_pending", pd.Timestamp(small.read_at))
+            expected = ("end_of_follow_up", rows["closes_at"].max(), scheduled[rows["wave"].iloc[-1]])
+        kind, at, days = expected
+        assert (row["event_type"] if row["event"] else row["censored_because"], row["event_at"]) == (kind, at), code
+        assert row["duration_days"] == pytest.approx(days, abs=1e-9), code
+        seen.add(kind)
+    assert seen == {"stopped_answering", "withdrew", "data_cut", "end_of_follow_up"}
     assert small.people["data_deleted"].any()  # some withdrew and deleted their data: absent from every table
     deleted = set(small.people.loc[small.people["data_deleted"], "participant_code"])
     assert not deleted & set(small.panel()["participant_code"])

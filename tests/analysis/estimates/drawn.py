@@ -156,7 +156,7 @@ def draw_study(seed: int, n: int = 300, truth: Truth | None = None, decisions: i
     time = rng.exponential(1 / hazard)
     survival = person[["participant_code", "arm", "mode", "first_role"]].assign(
         duration_days=np.minimum(time, 35.0), event=(time < 35.0).astype(int),
-        event_type=np.where(time < 35.0, "missed_followup", "censored"))
+        event_type=np.where(time < 35.0, "stopped_answering", "censored"))
 
     perma = pd.DataFrame(perma_rows).merge(person, on="participant_code")
     perma = perma.assign(wellbeing=(perma["arm"] == "wellbeing").astype(float),

@@ -16,14 +16,13 @@ from statsmodels.tools.sm_exceptions import ConvergenceWarning
 
 from analysis.estimates import StudyData, dropout_survival, perma_trajectories, regret_model
 from analysis.simulation.population import Effects
-from analysis.simulation.simulate import simulate
+from analysis.simulation.simulate import load_simulated_study, simulate
 from analysis.tables import SimulationRun
 from study import clock
 from study.db import session_scope
 from study.models import Study, WithdrawalLevel
 from tests.analysis.estimates.drawn import pick, same
 from tests.analysis.panel_builders import PanelBuilder, perma_answers
-from tests.builders import load_study
 
 T0 = dt.datetime(2026, 3, 2, 9, 0, tzinfo=dt.UTC)  # enrollment: a Monday, 10:00 in Berlin
 
@@ -103,11 +102,12 @@ def test_the_pipeline_on_a_hand_built_study_equals_direct_fits(engine: Engine, e
     assert week1[["completed", "expired", "used"]].tolist() == [6, 2, 6]
     assert week4[["completed", "expired", "withdrawn", "used"]].tolist() == [5, 2, 1, 5]
 
-    # Survival, by hand: completed everything -> censored at the last submission (28 days 1 hour);
-    # missed week 4 -> its window's close (32 days 23 hours); withdrew on 20 March 12:00 (18.125
-    # days); missed week 1 -> 12 March 09:00 (10 days).
-    duration = [28 + 1 / 24] * 4 + [32 + 23 / 24, 18.125, 10.0, 10.0]
-    event = [0, 0, 0, 0, 1, 1, 1, 1]
+    # Survival, by hand: answered the last wave -> censored at the end of follow-up, week 4's close
+    # (4 April 08:00 UTC: 32 days 23 hours), also for the one who missed week 1 and answered week 4;
+    # missed week 4 -> stopped at its close; withdrew on 20 March 12:00 -> censored (a competing
+    # event) at 18.125 days; missed both -> stopped at week 1's close, 12 March 09:00 (10 days).
+    duration = [32 + 23 / 24] * 5 + [18.125, 32 + 23 / 24, 10.0]
+    event = [0, 0, 0, 0, 1, 0, 0, 1]
     people = pd.DataFrame({"participant": codes, "duration_days": duration, "event": event,
                            "baseline_wellbeing": [overall(*p[1]) for p in PEOPLE],
                            "wellbeing": [float(p[0] == "wellbeing") for p in PEOPLE]}).sort_values("participant")
@@ -128,7 +128,7 @@ def test_the_pipeline_on_a_hand_built_study_equals_direct_fits(engine: Engine, e
 def test_a_simulated_study_recovers_the_coach_effect_on_regret(engine: Engine, example_protocol: str) -> None:
     """Through the real services (about 40 s): the stored true coach effect lies in the interval.
     Regret noise is lowered from the defaults so 50 participants over 3 weeks are enough."""
-    slug = load_study(engine, example_protocol)
+    slug = load_simulated_study(engine, example_protocol)
     with session_scope(engine) as session:  # the arms come from the study's randomization: fix it
         session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed="models-e2e"))
     effects = Effects(regret_coach=-15.0, regret_person_sd=3.0, regret_noise_sd=3.0, regret_wave_sd=2.0,
