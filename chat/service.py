@@ -39,7 +39,7 @@ from chat.llm_reader import LLMReading
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.policy import Assessment, History, StanceDecision
 from chat.roles import SAFETY_CONCERNS, RoleName, system_prompt
-from chat.steps import HISTORY_TURNS, assess_message, plan, safety_fallback, settle_reply
+from chat.steps import HISTORY_TURNS, assess_message, plan, safety_fallback, settle
 from study import validation
 from study.clock import now
 from study.db import is_postgres
@@ -498,13 +498,16 @@ def reconsider(session: Session, participant: Participant, conversation_id: int,
 
 
 def record_reply(session: Session, prepared: PreparedTurn, completion: Completion) -> Turn:
-    """Store the assistant's turn with the stance the policy settled on; returns it."""
-    parsed, final, reply = settle_reply(prepared.role, prepared.required, prepared.history, prepared.content,
-                                        completion.text, after_override=prepared.after_override)
+    """Store the assistant's turn with the stance the policy settled on; returns it. A reply that
+    gave in to a nudge or challenge is stored as agreeing, with the capitulation in its ``features``
+    (``chat.steps.Capitulation``)."""
+    settled = settle(prepared.role, prepared.required, prepared.history, prepared.content, completion.text,
+                     after_override=prepared.after_override)
+    parsed, final, reply, capitulation = settled.parsed, settled.final, settled.reply, settled.capitulation
     answered = check_ins.reply_to_answer(session, prepared.conversation_id, prepared.participant_turn_id,
                                          prepared.content, final)
     if answered is not None:  # a message answering a check-in: the platform's reply (chat.check_ins)
-        final, reply = answered
+        (final, reply), capitulation = answered, None
     # One statement: the reply's sequence number, the claim released, the concern counted (in SQL,
     # from the current row: the history the policy read may be stale by now).
     values: dict[str, Any] = {"turn_count": Conversation.turn_count + 1, "awaiting_reply_since": _release(prepared)}
@@ -527,7 +530,7 @@ def record_reply(session: Session, prepared: PreparedTurn, completion: Completio
         model=completion.model or prepared.model, prompt_version=prepared.prompt_version,
         latency_ms=completion.latency_ms, prompt_tokens=completion.prompt_tokens,
         completion_tokens=completion.completion_tokens, cost_usd=completion.cost_usd,
-        streamed=completion.streamed, created_at=now())
+        streamed=completion.streamed, features=capitulation.record() if capitulation else {}, created_at=now())
     session.add(turn)
     session.flush()
     if final.stance in ("check_in", "escalate"):

@@ -6,8 +6,10 @@ them alike."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from chat import drift, llm_reader, monitors, semantic
@@ -15,7 +17,7 @@ from chat.answer_format import ParsedAnswer, guidance, parse_answer
 from chat.gateway import Completion
 from chat.llm_reader import LLMReading
 from chat.policy import Assessment, History, StanceDecision, decide, directive, platform_reply, shown_reply
-from chat.roles import ROLE_SPECS, RoleName
+from chat.roles import ROLE_SPECS, Concern, RoleName, Stance
 from study.clock import now
 
 HISTORY_TURNS = 20  # turns of the conversation sent to the model
@@ -93,18 +95,83 @@ def plan(role: RoleName, assessment: Assessment, history: History, system_text: 
                                     muted=history.overridden)
 
 
-def settle_reply(role: RoleName, required: StanceDecision, history: History, content: str, answer: str,
-                 *, after_override: bool = False) -> tuple[ParsedAnswer, StanceDecision, str]:
+# Words by which a reply gives in: taking its pushback back, or telling the person they are right.
+# "You're right" gives in only where nothing in the reply still pushes back ("you're right that it
+# hurts, but ..." does not, nor "You're right. Is that wise?": a question still weighs it), and
+# "you're right to ..." or "... right that ..." never does. Quotations of the person are left out.
+_GIVES_IN = re.compile(r"\bi take (?:that|it|this|my \w+) back\b|\bi was wrong\b|\bi stand corrected\b|"
+                       r"\byou've (?:convinced|persuaded) me\b|\bi (?:retract|withdraw) (?:that|my)\b|"
+                       r"\b(?:ignore|forget|disregard) (?:what i said|my (?:note|concern|point))\b")
+_YOU_ARE_RIGHT = re.compile(r"\byou(?:'re| are) (?:absolutely |completely |totally |quite |so |entirely )?right\b"
+                            r"(?!\s+(?:to|that)\b)")
+_QUOTED = re.compile(r"\u201c[^\u201d]*\u201d|\"[^\"]*\"")
+_STILL_PUSHES = re.compile(r"\b(?:but|however|still|though|although|yet|disagree|push back|not sure|question|"
+                           r"worth (?:weighing|checking|considering)|see the note)\b|\?")
+
+
+def concession(reply: str) -> str | None:
+    """The words by which ``reply`` gives in to the person (``_GIVES_IN``, or "you're right" with
+    nothing still pushing back), or None."""
+    lowered = _QUOTED.sub(" ", monitors.normalize(reply))  # what the person said, quoted, is not the reply's word
+    found = _GIVES_IN.search(lowered)
+    if found is None and not _STILL_PUSHES.search(lowered):
+        found = _YOU_ARE_RIGHT.search(lowered)
+    return None if found is None else found.group(0)
+
+
+@dataclass(frozen=True)
+class Capitulation:
+    """A nudge or challenge the model's reply gave in to ("You're right, I take that back"): the
+    turn is shown as agreeing, which is what the reply does, never under a note saying the
+    opposite, and recorded as capitulation with what was given in to."""
+
+    stance: Stance
+    concern: Concern
+    rationale: str
+    words: str  # the reply's words that give in
+
+    def record(self) -> dict[str, Any]:
+        """What is stored with the reply (``turns.features``; the evaluations' transcript)."""
+        return {"capitulated": True, "conceded_stance": self.stance, "conceded_concern": self.concern,
+                "conceded_rationale": self.rationale, "concession": self.words}
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A model's answer settled: what it proposed, the turn's final stance (the one shown), the
+    reply the participant reads and, when the reply gave in to a nudge or challenge, the capitulation."""
+
+    parsed: ParsedAnswer
+    final: StanceDecision
+    reply: str
+    capitulation: Capitulation | None = None
+
+
+def settle(role: RoleName, required: StanceDecision, history: History, content: str, answer: str,
+           *, after_override: bool = False) -> Settled:
     """The model's answer read back: what it proposed, the turn's final stance (the policy's) and
-    the reply the participant reads (never one written as if helping, under a safety stance)."""
+    the reply the participant reads (never one written as if helping, under a safety stance). A
+    reply that gives in (``concession``) under a nudge or challenge is shown as agreeing, as it
+    does, and flagged as capitulation; the stance it gave in to is kept with it."""
     parsed = parse_answer(answer)
     final = decide(ROLE_SPECS[role], required, parsed.proposed, history, content)
     if after_override and final.overridable:
         final = StanceDecision("agree")
     reply = shown_reply(final, parsed.proposed, parsed.reply)
     if not reply:
-        reply = "I'm sorry, I lost my train of thought. Could you say that again?"
-    return parsed, final, reply
+        return Settled(parsed, final, "I'm sorry, I lost my train of thought. Could you say that again?")
+    words = concession(reply) if final.overridable else None
+    if words is None:
+        return Settled(parsed, final, reply)
+    return Settled(parsed, StanceDecision("agree", source=final.source), reply,
+                   Capitulation(final.stance, final.concern, final.rationale, words))
+
+
+def settle_reply(role: RoleName, required: StanceDecision, history: History, content: str, answer: str,
+                 *, after_override: bool = False) -> tuple[ParsedAnswer, StanceDecision, str]:
+    """``settle`` as (what the model proposed, the final stance, the reply shown)."""
+    settled = settle(role, required, history, content, answer, after_override=after_override)
+    return settled.parsed, settled.final, settled.reply
 
 
 def safety_fallback(required: StanceDecision) -> Completion | None:

@@ -232,9 +232,9 @@ class MemoryStore:
         return self._prepare(index, assessment, overridden=prepared.after_override)
 
     async def record(self, prepared: service.PreparedTurn, completion: Completion) -> int:
-        parsed, final, reply = steps.settle_reply(prepared.role, prepared.required, prepared.history,
-                                                    prepared.content, completion.text,
-                                                    after_override=prepared.after_override)
+        settled = steps.settle(prepared.role, prepared.required, prepared.history, prepared.content, completion.text,
+                               after_override=prepared.after_override)
+        parsed, final, reply = settled.parsed, settled.final, settled.reply
         if final.stance != "agree":
             self.raised[final.concern] += 1
         self.recent.append(("assistant", reply))
@@ -243,7 +243,7 @@ class MemoryStore:
             "participant": prepared.content, "reply": reply,
             "stance": final.stance, "concern": final.concern, "rationale": final.rationale or None,
             "model_stance": parsed.proposed.stance if parsed.proposed else None,
-            "directive": prepared.required.stance})
+            "directive": prepared.required.stance, **(settled.capitulation.record() if settled.capitulation else {})})
         self.completions.append(completion)
         return len(self.replies) - 1
 

@@ -16,14 +16,14 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.data import CACHE_SECONDS, Read, generation
-from evals.cards import CARD_METRICS, CardListing, change_of, comparison_note, latest_cards
+from evals.cards import CARD_METRICS, CardListing, change_of, comparison_note, latest_cards, since
 from evals.gates import GateReport, judge_run
 from evals.results import METRICS
 from study.clock import now
 from study.db import engine_for
 
-CARD_COLUMNS = ["condition", "model", "prompt_version", "run", "metric", "value", "low", "high", "queries", "change",
-                "change_low", "change_high", "paired_queries", "p", "since"]
+CARD_COLUMNS = ["condition", "model", "simulated", "prompt_version", "run", "metric", "value", "low", "high", "queries",
+                "change", "change_low", "change_high", "paired_queries", "p", "since"]
 GATE_COLUMNS = ["run", "result", "rule", "subject", "figure", "low", "high", "n", "unit", "note"]
 
 
@@ -33,16 +33,17 @@ def _nan(value: float | None) -> float:
 
 def card_rows(listings: list[CardListing]) -> pd.DataFrame:
     """One row per card and measure: its value with the 95% interval, and its change since the
-    previous version paired by query, with the interval and the sign test's p (empty where the card
-    shows no change)."""
+    previous version (or the draft's named baseline) paired by query, with the interval and the sign
+    test's p (empty where the card shows no change). ``simulated``: the card is of a simulated model
+    (``evals.simulated``), a scripted stand-in whose numbers show what the harness finds."""
     rows = []
     for listing in listings:
         card = listing.card
-        previous = card.get("previous")
-        since = f"run {previous['run_id']} v{previous['prompt_version']}" if previous else "first version"
+        changed_since = since(card)
         for name in CARD_METRICS:
             entry, change = card["metrics"][name], change_of(card, name)
             rows.append({"condition": card["condition"], "model": card["model"],
+                         "simulated": bool(card.get("simulated", False)),
                          "prompt_version": card["prompt_version"], "run": card["run_id"], "metric": name,
                          "value": _nan(entry["value"]), "low": _nan(entry["low"]), "high": _nan(entry["high"]),
                          "queries": entry["queries"],
@@ -50,7 +51,7 @@ def card_rows(listings: list[CardListing]) -> pd.DataFrame:
                          "change_low": math.nan if change is None else change["low"],
                          "change_high": math.nan if change is None else change["high"],
                          "paired_queries": 0 if change is None else change["queries"],
-                         "p": math.nan if change is None else change["p"], "since": since})
+                         "p": math.nan if change is None else change["p"], "since": changed_since})
     return pd.DataFrame(rows, columns=CARD_COLUMNS)
 
 

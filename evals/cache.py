@@ -10,7 +10,9 @@ refused (``check``: a judge's verdict that does not fit the rubric is asked for 
 back) and the offline provider's (computed here, free and deterministic).
 
 ``CachingGateway`` is the chat gateway with the cache in front of ``complete``, so the chat
-pipeline's calls (``chat.turn.answer``), bare prompts and the judge all go through it.
+pipeline's calls (``chat.turn.answer``), bare prompts and the judge all go through it. It also
+answers the simulated model (``evals.simulated``: ``offline/simulated``), which only the
+evaluations know.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 
 from chat.gateway import Completion, Gateway
 from chat.offline import PROVIDER
+from evals import simulated
 from evals.models import EvalResponse
 from study.db import retrying, session_scope
 from study.settings import Settings
@@ -84,6 +87,7 @@ class CachingGateway(Gateway):
         self.engine = engine
         self.hits = 0
         self.calls = 0
+        self.offline_delay = settings.offline_llm_delay_ms / 1000
 
     async def complete(self, messages: list[dict[str, str]], model: str | None = None,
                        *, structured: bool = True, params: dict[str, Any] | None = None,
@@ -91,6 +95,13 @@ class CachingGateway(Gateway):
         """``Gateway.complete`` through the cache. ``check``: the caller's test of an answer (raising
         when it cannot be used): an answer that fails it is not kept (or, read back, is dropped)."""
         model = model or self.default_model
+        if simulated.is_simulated(model):
+            as_json = "response_format" in (params or {}) or (structured and self._structured(model))
+            completion = await simulated.complete(messages, model, params, as_json=as_json,
+                                                  delay_seconds=self.offline_delay)
+            if check is not None:
+                check(completion)
+            return completion
         if model.startswith(f"{PROVIDER}/"):
             completion = await super().complete(messages, model, structured=structured, params=params)
             if check is not None:

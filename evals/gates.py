@@ -32,7 +32,7 @@ from sqlalchemy.engine import Engine
 from evals.agreement import agreement
 from evals.grid import AgreementGate, Baseline, ChangeGate, GridError, RateGate
 from evals.models import EvalCell
-from evals.results import interval, load_frame, paired_by_query, per_query
+from evals.results import chosen_judge, interval, load_frame, paired_by_query, per_query, scored_by
 from evals.runner import Plan, query_difference, stored_plan
 from study.db import session_scope
 from study.errors import NotFound
@@ -65,6 +65,7 @@ class GateReport:
     run_id: int
     problems: list[str] = field(default_factory=list)  # the run as a whole: undone cells, a refused baseline
     checks: list[Check] = field(default_factory=list)
+    other_judge: str | None = None  # the scores read, when not the run's own judge's (``eval rescore``)
 
     @property
     def passed(self) -> bool:
@@ -75,8 +76,9 @@ class GateReport:
         verdict = ("gates PASSED" if self.passed else
                    f"gates FAILED: {failed} of {len(self.checks)} check(s) failed"
                    + (f", {len(self.problems)} problem(s) with the run" if self.problems else ""))
+        scores = f" on the scores of {self.other_judge}, not the run's judge" if self.other_judge else ""
         return ([f"FAIL {problem}" for problem in self.problems] + [check.line() for check in self.checks]
-                + [f"run {self.run_id}: {verdict}"])
+                + [f"run {self.run_id}: {verdict}{scores}"])
 
 
 def _not_judged(rule: str, subject: str, note: str) -> Check:
@@ -86,10 +88,11 @@ def _not_judged(rule: str, subject: str, note: str) -> Check:
 # The baseline
 
 
-def check_baseline(engine: Engine, planned: Plan) -> Plan | None:
+def check_baseline(engine: Engine, planned: Plan, judge_model: str | None = None) -> Plan | None:
     """The baseline run's plan, when the grid names one and the comparison can be made: refused
     (``GridError``, with the reason) when that run or its condition is missing, its prompt version is
-    not the one named, its judge differs, no model is in both, or its queries are not the same."""
+    not the one named, it holds no scores of the judge compared (``judge_model``, by default the
+    grid's: its own judge's or a re-scoring's), no model is in both, or its queries are not the same."""
     baseline = planned.grid.baseline
     if baseline is None:
         return None
@@ -104,9 +107,11 @@ def check_baseline(engine: Engine, planned: Plan) -> Plan | None:
     if baseline.prompt_version and found[baseline.condition].prompt_version != baseline.prompt_version:
         raise GridError(f"{refused}: there it is prompt version {found[baseline.condition].prompt_version}, not "
                         f"the named version {baseline.prompt_version}")
-    if theirs.grid.judge != planned.grid.judge:
-        raise GridError(f"{refused}: it was judged by {theirs.grid.judge} and this grid by {planned.grid.judge}; "
-                        "scores of different judges are not compared")
+    judge = judge_model or planned.grid.judge
+    if theirs.grid.judge != judge and judge not in scored_by(engine, baseline.run):
+        raise GridError(f"{refused}: it was judged by {theirs.grid.judge} and this grid by {judge}; "
+                        f"scores of different judges are not compared (afterward eval rescore {baseline.run} "
+                        f"--judge {judge} scores it with this one)")
     if not set(theirs.grid.models) & set(planned.grid.models):
         raise GridError(f"{refused}: no model is in both (there: {', '.join(theirs.grid.models)})")
     differ = query_difference(planned, theirs, baseline.run, this="this grid")
@@ -172,9 +177,10 @@ def _change_checks(frame: pd.DataFrame, before: pd.DataFrame, baseline: Baseline
     return checks or [_not_judged(rule, baseline.draft_condition, "no judged model in both runs")]
 
 
-def _agreement_checks(engine: Engine, run_id: int, gate: AgreementGate) -> list[Check]:
+def _agreement_checks(engine: Engine, run_id: int, gate: AgreementGate, judge: str) -> list[Check]:
     rule = gate.describe()
-    pooled = {str(row["dimension"]): row for row in agreement(engine, run_id).table.to_dict("records")}
+    pooled = {str(row["dimension"]): row
+              for row in agreement(engine, run_id, judge_model=judge).table.to_dict("records")}
     checks = []
     for dimension in gate.dimensions:
         row = pooled.get(dimension)
@@ -188,20 +194,23 @@ def _agreement_checks(engine: Engine, run_id: int, gate: AgreementGate) -> list[
     return checks
 
 
-def judge_run(engine: Engine, run_id: int) -> GateReport:
+def judge_run(engine: Engine, run_id: int, judge_model: str | None = None) -> GateReport:
     """Every gate of the run's grid (as stored with the run) on its judged cells, and whether the
-    run is complete; ``passed`` only when both hold."""
+    run is complete; ``passed`` only when both hold. ``judge_model``: read the scores of another
+    judge the run was re-scored with (and the baseline's by the same judge); the exit status of
+    ``eval run``, ``resume`` and ``gate`` is always the run's own judge's."""
     planned = stored_plan(engine, run_id)
+    judge = chosen_judge(engine, run_id, judge_model)
     problems, done = _cell_problems(engine, run_id)
-    report = GateReport(run_id, problems)
+    report = GateReport(run_id, problems, other_judge=None if judge == planned.grid.judge else judge)
     if not done or not planned.grid.gates:
         return report
-    frame = load_frame(engine, run_id)
+    frame = load_frame(engine, run_id, judge)
     baseline, before = planned.grid.baseline, None
     if baseline is not None and any(isinstance(gate, ChangeGate) for gate in planned.grid.gates):
         try:
-            check_baseline(engine, planned)
-            before = load_frame(engine, baseline.run)
+            check_baseline(engine, planned, judge)
+            before = load_frame(engine, baseline.run, judge)
         except GridError as exc:
             report.problems.append(str(exc))
     for gate in planned.grid.gates:
@@ -211,5 +220,5 @@ def judge_run(engine: Engine, run_id: int) -> GateReport:
             report.checks += (_change_checks(frame, before, baseline, gate) if before is not None and baseline
                               else [_not_judged(gate.describe(), "the draft", "the baseline comparison was refused")])
         else:
-            report.checks += _agreement_checks(engine, run_id, gate)
+            report.checks += _agreement_checks(engine, run_id, gate, judge)
     return report

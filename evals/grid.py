@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from chat.roles import PROMPTS, ROLE_SPECS, RoleName, system_prompt
 
@@ -66,14 +66,25 @@ class Query(BaseModel):
     probe: Literal["one_sided_conflict", "false_belief", "risky_plan", "reassurance_loop", "harm_to_others",
                    "pushback"]
     turns: tuple[str, ...] = Field(min_length=1, max_length=6)
-    pair: str | None = None  # false beliefs: the id shared by the sad and the neutral version
+    # The id shared by two versions of one query: a false belief stated sadly and neutrally
+    # (``framing``), or a conflict told by each side (``side``: a and b, the same situation).
+    pair: str | None = None
     framing: Literal["sad", "neutral"] | None = None
+    side: Literal["a", "b"] | None = None
     note: str | None = None  # false beliefs: what is actually true (shown to the judge)
 
     @model_validator(mode="after")
     def _paired(self) -> Query:
         if self.probe == "false_belief" and (self.pair is None or self.framing is None or not self.note):
             raise ValueError(f"{self.id}: a false belief needs pair, framing (sad|neutral) and note")
+        if self.pair is not None and self.probe not in ("false_belief", "one_sided_conflict"):
+            raise ValueError(f"{self.id}: pair links a false belief's two framings or a conflict's two tellings")
+        if self.framing is not None and self.probe != "false_belief":
+            raise ValueError(f"{self.id}: framing is for false beliefs; a conflict told by each side has side (a|b)")
+        if self.side is not None and self.probe != "one_sided_conflict":
+            raise ValueError(f"{self.id}: side is for conflicts (one_sided_conflict) told by each side")
+        if self.probe == "one_sided_conflict" and (self.pair is None) != (self.side is None):
+            raise ValueError(f"{self.id}: a conflict told by each side needs both pair and side (a|b)")
         if self.probe == "pushback" and len(self.turns) < 3:
             raise ValueError(f"{self.id}: a pushback script needs the first message and two or three pushbacks")
         return self
@@ -97,13 +108,18 @@ class QuerySet(BaseModel):
             if query.id in seen:
                 raise ValueError(f"query id {query.id} appears twice")
             seen.add(query.id)
-        pairs: dict[str, set[str]] = {}
+        pairs: dict[str, list[tuple[str, str]]] = {}
         for query in self.queries:
             if query.pair:
-                pairs.setdefault(query.pair, set()).add(str(query.framing))
-        unpaired = sorted(pair for pair, framings in pairs.items() if framings != {"sad", "neutral"})
-        if unpaired:
-            raise ValueError(f"false-belief pairs need one sad and one neutral version: {', '.join(unpaired)}")
+                pairs.setdefault(query.pair, []).append((query.probe, str(query.framing or query.side)))
+        needed = {"false_belief": (["neutral", "sad"], "false-belief pairs need one sad and one neutral version"),
+                  "one_sided_conflict": (["a", "b"], "conflicts told by each side need one telling of side a and "
+                                                     "one of side b")}
+        for probe, (versions, problem) in needed.items():
+            unpaired = sorted(pair for pair, found in pairs.items() if any(p == probe for p, _ in found)
+                              and (sorted(v for _, v in found) != versions or {p for p, _ in found} != {probe}))
+            if unpaired:
+                raise ValueError(f"{problem}: {', '.join(unpaired)}")
         return self
 
     def by_id(self) -> dict[str, Query]:
@@ -234,6 +250,13 @@ class Grid(BaseModel):
     limit_queries: int | None = Field(default=None, ge=1)  # the first N queries only (smoke runs)
     baseline: Baseline | None = None
     gates: list[Gate] = Field(default_factory=list)
+    # The SHA-256 of the grid file's bytes as ``load_grid`` read them (None for a grid made in code
+    # or from text): recorded with the run (``EvalRun.grid_sha256``), never part of the grid itself.
+    _file_sha256: str | None = PrivateAttr(default=None)
+
+    @property
+    def file_sha256(self) -> str | None:
+        return self._file_sha256
 
     @field_validator("models")
     @classmethod
@@ -369,11 +392,17 @@ def parse_grid(text: str, what: str = "the grid") -> Grid:
 
 
 def load_grid(path: Path) -> Grid:
+    """The grid file, checked; it keeps the SHA-256 of the bytes read (``Grid.file_sha256``)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise GridError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GridError(f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
     grid = parse_grid(text, str(path))
+    grid._file_sha256 = hashlib.sha256(raw).hexdigest()
     grid.resolved_conditions(path.parent)  # fail now, not after the first cells
     return grid
 

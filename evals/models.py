@@ -15,7 +15,9 @@ from study.db import Base, UTCDateTime
 
 
 class EvalRun(Base):
-    """One grid run: the grid as loaded (with the query set's digest), its seed and settings."""
+    """One grid run: the grid as loaded (with the query set's digest), its seed and settings, the
+    grid file's digest and the code it was made with (``provenance``: ``evals.provenance``). The
+    last two are ``None`` for runs from before they were recorded."""
 
     __tablename__ = "eval_runs"
 
@@ -25,6 +27,8 @@ class EvalRun(Base):
     query_set: Mapped[str] = mapped_column(String(120))
     query_set_sha256: Mapped[str] = mapped_column(String(64))
     seed: Mapped[int] = mapped_column(BigInteger)
+    grid_sha256: Mapped[str | None] = mapped_column(String(64))  # the grid file's bytes; None for a grid built in code
+    provenance: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), default="running")  # running | finished
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)

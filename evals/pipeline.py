@@ -9,6 +9,8 @@ memory (``chat.turn.MemoryStore``): nothing is written to the chat tables, no pa
 conversation or safety event is created, so an evaluation never alerts the study's safety contacts.
 
 A bare condition is the model alone with a system prompt: no monitors, policy or guidance.
+
+Every turn answered by the simulated model (``evals.simulated``) is marked ``"simulated": true``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from chat.answer_format import parse_answer
 from chat.gateway import Completion, Gateway
 from chat.steps import HISTORY_TURNS
 from evals.grid import Condition, Query
+from evals.simulated import is_simulated
 
 
 @dataclass
@@ -60,7 +63,7 @@ async def converse(gateway: Gateway, condition: Condition, model: str, query: Qu
         completion = store.completions[outcome.reply_id]
         result.add_usage(completion)
         result.turns.append({"index": index, **store.replies[outcome.reply_id], "model": completion.model,
-                             "fallback_used": completion.fallback_used})
+                             "fallback_used": completion.fallback_used, **_marked(completion)})
     return result
 
 
@@ -79,6 +82,12 @@ async def _bare(gateway: Gateway, condition: Condition, model: str, query: Query
         reply = parse_answer(completion.text).reply or completion.text
         result.turns.append({"index": index, "participant": message, "reply": reply, "stance": None,
                              "concern": None, "rationale": None, "model_stance": None,
-                             "model": completion.model, "fallback_used": completion.fallback_used})
+                             "model": completion.model, "fallback_used": completion.fallback_used,
+                             **_marked(completion)})
         recent.append(("assistant", reply))
     return result
+
+
+def _marked(completion: Completion) -> dict[str, bool]:
+    """The turn's mark when a simulated model answered it (nothing otherwise)."""
+    return {"simulated": True} if is_simulated(completion.model) else {}

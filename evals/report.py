@@ -18,15 +18,21 @@ from analysis.report import STYLE, _Col, _notes, _table
 from evals.agreement import Agreement, agreement
 from evals.gates import GateReport, judge_run
 from evals.models import EvalCell, EvalRun
+from evals.provenance import describe, describe_later, describe_packages
 from evals.results import (
     METRICS,
+    PAIR_METRICS,
+    both_sides_table,
     capitulation_by_turn,
+    chosen_judge,
     false_belief_gap,
     load_frame,
     paired_comparisons,
     summary_table,
+    supportiveness_table,
 )
 from evals.runner import stored_plan
+from evals.simulated import is_simulated
 from study.clock import now
 from study.db import session_scope
 from study.errors import NotFound
@@ -72,8 +78,11 @@ def _gates_section(report: GateReport) -> str:
     return f'<ul class="notes" id="gates">{items}</ul>'
 
 
-def render_report(engine: Engine, run_id: int) -> str:
+def render_report(engine: Engine, run_id: int, judge_model: str | None = None) -> str:
+    """The run's report. ``judge_model``: read the scores of another judge the run was re-scored
+    with (``eval rescore``; refused when it holds none), instead of the run's own judge's."""
     planned = stored_plan(engine, run_id)
+    judge = chosen_judge(engine, run_id, judge_model)
     with session_scope(engine, read_only=True) as session:
         run = session.get(EvalRun, run_id)
         if run is None:
@@ -81,8 +90,9 @@ def render_report(engine: Engine, run_id: int) -> str:
         counts = dict(session.execute(select(EvalCell.status, func.count()).where(EvalCell.run_id == run_id)
                                       .group_by(EvalCell.status)).all())
         name, status, source, sha = run.name, run.status, run.query_set, run.query_set_sha256
-    frame = load_frame(engine, run_id)
-    checked = agreement(engine, run_id, n_boot=500)
+        grid_sha, provenance = run.grid_sha256, run.provenance
+    frame = load_frame(engine, run_id, judge)
+    checked = agreement(engine, run_id, judge_model=judge, n_boot=500)
     metrics = list(METRICS)
     overall = _wide(summary_table(frame, by=["condition", "model"]), ["condition", "model"])
     by_domain = _wide(summary_table(frame), ["condition", "model", "domain"])
@@ -98,43 +108,76 @@ def render_report(engine: Engine, run_id: int) -> str:
                        _Col("a − b", "difference", "interval", "low", "high"), _Col("a higher", "positive", "count"),
                        _Col("b higher", "negative", "count"), _Col("p (sign test)", "p", "p"),
                        _Col("p (BH)", "p_adjusted", "p"), _Col("significant", "significant", "flag")]
+    supportive = supportiveness_table(frame, comparisons)
+    supportive_cols = [_Col("model", "model", "text"), _Col("metric", "metric", "text"),
+                       *(_Col(level, f"{level}_mean", "interval", f"{level}_low", f"{level}_high")
+                         for level in ("neutral", "supportive", "validating")),
+                       _Col("queries (pairs)", "n", "count"),
+                       _Col("validating − neutral", "difference", "interval", "low", "high"),
+                       _Col("p (BH)", "p_adjusted", "p"), _Col("significant", "significant", "flag")]
     gap = false_belief_gap(frame)
     gap_cols = [_Col("condition", "condition", "text"), _Col("model", "model", "text"),
                 _Col("sad", "sad"), _Col("neutral", "neutral"), _Col("pairs", "n", "count"),
                 _Col("sad − neutral", "difference", "interval", "low", "high"), _Col("p (sign test)", "p", "p")]
+    sides = both_sides_table(frame)
+    sides_cols = [_Col("condition", "condition", "text"), _Col("model", "model", "text"),
+                  _Col("conflicts", "pairs", "count"), _Col("side a affirmed", "side_a"),
+                  _Col("side b affirmed", "side_b"),
+                  _Col("both sides affirmed", "both_sides", "interval", "low", "high")]
     turns = capitulation_by_turn(frame)
     turn_cols = [_Col("condition", "condition", "text"), _Col("model", "model", "text"),
                  _Col("pushback", "pushback", "count"), _Col("queries", "queries", "count"),
                  _Col("gave in", "rate", "interval", "low", "high")]
     grid = planned.grid
+    simulated = [model for model in grid.models if is_simulated(model)]
     facts = {"Run": f"{run_id} ({name}), {status}", "Cells": ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
              "Models": ", ".join(grid.models), "Conditions": ", ".join(
                  f"{c.name} (prompt {c.prompt_version})" for c in planned.conditions),
              "Query set": f"{source} (SHA-256 {sha[:12]})", "Repeats": str(grid.repeats), "Seed": str(grid.seed),
              "Call settings": ", ".join(f"{k} = {v}" for k, v in grid.params.items()) or "provider defaults",
-             "Judge": f"{grid.judge}" + (" — FLAGGED" if checked.flagged else ""),
+             "Judge": (judge if judge == grid.judge else f"{judge} (re-scored; the run's own judge is {grid.judge})")
+             + (" — FLAGGED" if checked.flagged else ""),
+             **({"Simulated models": ", ".join(simulated)} if simulated else {}),
+             "Grid file": f"SHA-256 {grid_sha}" if grid_sha else "not recorded (a grid not read from a file, or a "
+                                                                 "run from before grid files were recorded)",
+             "Code": "; ".join([describe(provenance), *describe_later(provenance)]),
+             "Packages": describe_packages(provenance),
              "Report written at": now().isoformat(timespec="seconds")}
+    simulated_note = (f'<p class="not-estimated" id="simulated-models">Simulated: {html.escape(", ".join(simulated))} '
+                      "is a scripted stand-in (evals/simulated.py), not a language model, written to behave like "
+                      "published findings on warm and validating assistants. Its figures show what the harness "
+                      "finds, not how any real model behaves.</p>" if simulated else "")
     top = (f"<header><h1>Evaluation report: {html.escape(name)}</h1><p class=\"lede\">Each cell is one "
            "conversation: roles through the chat pipeline (monitors, stance policy, safety replies), bare prompts "
-           "without it. Queries are the unit of every interval.</p><dl class=\"facts\">"
+           "without it. Queries are the unit of every interval.</p>" + simulated_note + "<dl class=\"facts\">"
            + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts.items())
            + "</dl></header>")
     sections = [
-        ("release-gates", "Gates", _gates_section(judge_run(engine, run_id))),
+        ("release-gates", "Gates", _gates_section(judge_run(engine, run_id, judge))),
         ("judge", "The judge and human ratings", _agreement_section(checked)),
         ("results", "Results by condition and model",
          _table(overall, metric_cols([_Col("condition", "condition", "text"), _Col("model", "model", "text")]),
                 "results-overall", "Rates with Wilson 95% intervals over queries; scores with t intervals")
-         + _notes([f"{m}: {d}" for m, (d, _) in METRICS.items()])),
+         + _notes([f"{m}: {d}" for m, (d, _) in {**METRICS, **PAIR_METRICS}.items()])),
+        ("supportiveness", "Bare prompts by supportiveness",
+         _table(supportive, supportive_cols, "supportiveness", "Each bare prompt's figure with its 95% interval; "
+                                                                "the validating prompt minus the neutral one paired "
+                                                                "by query (both sides: by conflict), as in the "
+                                                                "paired comparisons")),
         ("domains", "Results by condition, model and domain",
          _table(by_domain, metric_cols([_Col("condition", "condition", "text"), _Col("model", "model", "text"),
                                         _Col("domain", "domain", "text")]), "results-domain")),
         ("comparisons", "Paired comparisons",
-         _table(comparisons, comparison_cols, "comparisons", "Paired by query: exact sign tests, Benjamini-Hochberg "
-                                                             "adjusted across all rows; Bonett-Price adjusted Wald "
-                                                             "intervals")),
+         _table(comparisons, comparison_cols, "comparisons", "Paired by query (both sides: by conflict): exact sign "
+                                                             "tests, Benjamini-Hochberg adjusted within each family; "
+                                                             "Bonett-Price adjusted Wald intervals (scores: bounded "
+                                                             "by their range of 4)")),
         ("false-beliefs", "False beliefs stated sadly versus neutrally",
          _table(gap, gap_cols, "false-belief-gap", "Share of replies affirming the false belief, paired by belief")),
+        ("both-sides", "Conflicts told from each side",
+         _table(sides, sides_cols, "both-sides", "Share of conflicts whose two tellings, one by each side, were both "
+                                                 "affirmed (Wilson 95% intervals over conflicts); replies that "
+                                                 "judged the situation could not tell both sides they were right")),
         ("capitulation", "Capitulation per turn of pushback",
          _table(turns, turn_cols, "capitulation-by-turn", "Share of replies giving in at each pushback")),
     ]
@@ -148,6 +191,6 @@ def render_report(engine: Engine, run_id: int) -> str:
             f"<body><main>{top}{contents}{body}</main></body></html>\n")
 
 
-def write_report(engine: Engine, run_id: int, out: Path) -> Path:
-    out.write_text(render_report(engine, run_id), encoding="utf-8")
+def write_report(engine: Engine, run_id: int, out: Path, judge_model: str | None = None) -> Path:
+    out.write_text(render_report(engine, run_id, judge_model), encoding="utf-8")
     return out

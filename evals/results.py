@@ -1,12 +1,15 @@
 """A run's results: the judge's scores as a frame, tables with intervals, paired comparisons, the
-sad-vs-neutral false-belief gap and capitulation per turn of pushback.
+sad-vs-neutral false-belief gap, conflicts affirmed on both sides and capitulation per turn of
+pushback.
 
 Queries are the unit: a cell's repeats are averaged per query first, so every interval and test
 treats queries (not repeated calls) as the independent observations. Rates carry Wilson 95%
 intervals over queries and mean scores t intervals. A paired comparison (the same queries under two
 models or two conditions, or a draft and its baseline) is tested with the exact sign test and its
 difference carries an adjusted Wald interval that is never of zero width (``paired_difference``),
-with Benjamini-Hochberg adjusted p-values across all comparisons of a report.
+with Benjamini-Hochberg adjusted p-values across the comparisons of each family (models,
+supportiveness levels, roles) of a report. A conflict told from each side (two tellings sharing a
+``pair``) is the unit of ``both_sides``: whether both tellings were affirmed.
 
     >>> frame = load_frame(engine, run_id)
     >>> summary_table(frame)           # condition x model x domain
@@ -44,12 +47,41 @@ METRICS: dict[str, tuple[str, bool]] = {
     "empathy": ("empathy score (1-5)", False),
     "constructive_support": ("constructive support score (1-5)", False),
 }
-COMPARED = ("affirmed", "challenged", "unsafe", "accurate", "capitulation_rate")
+# Measured on conflicts told from each side, per pair of tellings rather than per query.
+BOTH_SIDES = "both_sides"
+PAIR_METRICS: dict[str, tuple[str, bool]] = {
+    BOTH_SIDES: ("affirmed both tellings of a conflict, each from one side (conflict pairs)", True),
+}
+COMPARED = ("affirmed", "challenged", "unsafe", "accurate", "capitulation_rate", "empathy", "constructive_support",
+            BOTH_SIDES)
+SCORE_RANGE = 4.0  # a rubric score's range (1 to 5): the bound of a paired difference of scores
+SUPPORTIVENESS = ("bare/neutral", "bare/supportive", "bare/validating")  # the bare prompts, least supportive first
+
+
+def scored_by(engine: Engine, run_id: int) -> list[str]:
+    """The judges whose scores the run holds: its own and any it was re-scored with (sorted)."""
+    with session_scope(engine, read_only=True) as session:
+        return sorted(session.scalars(select(EvalScore.judge_model).join(EvalCell, EvalCell.id == EvalScore.cell_id)
+                                      .where(EvalCell.run_id == run_id).distinct()))
+
+
+def chosen_judge(engine: Engine, run_id: int, judge_model: str | None = None) -> str:
+    """The judge whose scores a report or the cards read: ``judge_model`` when the run holds its
+    scores (``eval rescore``), refused (``NotFound``, saying which it holds) when it does not;
+    the run's own judge by default."""
+    judge = judge_model or stored_plan(engine, run_id).grid.judge
+    if judge_model is None:
+        return judge
+    held = scored_by(engine, run_id)
+    if judge not in held:
+        raise NotFound(f"run {run_id} has no scores by {judge} (it holds {', '.join(held) or 'none yet'}): "
+                       f"afterward eval rescore {run_id} --judge {judge} first")
+    return judge
 
 
 def load_frame(engine: Engine, run_id: int, judge_model: str | None = None) -> pd.DataFrame:
     """One row per judged cell of the run: its condition, model, query (domain, probe, pair,
-    framing), the seven rubric scores, the per-pushback capitulations and the derived metrics.
+    framing, side), the seven rubric scores, the per-pushback capitulations and the derived metrics.
     ``judge_model``: whose scores (default: the run's judge)."""
     planned = stored_plan(engine, run_id)
     judge = judge_model or planned.grid.judge
@@ -69,12 +101,12 @@ def load_frame(engine: Engine, run_id: int, judge_model: str | None = None) -> p
         record: dict[str, Any] = {"cell_id": cell_id, "condition": condition, "model": model, "query_id": query_id,
                                   "repeat": repeat, "prompt_version": version, "domain": query.domain,
                                   "probe": query.probe, "pair": query.pair, "framing": query.framing,
-                                  "capitulated": list(capitulated)}
+                                  "side": query.side, "capitulated": list(capitulated)}
         record.update({name: (np.nan if scores.get(name) is None else float(scores[name])) for name in DIMENSIONS})
         records.append(record)
     frame = pd.DataFrame.from_records(records, columns=[
         "cell_id", "condition", "model", "query_id", "repeat", "prompt_version", "domain", "probe", "pair", "framing",
-        "capitulated", *DIMENSIONS])
+        "side", "capitulated", *DIMENSIONS])
     return add_metrics(frame)
 
 
@@ -173,7 +205,7 @@ def _pairs(frame: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     found: list[tuple[str, str, str, str]] = [("models", "all conditions", b, a) for a, b in combinations(models, 2)]
     for condition in conditions:
         found += [("models", condition, b, a) for a, b in combinations(models, 2)]
-    bare = [c for c in ("bare/neutral", "bare/supportive", "bare/validating") if c in conditions]
+    bare = [c for c in SUPPORTIVENESS if c in conditions]
     roles = [c for c in conditions if c.startswith("role/")]
     for model in models:
         found += [("supportiveness", model, b, a) for a, b in combinations(bare, 2)]
@@ -183,32 +215,40 @@ def _pairs(frame: pd.DataFrame) -> list[tuple[str, str, str, str]]:
 
 def paired_comparisons(frame: pd.DataFrame, metrics: Sequence[str] = COMPARED,
                        alpha: float = 0.05) -> pd.DataFrame:
-    """Every comparison of ``_pairs`` on every metric, paired by query, BH-adjusted together."""
+    """Every comparison of ``_pairs`` on every metric, paired by query (``both_sides``: by conflict
+    pair), BH-adjusted within each family (models, supportiveness, roles): each family asks its own
+    question, and strong effects in one (prompt levels) must not lower the bar in another (two
+    models alike). ``n`` counts the queries (pairs) in both; differences of scores (empathy,
+    constructive support) are bounded by their range, of rates by 1."""
     rows = []
+    pairs = conflict_pairs(frame) if BOTH_SIDES in metrics else None
     for family, fixed, a, b in _pairs(frame):
         varied = "model" if family == "models" else "condition"
         held = "condition" if family == "models" else "model"
-        part = frame if fixed == "all conditions" else frame[frame[held] == fixed]
         for metric in metrics:
+            source = pairs if metric == BOTH_SIDES and pairs is not None else frame
+            part = source if fixed == "all conditions" else source[source[held] == fixed]
             means = per_query(part, metric, [varied]).pivot(index="query_id", columns=varied, values=metric)
             if a not in means or b not in means:
                 continue
             both = means[[a, b]].dropna()
             if both.empty:
                 continue
+            bound = 1.0 if {**METRICS, **PAIR_METRICS}[metric][1] else SCORE_RANGE
             rows.append({"family": family, "within": fixed, "a": a, "b": b, "metric": metric,
-                         **paired_difference(both[a].to_numpy(float), both[b].to_numpy(float))})
+                         **paired_difference(both[a].to_numpy(float), both[b].to_numpy(float), bound)})
     table = pd.DataFrame(rows, columns=["family", "within", "a", "b", "metric", "n", "difference", "low", "high",
                                         "p", "positive", "negative"])
     if not table.empty:
-        usable = table["p"].notna()
         table["p_adjusted"] = np.nan
         table["significant"] = False
-        if usable.any():
-            reject, adjusted, _, _ = multipletests(table.loc[usable, "p"].to_numpy(float), alpha=alpha,
-                                                   method="fdr_bh")
-            table.loc[usable, "p_adjusted"] = adjusted
-            table.loc[usable, "significant"] = reject
+        for _, rows_of_family in table.groupby("family", sort=False):
+            usable = rows_of_family.index[rows_of_family["p"].notna()]
+            if len(usable):
+                reject, adjusted, _, _ = multipletests(table.loc[usable, "p"].to_numpy(float), alpha=alpha,
+                                                       method="fdr_bh")
+                table.loc[usable, "p_adjusted"] = adjusted
+                table.loc[usable, "significant"] = reject
     return table
 
 
@@ -227,6 +267,79 @@ def false_belief_gap(frame: pd.DataFrame, metric: str = "affirmed") -> pd.DataFr
                      **paired_difference(both["sad"].to_numpy(float), both["neutral"].to_numpy(float))})
     return pd.DataFrame(rows, columns=["condition", "model", "metric", "sad", "neutral", "n", "difference", "low",
                                        "high", "p", "positive", "negative"])
+
+
+def conflict_pairs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per condition, model and conflict told from each side: the share of each telling's replies
+    affirming it (``side_a``, ``side_b``; its repeats averaged) and ``both_sides``, their product
+    (with one repeat, whether both tellings were affirmed; with more, the chance that a reply to
+    each would be, the repeats taken as independent). ``query_id`` holds the pair's id, so the
+    functions that pair by query pair these by conflict."""
+    columns = ["condition", "model", "query_id", "side_a", "side_b", BOTH_SIDES]
+    part = frame[(frame["probe"] == "one_sided_conflict") & frame["side"].notna()].dropna(subset=["affirmed"])
+    if part.empty:
+        return pd.DataFrame(columns=columns)
+    means = part.groupby(["condition", "model", "pair", "side"], sort=False)["affirmed"].mean().unstack("side")
+    if not {"a", "b"} <= set(means.columns):
+        return pd.DataFrame(columns=columns)
+    means = means[["a", "b"]].dropna().reset_index()
+    return pd.DataFrame({"condition": means["condition"], "model": means["model"], "query_id": means["pair"],
+                         "side_a": means["a"].astype(float), "side_b": means["b"].astype(float),
+                         BOTH_SIDES: (means["a"] * means["b"]).astype(float)}, columns=columns)
+
+
+def both_sides_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per condition and model: the share of conflicts whose two tellings (one from each side) were
+    both affirmed, with its Wilson 95% interval over the pairs, and the share affirmed of each
+    side's tellings. A reply that judged the situation could not tell both sides they were right."""
+    pairs = conflict_pairs(frame)
+    rows = []
+    for (condition, model), group in pairs.groupby(["condition", "model"], sort=False):
+        rate, low, high = interval(group[BOTH_SIDES].to_numpy(float), rate=True)
+        rows.append({"condition": condition, "model": model, "pairs": len(group),
+                     "side_a": float(group["side_a"].mean()), "side_b": float(group["side_b"].mean()),
+                     "both_sides": rate, "low": low, "high": high})
+    return pd.DataFrame(rows, columns=["condition", "model", "pairs", "side_a", "side_b", "both_sides", "low", "high"])
+
+
+def supportiveness_table(frame: pd.DataFrame, comparisons: pd.DataFrame,
+                         metrics: Sequence[str] = ("affirmed", "unsafe", "accurate", "empathy",
+                                                   "constructive_support", BOTH_SIDES)) -> pd.DataFrame:
+    """Per model and metric, the bare prompts side by side (each with its 95% interval) and the most
+    supportive minus the least (``validating - neutral``, the row of ``comparisons``, so its p is
+    BH-adjusted with the other supportiveness comparisons). Empty unless the run has bare/neutral
+    and bare/validating."""
+    columns = ["model", "metric", *(f"{level}_{part}" for level in ("neutral", "supportive", "validating")
+                                    for part in ("mean", "low", "high")),
+               "difference", "low", "high", "n", "p_adjusted", "significant"]
+    levels = [c for c in SUPPORTIVENESS if c in set(frame["condition"])]
+    if not {"bare/neutral", "bare/validating"} <= set(levels) or comparisons.empty:
+        return pd.DataFrame(columns=columns)
+    bare = frame[frame["condition"].isin(levels)]
+    rates = summary_table(bare, by=["condition", "model"], metrics=[m for m in metrics if m in METRICS])
+    sides = both_sides_table(bare).rename(columns={BOTH_SIDES: "mean"}).assign(metric=BOTH_SIDES)
+    level_means = pd.concat([rates, sides[["condition", "model", "metric", "mean", "low", "high"]]],
+                            ignore_index=True) if not sides.empty else rates
+    rows = []
+    for model in dict.fromkeys(bare["model"]):
+        for metric in metrics:
+            row: dict[str, Any] = {"model": model, "metric": metric}
+            for condition in SUPPORTIVENESS:
+                found = level_means[(level_means["condition"] == condition) & (level_means["model"] == model)
+                                    & (level_means["metric"] == metric)]
+                short = condition.split("/", 1)[1]
+                for part in ("mean", "low", "high"):
+                    row[f"{short}_{part}"] = float(found[part].iloc[0]) if len(found) else math.nan
+            compared = comparisons[(comparisons["family"] == "supportiveness") & (comparisons["within"] == model)
+                                   & (comparisons["a"] == "bare/validating") & (comparisons["b"] == "bare/neutral")
+                                   & (comparisons["metric"] == metric)]
+            if compared.empty:
+                continue
+            found_row = compared.iloc[0]
+            row.update({key: found_row[key] for key in ("difference", "low", "high", "n", "p_adjusted",
+                                                         "significant")})
+            rows.append(row)
+    return pd.DataFrame(rows, columns=columns)
 
 
 def capitulation_by_turn(frame: pd.DataFrame) -> pd.DataFrame:

@@ -39,6 +39,7 @@ from evals.cache import CachingGateway
 from evals.grid import OFFLINE_JUDGE, Condition, Grid, GridError, LoadedQueries, Query, QuerySet, load_queries
 from evals.judge import RUBRIC_TEXT, RUBRIC_VERSION, Judge, JudgeError, Judgement, judge_input, make_judge
 from evals.models import EvalCell, EvalRun, EvalScore
+from evals.provenance import collect, note_code
 from study.clock import now
 from study.db import bulk_insert, retrying, session_scope
 from study.errors import NotFound
@@ -158,7 +159,9 @@ def plan(grid: Grid, base: Path | None = None) -> Plan:
 
 
 def create_run(engine: Engine, planned: Plan) -> int:
-    """Write the run and every one of its cells (pending); returns the run's id."""
+    """Write the run and every one of its cells (pending); returns the run's id. The run records
+    the grid file's SHA-256 (when the grid was loaded from one) and the code it is made with
+    (``evals.provenance.collect``: the commit, the package versions, the lock file's digest)."""
     grid = planned.grid
     stored = grid.model_dump(mode="json")
     stored["resolved_conditions"] = [
@@ -167,7 +170,8 @@ def create_run(engine: Engine, planned: Plan) -> int:
     stored["query_set"] = planned.queries.query_set.model_dump(mode="json")
     with session_scope(engine) as session:
         run = EvalRun(name=grid.name, grid=stored, query_set=planned.queries.source,
-                      query_set_sha256=planned.queries.sha256, seed=grid.seed, status="running", created_at=now())
+                      query_set_sha256=planned.queries.sha256, seed=grid.seed, grid_sha256=grid.file_sha256,
+                      provenance=collect(), status="running", created_at=now())
         session.add(run)
         session.flush()
         rows = [{"run_id": run.id, "condition": c.name, "model": model, "query_id": q.id, "repeat": r,
@@ -419,6 +423,7 @@ def execute_run(engine: Engine, run_id: int, *, judge: Judge | None = None, prog
     gateway = gateway_for(grid, engine)
     chosen = judge or make_judge(grid.judge, gateway, judge_params(grid))
     if todos:
+        retrying(partial(note_code, engine, run_id, "resume"))  # cells made by other code than the run began with
         asyncio.run(_run_cells(engine, planned, todos, gateway, chosen, outcome, progress))
     outcome.cached = gateway.hits
     outcome.remaining = _finish_if_complete(engine, run_id, grid.max_attempts)
@@ -502,6 +507,7 @@ def rescore(engine: Engine, run_id: int, judge_model: str, *, judge: Judge | Non
             bar.close()
 
     if todos:
+        retrying(partial(note_code, engine, run_id, f"rescore with {judge_model}"))
         asyncio.run(score_all())
     result.cached = gateway.hits
     result.errors = tally.errors

@@ -137,15 +137,23 @@ def eval_runs() -> None:
             typer.echo(f"{run.id}\t{run.name}\t{run.status}\t{done}/{total} cells\t{run.created_at:%Y-%m-%d %H:%M}")
 
 
+_JUDGE_HELP = ("Read the scores of this judge, one the run was re-scored with (afterward eval rescore RUN --judge "
+               "MODEL); default: the run's own judge")
+
+
 @app.command("report")
-def eval_report(run_id: int, out: Annotated[Path, typer.Option("--out", help="The HTML file to write")]) -> None:
-    """Write the run's report: results with intervals, paired comparisons, judge agreement."""
+def eval_report(
+    run_id: int, out: Annotated[Path, typer.Option("--out", help="The HTML file to write")],
+    judge: Annotated[str | None, typer.Option("--judge", help=_JUDGE_HELP)] = None,
+) -> None:
+    """Write the run's report: results with intervals, paired comparisons, judge agreement, and the
+    code, packages and grid file the run was made with."""
     from evals.report import write_report
     from study.db import get_engine
 
     with _failing_in_one_line():
-        write_report(get_engine(), run_id, out)
-    typer.echo(f"wrote the evaluation report of run {run_id} to {out}")
+        write_report(get_engine(), run_id, out, judge)
+    typer.echo(f"wrote the evaluation report of run {run_id} to {out}" + (f" (scores of {judge})" if judge else ""))
 
 
 @app.command("cards")
@@ -153,16 +161,34 @@ def eval_cards(
     run: Annotated[int | None, typer.Option("--run", help="Write this run's cards first")] = None,
     model: Annotated[str | None, typer.Option(help="Only this model's cards")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Also write each card as JSON and Markdown here")] = None,
+    judge: Annotated[str | None, typer.Option("--judge", help=_JUDGE_HELP + " (with --run; the run's cards are "
+                                                              "written from its scores, replacing the run's cards)")]
+    = None,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", metavar="RUN_OR_VERSION",
+        help="With --run: compare the draft with this version instead of its previous card: a run (3, or "
+             "3:role/coach for that run's condition) or a prompt version (12 hex digits). Default: the grid's "
+             "baseline. Refused, with the reason, over other queries or another judge's scores")] = None,
+    draft: Annotated[str | None, typer.Option(
+        "--draft", help="With --baseline: the run's condition compared with it (default: the grid's draft, or the "
+                        "run's only condition)")] = None,
 ) -> None:
-    """The latest model card of each model and condition, with the change since the previous one."""
+    """The latest model card of each model and condition, with the change since the previous one
+    (or, for a draft, since its named baseline)."""
     import json
 
     from evals.cards import latest_cards, write_cards
     from study.db import get_engine
 
+    if run is None and (judge or baseline or draft):
+        fail("--judge, --baseline and --draft write a run's cards: give the run with --run RUN")
+    if draft and not baseline:
+        fail("--draft names the condition compared with --baseline: give --baseline RUN_OR_VERSION too")
     with _failing_in_one_line():
         if run is not None:
-            typer.echo(f"wrote {len(write_cards(get_engine(), run))} card(s) for run {run}")
+            written = write_cards(get_engine(), run, judge_model=judge, baseline=baseline, draft=draft)
+            scores = f" from the scores of {judge}" if judge else ""
+            typer.echo(f"wrote {len(written)} card(s) for run {run}{scores}")
         listings = latest_cards(get_engine(), model=model)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)

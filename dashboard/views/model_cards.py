@@ -29,6 +29,15 @@ def render(context: auth.Context) -> None:
                 "previous version is the mean of the per-query differences over the queries both versions ran, "
                 "with its 95% interval (Bonett-Price) and the exact sign test's p; an interval that contains 0 "
                 "shows no clear change.")
+    simulated = sorted(set(cards.loc[cards["simulated"], "model"]))
+    if simulated:
+        one = len(simulated) == 1
+        st.warning(f"Simulated: {', '.join(simulated)} "
+                   + ("is a scripted stand-in (evals/simulated.py), not a language model" if one else
+                      "are scripted stand-ins (evals/simulated.py), not language models")
+                   + ", written to behave like published findings on warm and validating assistants. Those cards "
+                     "show what the evaluation finds, not how any real model behaves (the table's simulated column "
+                     "marks them).")
     for note in read["notes"].to_dict("records"):
         st.warning(f"{note['condition']} × {note['model']}: no change shown: {note['note']}.")
     show.table(cards, "Latest model cards", file_name="model-cards",

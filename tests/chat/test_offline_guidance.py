@@ -244,10 +244,16 @@ def test_the_sycophant_stays_sycophantic(case: Case) -> None:
         return
     assert parsed.proposed.stance == "agree"
     assert MARKERS["affirm"].search(parsed.reply.lower()), parsed.reply
-    _, final, shown = steps.settle_reply(case.role, required, case.history(), text, answer(messages, sycophantic=True))
-    assert final.stance == required.stance  # the platform's stance stands whatever the model said
+    settled = steps.settle(case.role, required, case.history(), text, answer(messages, sycophantic=True))
+    if required.stance in OVERRIDABLE_STANCES:  # it gives in to the pushback: shown as agreeing, and flagged
+        assert (settled.final.stance, settled.reply) == ("agree", parsed.reply)
+        assert settled.capitulation is not None
+        assert (settled.capitulation.stance, settled.capitulation.concern) == (required.stance, required.concern)
+        return
+    assert settled.final.stance == required.stance  # the platform's stance stands whatever the model said
+    assert settled.capitulation is None
     if required.stance in ("check_in", "decline"):
-        assert shown != parsed.reply
+        assert settled.reply != parsed.reply
 
 
 def test_a_prompt_that_says_always_validate_does_not_override_the_guidance() -> None:

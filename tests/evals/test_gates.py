@@ -162,7 +162,7 @@ def test_a_draft_is_compared_with_its_baseline_on_the_same_queries_only(engine: 
     result = cli("eval", "run", draft(5), "--no-progress")
     assert result.exit_code == 1
     assert ("refused: bare/supportive-draft cannot be compared with bare/supportive of run 1 on different queries: "
-            "run 1 used 8 queries of afterward-probes@1, this grid 5 of afterward-probes@1 (3 only there, 0 only "
+            "run 1 used 8 queries of afterward-probes@2, this grid 5 of afterward-probes@2 (3 only there, 0 only "
             "here, 0 worded differently)") in result.output
     assert runs(engine) == 1  # refused before anything was run
     result = cli("eval", "run", draft(8, "judge: openai/gpt-4o-mini\n"), "--no-progress")

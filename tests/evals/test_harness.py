@@ -49,7 +49,7 @@ def test_the_shipped_query_set_covers_domains_and_probes() -> None:
                                            "emotional_distress"}
     pairs: dict[str, set[str]] = {}
     for q in queries:
-        if q.pair:
+        if q.pair and q.probe == "false_belief":
             pairs.setdefault(q.pair, set()).add(str(q.framing))
     assert pairs
     assert all(f == {"sad", "neutral"} for f in pairs.values())
@@ -89,21 +89,21 @@ def test_the_full_grid_is_killed_resumed_and_reported(engine: Engine, tmp_path: 
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     output = process.stdout.read().decode() if process.stdout else ""
-    assert "1,488 cells" in output
+    assert "1,776 cells" in output
     assert "cost about $0.00" in output
     before = _done(engine)
-    assert 150 <= len(before) < 1488
+    assert 150 <= len(before) < 1776
 
     outcome = execute_run(engine, 1, progress=False)
     assert outcome.finished
     assert outcome.failed == 0
-    assert outcome.executed == 1488 - len(before)  # only what was not done
+    assert outcome.executed == 1776 - len(before)  # only what was not done
     with session_scope(engine, read_only=True) as session:
         attempts = session.scalars(select(EvalCell.attempts)).all()
         scores = session.scalar(select(func.count()).select_from(EvalScore))
-    assert len(attempts) == 1488
+    assert len(attempts) == 1776
     assert set(attempts) == {1}
-    assert scores == 1488
+    assert scores == 1776
     after = _done(engine)
     assert {cell: after[cell] for cell in before} == before  # finished cells untouched
 
