@@ -23,6 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from scheduler.channels import DeliveryError
+from scheduler.scope import LIVE, Scope
 from scheduler.tick import SCHEDULER_ALERTS, TickReport, describe, record_alert
 from study import audit
 from study.clock import now
@@ -34,12 +35,14 @@ from study.studies import current_protocol
 log = logging.getLogger("afterward.scheduler")
 
 
-def mark_unanswered_due(engine: Engine, report: TickReport) -> None:
-    """Make every check-in whose answers are past due unanswered, and apply ``on_unanswered``."""
+def mark_unanswered_due(engine: Engine, report: TickReport, scope: Scope = LIVE) -> None:
+    """Make every check-in of the ``scope``'s studies whose answers are past due unanswered, and
+    apply ``on_unanswered``."""
     at = now()
     with session_scope(engine, read_only=True) as session:
         due = session.execute(select(SafetyEvent.id, SafetyEvent.study_id).where(
-            SafetyEvent.answer_due_at <= at, SafetyEvent.unanswered_at.is_(None)).order_by(SafetyEvent.id)).all()
+            SafetyEvent.answer_due_at <= at, SafetyEvent.unanswered_at.is_(None),
+            scope.covers(SafetyEvent.study_id)).order_by(SafetyEvent.id)).all()
     for event_id, study_id in due:
         try:
             with session_scope(engine) as session:

@@ -39,6 +39,9 @@ class Deliveries(OutboxKind[Invitation]):
         return (Delivery.channel, Delivery.kind, Delivery.idempotency_key, Delivery.followup_id,
                 Delivery.participant_id)
 
+    def study(self) -> Any:
+        return select(FollowUp.study_id).where(FollowUp.id == Delivery.followup_id).scalar_subquery()
+
     def claim(self, at: dt.datetime, only: int | None) -> Select[Any]:
         if only is None:
             return super().claim(at, only).where(Delivery.channel != "in_app")

@@ -14,7 +14,8 @@ again when a new period starts, and at once when the event rises to another pagi
 
 Notices are about the study's safety, not contact with the participant: they name no
 participant, carry no message text, and withdrawal does not cancel them. A dispatcher plans only
-for the channels it can send on (a simulation's dispatcher, with none, tells nobody). Notices are
+for the channels it can send on (a simulation's dispatcher, with none, tells nobody), and the live
+dispatcher plans none for a simulated study's events (``scheduler.scope``). Notices are
 sent through the outbox (``OnCallNotices``); a failing one raises a staff alert at once.
 """
 
@@ -34,6 +35,7 @@ from sqlalchemy.orm import Session
 from scheduler.channels import EmailChannel, OnCallChannel, OnCallNotice, OnCallWebhookChannel
 from scheduler.models import SafetyNotification
 from scheduler.outbox import OutboxKind
+from scheduler.scope import LIVE, Scope
 from study.db import is_postgres
 from study.models import Study
 from study.outbox import OutboxStatus
@@ -76,16 +78,18 @@ def idempotency_key(event_id: int, round_: int, channel: str, recipient: str, le
     return f"safety-{event_id}-{paging}{round_}-{channel}-{contact}"
 
 
-def plan(session: Session, at: dt.datetime, channels: Collection[str]) -> int:
-    """Add the notices due now for every paging safety event that waits for review (none twice,
-    whoever else is planning: inserts that would repeat a key are skipped by the database).
-    Returns how many this call added, or tried to add when another dispatcher got there first."""
+def plan(session: Session, at: dt.datetime, channels: Collection[str], scope: Scope = LIVE) -> int:
+    """Add the notices due now for every paging safety event of the ``scope``'s studies that waits
+    for review (none twice, whoever else is planning: inserts that would repeat a key are skipped
+    by the database). Returns how many this call added, or tried to add when another dispatcher
+    got there first."""
     if not channels:
         return 0
     # In id order, so dispatchers planning at once insert in the same order (no deadlock).
     unreviewed = session.execute(select(SafetyEvent.id, SafetyEvent.study_id, SafetyEvent.page_since,
                                         SafetyEvent.level)
-                                 .where(SafetyEvent.reviewed_at.is_(None), SafetyEvent.page_since.is_not(None))
+                                 .where(SafetyEvent.reviewed_at.is_(None), SafetyEvent.page_since.is_not(None),
+                                        scope.covers(SafetyEvent.study_id))
                                  .order_by(SafetyEvent.id)).all()
     wanted: dict[str, dict[str, Any]] = {}
     protocols: dict[int, Protocol | None] = {}
@@ -149,6 +153,9 @@ class OnCallNotices(OutboxKind[OnCallNotice]):
 
     def columns(self) -> Sequence[Any]:
         return (SafetyNotification.channel, SafetyNotification.safety_event_id)
+
+    def study(self) -> Any:
+        return SafetyNotification.study_id
 
     def about(self, row: Row[Any]) -> str:
         return f"on-call notice {row.id} of safety event {row.safety_event_id}"

@@ -6,6 +6,7 @@ and its delivery rows for the outbox), so it happens inside the claiming transac
 UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serializes writers) and exactly once. A batch that
 fails is opened again row by row, so a poisoned row fails alone; it backs off and is given up
 with a staff alert after ``delivery_max_attempts``, as is a study that cannot be re-planned.
+Both select only the studies of the dispatcher's scope (``scheduler.scope``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 from scheduler.channels import Channel, DeliveryError
 from scheduler.models import Delivery, FollowUp, FollowUpStatus
 from scheduler.planner import replan_study
+from scheduler.scope import LIVE, Scope
 from scheduler.tick import SCHEDULER_ALERTS, Retries, TickReport, changed, describe, record_alert
 from study.clock import now
 from study.db import bulk_insert, is_postgres, session_scope
@@ -39,12 +41,13 @@ SENDING_CHANNELS = ("email", "webhook")
 
 
 class Opener:
-    """Opens due follow-ups for the dispatcher; ``channels`` are the dispatcher's (a follow-up
-    gets a delivery on each of the protocol's sending channels among them)."""
+    """Opens due follow-ups of the ``scope``'s studies for the dispatcher; ``channels`` are the
+    dispatcher's (a follow-up gets a delivery on each of the protocol's sending channels among them)."""
 
     def __init__(self, engine: Engine, settings: Settings, channels: dict[str, Channel],
-                 stopping: threading.Event) -> None:
+                 stopping: threading.Event, scope: Scope = LIVE) -> None:
         self.engine, self.settings, self.channels, self.stopping = engine, settings, channels, stopping
+        self.scope = scope
         self._seen_versions: dict[int, int] = {}
         self._replans = Retries()  # by study id
         self._openings = Retries()  # by follow-up id
@@ -59,6 +62,7 @@ class Opener:
         report = report if report is not None else TickReport()
         with session_scope(self.engine, read_only=True) as session:
             versions = dict(session.execute(select(ProtocolVersion.study_id, func.max(ProtocolVersion.version))
+                                            .where(self.scope.covers(ProtocolVersion.study_id))
                                             .group_by(ProtocolVersion.study_id)).all())
         at = now()
         waiting = self._replans.waiting(at)
@@ -165,7 +169,8 @@ class Opener:
                             FollowUp.followup_key, FollowUp.context, FollowUp.due_at, FollowUp.closes_at,
                             FollowUp.reminder_offsets, FollowUp.protocol_version, Participant.status,
                             Participant.contact_email_encrypted.is_not(None).label("has_email"))
-                     .join(Participant, Participant.id == FollowUp.participant_id))
+                     .join(Participant, Participant.id == FollowUp.participant_id)
+                     .where(self.scope.covers(FollowUp.study_id)))
             if only is not None:
                 query = query.where(FollowUp.id == only, FollowUp.status == FollowUpStatus.PLANNED)
             else:

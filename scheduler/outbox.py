@@ -13,7 +13,9 @@ up with its reason and a staff alert when the error is permanent, the attempts a
 the next try would fall after the kind's deadline. On stop, the rest of a batch is handed back.
 
 A kind (``OutboxKind``) says what to claim, how to compose a message, which channel sends it,
-what a sent one changes besides its row, and where its alerts go.
+what a sent one changes besides its row, where its alerts go, and which study a row is of: a
+dispatcher claims only the rows of its scope's studies (``scheduler.scope``: the live dispatcher
+none of a simulated study's, a simulation's only its own study's).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from scheduler.channels import DeliveryError
+from scheduler.scope import LIVE, Scope
 from scheduler.tick import TickReport, backoff, changed, describe, record_alert, resolve_alerts
 from study.clock import now
 from study.db import is_postgres, session_scope
@@ -70,6 +73,11 @@ class OutboxKind(ABC, Generic[M]):
                 .order_by(model.next_attempt_at).limit(self.settings.scheduler_batch_size))
 
     @abstractmethod
+    def study(self) -> Any:
+        """The study a row is of, as SQL on the kind's table (a column, or a correlated scalar
+        subquery): what a dispatcher's scope is checked against where the rows are claimed."""
+
+    @abstractmethod
     def about(self, row: Row[Any]) -> str:
         """What a give-up alert names: "delivery 7"."""
 
@@ -99,11 +107,12 @@ class OutboxKind(ABC, Generic[M]):
 
 
 class Outbox(Generic[M]):
-    """Sends one kind's due rows on behalf of the dispatcher ``name``."""
+    """Sends one kind's due rows of the ``scope``'s studies on behalf of the dispatcher ``name``."""
 
     def __init__(self, engine: Engine, settings: Settings, name: str, stopping: threading.Event,
-                 kind: OutboxKind[M]) -> None:
+                 kind: OutboxKind[M], scope: Scope = LIVE) -> None:
         self.engine, self.settings, self.name, self.stopping, self.kind = engine, settings, name, stopping, kind
+        self.scope = scope
 
     def send_due(self, report: TickReport, only: int | None = None) -> None:
         """Claim a batch (committed, with a lease), then compose and send it one row at a time;
@@ -129,7 +138,7 @@ class Outbox(Generic[M]):
         kind = self.kind
         with session_scope(self.engine) as session:
             at = now()
-            query = kind.claim(at, only)
+            query = kind.claim(at, only).where(self.scope.covers(kind.study()))
             if is_postgres(session):
                 query = query.with_for_update(skip_locked=True)
             taken, exhausted = self._lease(session, session.execute(query).all(), at)

@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Row
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from scheduler.channels import DeliveryError, SignInChannel, SignInLinkMessage, local_time_text
@@ -30,6 +30,9 @@ class SignInEmails(OutboxKind[SignInLinkMessage]):
     def __init__(self, settings: Settings, channel: SignInChannel) -> None:
         super().__init__(settings)
         self.channel = channel
+
+    def study(self) -> Any:
+        return select(Participant.study_id).where(Participant.id == SignInEmail.participant_id).scalar_subquery()
 
     def about(self, row: Row[Any]) -> str:
         return f"sign-in email {row.id}"

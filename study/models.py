@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     ForeignKey,
     Integer,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -63,6 +65,9 @@ class Study(Base):
     status_changed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     # Set when the researcher stopped all follow-ups (close --stop-followups): none are planned after.
     followups_stopped_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # Made for simulations (``study.studies.load_simulated``), at creation and for good: only
+    # simulations write to it, it takes no real participants, and no live dispatcher touches its rows.
+    simulated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 

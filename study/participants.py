@@ -35,7 +35,7 @@ from study.security import (
     token_digest,
 )
 from study.settings import get_settings
-from study.studies import current_consent, current_protocol, current_version
+from study.studies import SIMULATION_INVITE_LABEL, current_consent, current_protocol, current_version
 from study.validation import email_address
 from study.wiring import WithdrawalHook
 
@@ -44,12 +44,22 @@ from study.wiring import WithdrawalHook
 
 def create_invites(
     session: Session, study: Study, actor: audit.Actor, *, count: int = 1, max_uses: int = 1,
-    label: str | None = None, expires_at: dt.datetime | None = None,
+    label: str | None = None, expires_at: dt.datetime | None = None, simulation: int | None = None,
 ) -> list[str]:
     """Create ``count`` invite codes and return them in plain text (only their hashes are kept).
-    ``max_uses`` > 1 makes a capped study link that several people can use."""
+    ``max_uses`` > 1 makes a capped study link that several people can use. A simulated study
+    takes no real participants: its invites are a simulation's only (``simulation``: its run id,
+    which labels them), and a simulation's go to a simulated study only."""
     if not 1 <= count <= 10_000 or max_uses < 1:
         raise Invalid("count must be 1..10000 and max_uses at least 1")
+    if study.simulated and simulation is None:
+        raise Conflict(f"'{study.slug}' is a simulated study: it takes no real participants, and its invites "
+                       "are made by `afterward simulate` only", code="simulated_study")
+    if simulation is not None:
+        if not study.simulated:
+            raise Conflict(f"'{study.slug}' is not a simulated study: a simulation's invites go to a simulated "
+                           "study only", code="not_simulated")
+        label = f"{SIMULATION_INVITE_LABEL}{simulation}"
     recruitment.require_recruiting(study, "creating invites")
     if expires_at is not None and expires_at <= now():
         raise Invalid(f"expires_at ({expires_at.isoformat()}) is in the past; give a time after now, "

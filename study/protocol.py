@@ -30,7 +30,8 @@ from study.validation import email_address
 
 ROLES = ("concierge", "collaborator", "coach")
 Role = Literal["concierge", "collaborator", "coach"]
-Slug = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+SLUG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"  # a study's id (its slug), an arm's, a follow-up's
+Slug = Field(pattern=SLUG_PATTERN)
 _CLOCK_TIME = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
 DURATION_FORMS = ("an ISO 8601 duration like P7D or PT2H, or a number with a unit like "
                   "'7 days', '3d', '2 hours' or '90 minutes'")

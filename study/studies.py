@@ -1,19 +1,31 @@
-"""Loading protocols: a study is created on first load and versioned on every change."""
+"""Loading protocols: a study is created on first load and versioned on every change.
+
+A study is live (the default) or simulated: made for ``afterward simulate`` by ``load_simulated``
+under a slug of its own, and simulated for good. Simulations write only to a simulated study
+(``simulated_study``), a simulated study takes no real participants
+(``study.participants.create_invites``), and no live dispatcher touches its rows
+(``scheduler.scope``). A protocol is never loaded into a study of the other kind.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from study import audit, recruitment
-from study.errors import Conflict, NotFound
-from study.models import ConsentVersion, ProtocolVersion, Study
-from study.protocol import Protocol, ProtocolError, parse_protocol
+from study.errors import Conflict, Invalid, NotFound
+from study.models import ConsentVersion, InviteCode, Participant, ProtocolVersion, Study
+from study.protocol import SLUG_PATTERN, Protocol, ProtocolError, parse_protocol
+
+# The label of a simulation's invites is "simulation <run id>" (``analysis.simulation.simulate``):
+# in a simulated study, a participant who came through any other way is a real one.
+SIMULATION_INVITE_LABEL = "simulation "
 
 
 def sha256(text: str) -> str:
@@ -36,8 +48,26 @@ def load_protocol(
 
     Raises ProtocolError for an invalid file or an instrument ``instrument_exists`` does not
     know, and Conflict when the consent text changed but its version did not (participants must
-    know which text they signed).
+    know which text they signed), or when the protocol's id is a simulated study's.
     """
+    protocol = _parse(source_yaml, instrument_exists)
+    return _load(session, protocol, source_yaml, actor, protocol.study.id, simulated=False)
+
+
+def load_simulated(
+    session: Session, source_yaml: str, actor: audit.Actor, slug: str,
+    instrument_exists: Callable[[str], bool] | None = None,
+) -> LoadResult:
+    """Load the protocol as the simulated study ``slug`` (created, marked simulated, on first load;
+    a new version on every change), whatever the protocol's own id: a simulation of a live study
+    runs beside it, in a study of its own. Refused (Conflict) when ``slug`` is a live study."""
+    if not re.fullmatch(SLUG_PATTERN, slug):
+        raise Invalid(f"'{slug}' cannot be a study's slug: lower-case letters, digits and '-', at most 63, "
+                      "starting with a letter or a digit", code="invalid_slug")
+    return _load(session, _parse(source_yaml, instrument_exists), source_yaml, actor, slug, simulated=True)
+
+
+def _parse(source_yaml: str, instrument_exists: Callable[[str], bool] | None) -> Protocol:
     protocol = parse_protocol(source_yaml)
     if instrument_exists is not None:
         unknown = sorted(i for i in protocol.instruments() if not instrument_exists(i))
@@ -45,16 +75,30 @@ def load_protocol(
             raise ProtocolError([f"unknown instrument '{name}' (built in: perma-profiler, decision-regret, "
                                  "immediate-rating, decision-clarity, goal-progress; or load a custom one "
                                  "first with `afterward instruments load FILE`)" for name in unknown])
-    study = session.scalar(select(Study).where(Study.slug == protocol.study.id))
+    return protocol
+
+
+def _load(session: Session, protocol: Protocol, source_yaml: str, actor: audit.Actor, slug: str, *,
+          simulated: bool) -> LoadResult:
+    study = session.scalar(select(Study).where(Study.slug == slug))
     created = study is None
     if study is not None:
+        if study.simulated and not simulated:
+            raise Conflict(f"'{slug}' is a simulated study: a live study's protocol needs an id of its own",
+                           code="simulated_study")
+        if simulated and not study.simulated:
+            raise Conflict(f"'{slug}' is a live study: a simulation runs in a simulated study of its own; "
+                           "choose another slug for it", code="not_simulated")
         recruitment.require_writable(study, "loading a protocol")
     if study is None:
-        study = Study(slug=protocol.study.id, title=protocol.study.title,
-                      allocation_seed=secrets.token_hex(16), allocation_count=0)
+        study = Study(slug=slug, title=protocol.study.title, allocation_seed=secrets.token_hex(16),
+                      allocation_count=0, simulated=simulated)
         session.add(study)
         session.flush()
-        audit.record(session, actor, "study.created", study_id=study.id, slug=study.slug)
+        if simulated:
+            audit.record(session, actor, "study.created", study_id=study.id, slug=study.slug, simulated=True)
+        else:
+            audit.record(session, actor, "study.created", study_id=study.id, slug=study.slug)
 
     latest = current_version(session, study.id) if not created else None
     digest = sha256(source_yaml)
@@ -72,6 +116,32 @@ def load_protocol(
     audit.record(session, actor, "protocol.loaded", study_id=study.id, version=version,
                  sha256=digest, consent_version=consent.version)
     return LoadResult(study, version, created_study=created, changed=True)
+
+
+def simulated_study(session: Session, slug: str) -> Study:
+    """The study ``slug`` for a simulation to write to. Refused (Conflict) unless it is marked
+    simulated and every participant in it came from a simulation's invites: a simulation never
+    writes to a study that has, or may get, real participants."""
+    study = get_study(session, slug)
+    if not study.simulated:
+        raise Conflict(f"'{slug}' is not a simulated study: a simulation writes only to a study made for it, never "
+                       f"to one that has or may get real participants; make one with `afterward simulate "
+                       f"{slug}-simulated --protocol FILE` (the protocol file this study was loaded from)",
+                       code="not_simulated")
+    real = real_participants(session, study.id)
+    if real:
+        raise Conflict(f"'{slug}' has {real} participant(s) who did not come from a simulation: a simulation never "
+                       "writes to a study with real participants", code="real_participants")
+    return study
+
+
+def real_participants(session: Session, study_id: int) -> int:
+    """How many of the study's participants came through an invite that is not a simulation's."""
+    return session.scalar(
+        select(func.count()).select_from(Participant)
+        .outerjoin(InviteCode, InviteCode.id == Participant.invite_id)
+        .where(Participant.study_id == study_id,
+               or_(InviteCode.label.is_(None), InviteCode.label.not_like(f"{SIMULATION_INVITE_LABEL}%")))) or 0
 
 
 def _consent_version(

@@ -4,6 +4,9 @@ Each request is one unit of work (one transaction, on a worker thread, never on 
 the model is asked between two of them, and the injectable clock moves on as a participant's
 would: the reply is stored five seconds after the message. What the simulation does with the
 replies (overrides, reconsiders, the exit check) is its own; how a turn is taken is not.
+
+The model is the offline one, asked through ``OfflineGateway``: the gateway, with the offline
+provider's answer taken without LiteLLM's Router (the same answer, at a fraction of the cost).
 """
 
 from __future__ import annotations
@@ -11,22 +14,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from litellm.types.utils import ModelResponse
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from chat import service as chat
 from chat import turn
+from chat.answer_format import STANCE_SCHEMA
 from chat.gateway import Completion, Gateway
 from chat.models import Turn
+from chat.offline import PROVIDER, OfflineLLM
 from scheduler import planner
 from study import participants
 from study.clock import FrozenClock
 from study.db import session_scope
 from study.models import Participant
+from study.settings import Settings
 from surveys import service as surveys
 
 T = TypeVar("T")
@@ -40,16 +48,59 @@ class Reply:
     stance: str
 
 
+class OfflineGateway(Gateway):
+    """The gateway a simulation asks (it answers every arm with the offline model). An offline
+    model's answer is the offline provider's own (``chat.offline.OfflineLLM``, called as LiteLLM
+    calls it) made into a ``Completion`` by the gateway's own code, with the same limit and the
+    same errors; only LiteLLM's Router is not in between. The Router's routing, retries and
+    fallbacks are for providers elsewhere, and on this provider they cost most of a turn's time
+    (bench/simulation.py). Any other model, or call settings, go through the Router as usual."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self._provider = OfflineLLM()
+        self._schemas: dict[str, bool] = {}
+
+    def _structured(self, model: str) -> bool:
+        if model not in self._schemas:  # LiteLLM's model table, read once per model
+            self._schemas[model] = super()._structured(model)
+        return self._schemas[model]
+
+    async def complete(self, messages: list[dict[str, str]], model: str | None = None,
+                       *, structured: bool = True, params: dict[str, Any] | None = None) -> Completion:
+        model = model or self.default_model
+        provider, _, name = model.partition("/")
+        if provider != PROVIDER or params:
+            return await super().complete(messages, model, structured=structured, params=params)
+        optional: dict[str, Any] = {}
+        if structured and self._structured(model):
+            optional["response_format"] = {"type": "json_schema", "json_schema": STANCE_SCHEMA}
+        started = time.perf_counter()
+        try:
+            response = await asyncio.wait_for(self._provider.acompletion(
+                name, messages, "", {}, ModelResponse(), None, None, None, None, optional), timeout=self.call_limit)
+        except Exception as exc:
+            raise self._error(exc, model) from exc
+        return self._completion(response, model, started)
+
+
 class _Clocked(turn.DatabaseStore):
-    """The chat tables, with the simulated time moved on while the model answers."""
+    """The chat tables, with the simulated time moved on while the model answers; the stance of
+    the reply it stored last is kept (so no unit of work is spent reading it back)."""
 
     def __init__(self, run: turn.Units, clock: FrozenClock) -> None:
         super().__init__(run)
         self.clock = clock
+        self.stored: tuple[int, str] | None = None  # the reply stored last: its id and stance
 
     async def record(self, prepared: chat.PreparedTurn, completion: Completion) -> int:
         self.clock.advance(REPLY_AFTER)
-        return await super().record(prepared, completion)
+
+        def store(session: Session) -> int:  # as DatabaseStore.record, keeping the stance
+            reply = chat.record_reply(session, prepared, completion)
+            self.stored = (reply.id, reply.stance or "agree")
+            return reply.id
+        return await self.run(store)
 
     async def record_failure(self, prepared: chat.PreparedTurn, error: str) -> int | None:
         self.clock.advance(REPLY_AFTER)
@@ -113,16 +164,24 @@ class Driver:
         def work(session: Session) -> chat.PreparedTurn:
             prepared = prepare(session)
             return dataclasses.replace(prepared, model=self.model) if self.model else prepared
-        prepared = self.runner.run(turn.prepare(self._units, work, message))
-        if prepared.existing_reply_id is not None:  # a resent message, already answered
-            reply_id = prepared.existing_reply_id
-        else:
-            outcome = self.runner.run(turn.answer(self.store, self.gateway, prepared))
-            if outcome.reply_id is None:
-                assert outcome.error is not None
-                raise outcome.error
-            reply_id = outcome.reply_id
+        reply_id = self.runner.run(self._take(work, message))
+        stored, self.store.stored = self.store.stored, None
+        if stored is not None and stored[0] == reply_id:
+            return Reply(*stored)
         return Reply(reply_id, self.unit(lambda s: _stance(s, reply_id)))
+
+
+    async def _take(self, work: Callable[[Session], chat.PreparedTurn], message: str | None) -> int:
+        """One turn through ``chat.turn``: the message prepared (read, stored, the reply claimed),
+        then answered and the reply stored. Returns the reply's id."""
+        prepared = await turn.prepare(self._units, work, message)
+        if prepared.existing_reply_id is not None:  # a resent message, already answered
+            return prepared.existing_reply_id
+        outcome = await turn.answer(self.store, self.gateway, prepared)
+        if outcome.reply_id is None:
+            assert outcome.error is not None
+            raise outcome.error
+        return outcome.reply_id
 
 
 def _stance(session: Session, reply_id: int) -> str:

@@ -1,21 +1,34 @@
 """Simulated studies through the real services, with effects known in advance.
 
-``simulate`` enrolls synthetic participants in a loaded study through the real invite, consent,
-profile (arm by the study's own randomization), chat (offline model), exit-check, survey and
-withdrawal services, moving the injectable clock forward and running the real dispatcher, which
-opens the follow-ups. Every answer comes from a generative model whose parameters
-(:class:`Effects`) are stored with the run in ``simulation_runs``, so a statistic computed from
-the resulting database can be checked against the truth::
+``simulate`` enrolls synthetic participants in a simulated study through the real invite,
+consent, profile (arm by the study's own randomization), chat (offline model), exit-check, survey
+and withdrawal services, moving the injectable clock forward and running a dispatcher of its own,
+which opens and expires the follow-ups. Every answer comes from a generative model whose
+parameters (:class:`Effects`) are stored with the run in ``simulation_runs``, so a statistic
+computed from the resulting database can be checked against the truth::
 
-    from analysis.simulation.simulate import Effects, simulate
-    result = simulate(engine, "wellbeing-pilot", participants=200, weeks=6, seed=1,
-                      effects=Effects(regret_coach=-15.0))
+    from analysis.simulation.simulate import Effects, load_simulated_study, simulate
+    slug = load_simulated_study(engine, Path("examples/wellbeing-pilot.yaml").read_text())
+    result = simulate(engine, slug, participants=200, weeks=6, seed=1, effects=Effects(regret_coach=-15.0))
     result.summary["followups_completed"], result.true_effects["regret_coach"]
 
+It cannot touch a live study. It writes only to a study marked simulated (``load_simulated_study``:
+a protocol loaded under a slug of its own), and refuses any other, or one with participants who
+did not come from a simulation (``study.studies.simulated_study``). Its dispatcher works for that
+study alone and notifies nobody, and the live dispatcher touches none of its rows
+(``scheduler.scope``), whatever the two clocks say.
+
+Time moves in steps of ``tick_minutes`` (an hour): at each step the dispatcher runs once, then the
+step's actions are taken, a kind at a time: enrollments, withdrawals (one transaction for the
+step's), conversations (each request one unit of work, through ``analysis.simulation.driver``),
+and the participants who look at the app in that step (one read for all of them, then one
+transaction for the surveys they answer). Each action is stamped with its own moment within the
+step, so a conversation lasts minutes and a survey is answered when its participant opened it.
+
 It writes nothing itself except its own ``simulation_runs`` row: every other row comes from a
-service, one transaction per unit of work as at the real edges, with the model called between two
-of them (never inside one, never with database work on the event loop). The same seed on the same
-database state (including the study's allocation seed) gives the same data.
+service, with the model called between two units of work (never inside one, never with database
+work on the event loop). The same seed on the same database state (including the study's
+allocation seed) gives the same data.
 """
 
 from __future__ import annotations
@@ -23,11 +36,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import heapq
 import math
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -37,7 +49,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from analysis.simulation.driver import Driver
+from analysis.simulation.driver import Driver, OfflineGateway
 from analysis.simulation.population import (
     CHANGED_COURSE,
     DEPENDENCE,
@@ -53,27 +65,29 @@ from analysis.simulation.population import (
 )
 from analysis.tables import SimulationRun
 from chat import service as chat
-from chat.gateway import Gateway
 from chat.models import Conversation, Decision, PushbackResponse, RoleSwitch, Turn
 from chat.roles import roles_for_arm
-from scheduler.channels import Channel, InAppChannel
+from scheduler.channels import InAppChannel
 from scheduler.dispatcher import Dispatcher, TickReport
 from scheduler.models import FollowUp
 from scheduler.service import save_profile
 from study import audit, participants, studies, wiring
 from study.clock import FrozenClock, now, set_clock
 from study.db import session_scope
-from study.errors import Gone
 from study.models import InviteCode, Participant, ParticipantStatus, WithdrawalLevel
+from study.protocol import parse_protocol
 from study.safety import SafetyEvent
 from study.settings import get_settings
 from surveys import registry
 from surveys import service as surveys
 from surveys.definitions import Instrument
 from surveys.models import SurveyAssignment
+from surveys.registry import exists as instrument_exists
 
 ACTOR = audit.Actor.system("simulate")
 CONFIRM_SIGNATURE = "Simulated Participant"
+# The order a step's actions are taken in, a kind at a time (each in the order of its moments).
+KINDS = ("enroll", "withdraw", "converse", "check_surveys")
 
 
 @dataclass
@@ -81,9 +95,12 @@ class SimulationResult:
     run_id: int
     study: str
     seed: int
-    summary: dict[str, Any]
+    summary: dict[str, Any]  # what the run left in the database (``summarize``)
     true_effects: dict[str, Any]
     seconds: float
+    # What the run itself did: its dispatcher's follow-ups opened and expired, the participants'
+    # answers and misses (the progress lines' figures). The database's summary must agree with them.
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,8 +124,54 @@ class _Person:
     decisions: dict[int, tuple[float, str]] = field(default_factory=dict)  # decision id -> latent regret, role
 
 
+@dataclass(frozen=True, order=True)
+class _Action:
+    at: dt.datetime
+    order: int  # ties keep the order they were planned in
+    kind: str = field(compare=False)
+    person: int = field(compare=False)
+    payload: Any = field(compare=False, default=None)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A survey a participant chose to answer, and when they submit it."""
+
+    at: dt.datetime
+    person: _Person
+    assignment_id: int
+    followup: bool
+
+
 def _logistic(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
+
+
+def open_surveys(session: Session, looking: Sequence[tuple[dt.datetime, int | None]]) -> list[list[tuple[int, str]]]:
+    """For each (moment, participant id) of ``looking``: the surveys ``surveys.service.pending``
+    shows the participant at that moment (id and purpose, oldest first), read for all of them in
+    one query."""
+    rows = session.execute(
+        select(SurveyAssignment.participant_id, SurveyAssignment.id, SurveyAssignment.purpose,
+               SurveyAssignment.intended_at, SurveyAssignment.closes_at)
+        .where(SurveyAssignment.participant_id.in_({who for _, who in looking}), SurveyAssignment.status == "open")
+        .order_by(SurveyAssignment.intended_at, SurveyAssignment.id)).all()
+    by_participant: defaultdict[int, list[Any]] = defaultdict(list)
+    for row in rows:
+        by_participant[row.participant_id].append(row)
+    return [[(row.id, row.purpose) for row in by_participant[who or 0]
+             if row.intended_at <= at and (row.closes_at is None or row.closes_at > at)] for at, who in looking]
+
+
+def load_simulated_study(engine: Engine, protocol_yaml: str, slug: str | None = None) -> str:
+    """Load ``protocol_yaml`` as a simulated study (by default ``<protocol id>-simulated``; a new
+    version when the file changed) and return its slug: the study ``simulate`` may write to.
+    Refused (``study.errors.Conflict``) when the slug is a live study's."""
+    with session_scope(engine) as session:
+        if slug is None:
+            slug = f"{parse_protocol(protocol_yaml).study.id}-simulated"[:63]
+        return studies.load_simulated(session, protocol_yaml, ACTOR, slug,
+                                      instrument_exists=lambda name: instrument_exists(session, name)).study.slug
 
 
 class _Simulation:
@@ -121,22 +184,21 @@ class _Simulation:
         self.progress = progress or (lambda _line: None)
         self.rng = np.random.default_rng(seed)
         self.clock = FrozenClock(start)
-        settings = get_settings().model_copy(update={
+        self.settings = get_settings().model_copy(update={
             "llm_model": OFFLINE_MODEL, "llm_fallback_model": None, "llm_reader_model": None,
             "offline_llm_delay_ms": 0})
-        self.driver = Driver(engine, Gateway(settings), self.clock, runner, model=OFFLINE_MODEL)
-        channels: dict[str, Channel] = {"in_app": InAppChannel()}  # nothing leaves the machine
-        self.dispatcher = Dispatcher(engine, settings, name=f"simulate-{seed}", channels=channels)
+        self.driver = Driver(engine, OfflineGateway(self.settings), self.clock, runner, model=OFFLINE_MODEL)
         self.ticks = TickReport()
         self.counts: Counter[str] = Counter()
-        self.events: list[tuple[dt.datetime, int, str, int, Any]] = []
+        self.actions: defaultdict[int, list[_Action]] = defaultdict(list)  # by step
+        self.step = 0
         self._order = 0
 
     # Running
 
     def run(self) -> int:
         with session_scope(self.engine) as session:
-            study = studies.get_study(session, self.slug)
+            study = studies.simulated_study(session, self.slug)  # refused unless simulated, with no real participants
             self.study_id = study.id
             protocol = studies.current_protocol(session, study.id)
             self.email_required = protocol.enrollment.contact_email == "required"
@@ -149,28 +211,28 @@ class _Simulation:
             session.add(run)
             session.flush()
             self.run_id = run.id
-            codes = participants.create_invites(session, study, ACTOR, count=self.n,
-                                                label=f"simulation {run.id}")
+            codes = participants.create_invites(session, study, ACTOR, count=self.n, simulation=run.id)
             audit.record(session, ACTOR, "simulation.started", study_id=study.id, run_id=run.id, seed=self.seed,
                          participants=self.n, weeks=self.weeks)
+        # Its own study alone, in-app only: nothing leaves the machine and no live row is touched.
+        self.dispatcher = Dispatcher(self.engine, self.settings, name=f"simulate-{self.run_id}",
+                                     channels={"in_app": InAppChannel()}, simulated_study=self.study_id)
         self.people = self._people(codes)
         for person in self.people:
             self._push(person.enroll_at, "enroll", person)
         end = self.start + dt.timedelta(weeks=self.weeks)
-        at, day = self.start, 0
-        while at < end:
-            if at >= self.start + dt.timedelta(days=day):
-                self._plan_day(at)
+        day = 0
+        for step in range(math.ceil((end - self.start) / self.tick)):
+            self.step = step
+            at = self.start + step * self.tick
+            while at >= self.start + dt.timedelta(days=day):
+                self._plan_day(self.start + dt.timedelta(days=day))
                 day += 1
                 if day % 7 == 0:
                     self.progress(self._progress_line(day // 7))
             self.clock.set(at)
             self.ticks.add(self.dispatcher.tick())
-            at += self.tick
-            while self.events and self.events[0][0] < at:
-                when, _, kind, index, payload = heapq.heappop(self.events)
-                self.clock.set(max(when, now()))
-                getattr(self, f"_{kind}")(self.people[index], payload)
+            self._take(self.actions.pop(step, []))
         self.clock.set(end)
         self.ticks.add(self.dispatcher.tick())
         if day % 7:
@@ -206,8 +268,21 @@ class _Simulation:
         return day_start + (utc_day_time - day_start - offset) % dt.timedelta(days=1)
 
     def _push(self, when: dt.datetime, kind: str, person: _Person, payload: Any = None) -> None:
+        """Plan an action at ``when``: taken in its step (or at the start of the current one, if its
+        moment has passed: a day planned from a start that is not midnight UTC)."""
         self._order += 1
-        heapq.heappush(self.events, (when, self._order, kind, person.index, payload))
+        step = max(self.step, (when - self.start) // self.tick)
+        at = max(when, self.start + step * self.tick)
+        self.actions[step].append(_Action(at, self._order, kind, person.index, payload))
+
+    def _take(self, actions: list[_Action]) -> None:
+        """The step's actions, a kind at a time (``KINDS``), each kind in the order of its moments."""
+        by_kind: defaultdict[str, list[_Action]] = defaultdict(list)
+        for action in sorted(actions):
+            by_kind[action.kind].append(action)
+        for kind in KINDS:
+            if by_kind[kind]:
+                getattr(self, f"_{kind}")(by_kind[kind])
 
     def _plan_day(self, day: dt.datetime) -> None:
         """Each active participant's day: maybe withdraw, chat a few times, look at the app once."""
@@ -232,20 +307,33 @@ class _Simulation:
     def _waking(self, day: dt.datetime, person: _Person) -> dt.datetime:
         return self._local(day + dt.timedelta(minutes=int(self.rng.integers(8 * 60, 22 * 60))), person.timezone)
 
+    def own_counts(self) -> dict[str, int]:
+        return {"followups_opened": self.ticks.opened, "followups_expired": self.ticks.expired,
+                "followups_answered": self.counts["followups_answered"],
+                "followups_missed": self.counts["followups_missed"], "enrolled": self.counts["enrolled"],
+                "withdrawn": self.counts["withdrawn"], "conversations": self.counts["conversations"],
+                "messages": self.counts["messages"]}
+
     def _progress_line(self, week: int) -> str:
         c = self.counts
         return (f"week {week}: enrolled {c['enrolled']}, conversations {c['conversations']}, messages "
                 f"{c['messages']}, follow-ups opened {self.ticks.opened}, answered {c['followups_answered']}, "
                 f"missed {c['followups_missed']}, withdrawn {c['withdrawn']}")
 
-    # Units of work: each one transaction, as one request at the real edge
+    # The step's actions. Each request of a participant is one unit of work, as at the real edge,
+    # but where many participants act in the same step: one unit for all of them.
 
     def _as(self, person: _Person, session: Session) -> Participant:
         """The participant as the API's consented-participant dependency gives it."""
         assert person.participant_id is not None
         return Driver.participant(session, person.participant_id)
 
-    def _enroll(self, person: _Person, _payload: Any) -> None:
+    def _enroll(self, actions: list[_Action]) -> None:
+        for action in actions:
+            self.clock.set(action.at)
+            self._enroll_one(self.people[action.person])
+
+    def _enroll_one(self, person: _Person) -> None:
         e, rng = self.effects, self.rng
         with session_scope(self.engine) as session:  # POST /enrollment
             person.participant_id = participants.enroll(session, person.invite).participant.id
@@ -273,61 +361,79 @@ class _Simulation:
         person.active = True
         for assignment_id in baseline_ids:
             self.clock.advance(dt.timedelta(minutes=3))
-            self._answer(person, assignment_id, split=rng.random() < e.partial_save_prob)
+            rest = None
+            if rng.random() < e.partial_save_prob:  # PUT .../answers with half of them, the rest at submit
+                with session_scope(self.engine) as session:
+                    rest = self._answer(session, person, assignment_id, split=True)
+                self.clock.advance(dt.timedelta(minutes=5))
+            with session_scope(self.engine) as session:  # POST .../submit
+                self._answer(session, person, assignment_id, rest)
 
-    def _withdraw(self, person: _Person, level: WithdrawalLevel) -> None:
-        with session_scope(self.engine) as session:  # POST /me/withdrawal
-            participant = self._as(person, session)
-            participants.withdraw(session, participant, level, audit.Actor("participant", participant.code))
-        self.counts["withdrawn"] += 1
+    def _withdraw(self, actions: list[_Action]) -> None:
+        with session_scope(self.engine) as session:  # POST /me/withdrawal, for each who withdraws now
+            for action in actions:
+                self.clock.set(action.at)
+                participant = self._as(self.people[action.person], session)
+                participants.withdraw(session, participant, action.payload,
+                                      audit.Actor("participant", participant.code))
+                self.counts["withdrawn"] += 1
 
-    def _check_surveys(self, person: _Person, _payload: Any) -> None:
-        """Open the app: answer each newly open survey, or leave it (it expires)."""
-        if not person.active:
+    def _check_surveys(self, actions: list[_Action]) -> None:
+        """The participants who open the app now: each answers every newly open survey or leaves it
+        (it expires). One read of what is open for all of them (GET /me/surveys, ``open_surveys``),
+        then one unit for every answer submitted (POST .../submit), each at its own moment."""
+        e, rng = self.effects, self.rng
+        looking = [(action.at, self.people[action.person]) for action in actions if self.people[action.person].active]
+        if not looking:
             return
-        e = self.effects
-        with session_scope(self.engine, read_only=True) as session:  # GET /me/surveys
-            pending = [(a.id, a.purpose) for a in surveys.pending(session, self._as(person, session))]
-        for assignment_id, purpose in pending:
-            if assignment_id in person.seen:
-                continue
-            person.seen.add(assignment_id)
-            assert person.baseline is not None
-            if purpose != "followup":
-                self._answer(person, assignment_id)
-            elif self.rng.random() < _logistic(e.answer_logit + e.answer_per_baseline_point
-                                               * (person.baseline - e.baseline_center)):
-                self.clock.advance(dt.timedelta(minutes=int(self.rng.integers(1, 20))))
-                try:
-                    self._answer(person, assignment_id)
-                except Gone:  # its window closed while they were answering, as it can for anyone
-                    self.counts["followups_missed"] += 1
-                    continue
-                self.counts["followups_answered"] += 1
-            else:
-                self.counts["followups_missed"] += 1
-
-    def _answer(self, person: _Person, assignment_id: int, *, split: bool = False) -> None:
         with session_scope(self.engine, read_only=True) as session:
-            assignment = surveys.owned_assignment(session, self._as(person, session), assignment_id)
+            open_now = open_surveys(session, [(at, person.participant_id) for at, person in looking])
+        answering: list[_Answer] = []
+        for (at, person), pending in zip(looking, open_now, strict=True):
+            for assignment_id, purpose in pending:
+                if assignment_id in person.seen:
+                    continue
+                person.seen.add(assignment_id)
+                assert person.baseline is not None
+                if purpose != "followup":
+                    answering.append(_Answer(at, person, assignment_id, followup=False))
+                elif rng.random() < _logistic(e.answer_logit + e.answer_per_baseline_point
+                                              * (person.baseline - e.baseline_center)):
+                    at += dt.timedelta(minutes=int(rng.integers(1, 20)))
+                    answering.append(_Answer(at, person, assignment_id, followup=True))
+                else:
+                    self.counts["followups_missed"] += 1
+        if not answering:
+            return
+        with session_scope(self.engine) as session:
+            for answer in answering:
+                self.clock.set(answer.at)
+                submitted = self._answer(session, answer.person, answer.assignment_id) is not None
+                if answer.followup:  # missed: its window closed while they were answering, as it can for anyone
+                    self.counts["followups_answered" if submitted else "followups_missed"] += 1
+
+    def _answer(self, session: Session, person: _Person, assignment_id: int, answers: dict[str, Any] | None = None,
+                *, split: bool = False) -> dict[str, Any] | None:
+        """Answer the survey in ``session`` as the participant would: ``answers``, or the generative
+        model's (POST .../submit); ``split``: save half of them (PUT .../answers) and return the rest,
+        for a later submit. None, and nothing stored, when it can no longer be answered."""
+        participant = self._as(person, session)
+        assignment = surveys.owned_assignment(session, participant, assignment_id)
+        if surveys.closed_reason(assignment) is not None:
+            return None
+        if answers is None:
             instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
             anchor = session.scalar(select(FollowUp.anchor_key).where(FollowUp.assignment_id == assignment_id))
             answers = self._answers(person, instrument, assignment, anchor)
-        if instrument.id == "perma-profiler" and person.baseline is None:
-            # The observed baseline covariate, by the instrument's own scoring rule.
-            person.baseline = instrument.score(answers)["overall_wellbeing"][0]
-        if split:  # PUT .../answers with half of them, the rest at submit
+            if instrument.id == "perma-profiler" and person.baseline is None:
+                # The observed baseline covariate, by the instrument's own scoring rule.
+                person.baseline = instrument.score(answers)["overall_wellbeing"][0]
+        if split:
             half = dict(list(answers.items())[: len(answers) // 2])
-            with session_scope(self.engine) as session:
-                participant = self._as(person, session)
-                surveys.save_partial(session, participant, surveys.owned_assignment(session, participant,
-                                                                                    assignment_id), half)
-            self.clock.advance(dt.timedelta(minutes=5))
-            answers = {k: v for k, v in answers.items() if k not in half}
-        with session_scope(self.engine) as session:  # POST .../submit
-            participant = self._as(person, session)
-            surveys.submit(session, participant, surveys.owned_assignment(session, participant, assignment_id),
-                           answers, submission_id=f"sim-{self.run_id}-{assignment_id}")
+            surveys.save_partial(session, participant, assignment, half)
+            return {k: v for k, v in answers.items() if k not in half}
+        surveys.submit(session, participant, assignment, answers, submission_id=f"sim-{self.run_id}-{assignment_id}")
+        return answers
 
     # The generative model of answers
 
@@ -365,7 +471,12 @@ class _Simulation:
 
     # Chat (the driver takes each turn through chat.turn, as the API does)
 
-    def _converse(self, person: _Person, _payload: Any) -> None:
+    def _converse(self, actions: list[_Action]) -> None:
+        for action in actions:
+            self.clock.set(action.at)
+            self._converse_one(self.people[action.person])
+
+    def _converse_one(self, person: _Person) -> None:
         if not person.active:
             return
         assert person.participant_id is not None
@@ -453,7 +564,7 @@ def summarize(engine: Engine, run_id: int) -> dict[str, Any]:
     """Counts of what a run left in the database (its participants: the run's invites)."""
     with session_scope(engine, read_only=True) as session:
         people = (select(Participant.id).join(InviteCode, InviteCode.id == Participant.invite_id)
-                  .where(InviteCode.label == f"simulation {run_id}").scalar_subquery())
+                  .where(InviteCode.label == f"{studies.SIMULATION_INVITE_LABEL}{run_id}").scalar_subquery())
 
         def count(model: Any, *where: Any) -> int:
             return session.scalar(select(func.count()).select_from(model)
@@ -493,16 +604,19 @@ def summarize(engine: Engine, run_id: int) -> dict[str, Any]:
 
 
 def simulate(engine: Engine, study_slug: str, *, participants: int, weeks: int, seed: int,
-             effects: Effects | None = None, start: dt.datetime | None = None, tick_minutes: int = 15,
+             effects: Effects | None = None, start: dt.datetime | None = None, tick_minutes: int = 60,
              progress: Callable[[str], None] | None = None) -> SimulationResult:
-    """Run a simulated study of ``participants`` people over ``weeks`` weeks in a loaded study.
+    """Run a simulated study of ``participants`` people over ``weeks`` weeks in the simulated study
+    ``study_slug`` (``load_simulated_study``; any other study is refused with
+    ``study.errors.Conflict`` before anything is written).
 
     ``start`` (aware) is when the simulated study begins; by default midnight UTC ``weeks`` weeks
-    ago, so it ends about now. The dispatcher runs every ``tick_minutes`` of simulated time.
-    The process's clock is frozen for the run and put back afterwards.
+    ago, so it ends about now. Time moves in steps of ``tick_minutes`` of simulated time: the
+    dispatcher runs once per step, then the step's actions are taken in batches. The process's
+    clock is frozen for the run and put back afterwards.
     """
-    if participants < 1 or weeks < 1:
-        raise ValueError("participants and weeks must be at least 1")
+    if participants < 1 or weeks < 1 or tick_minutes < 1:
+        raise ValueError("participants, weeks and tick_minutes must be at least 1")
     if start is None:
         today = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         start = today - dt.timedelta(weeks=weeks)
@@ -529,4 +643,4 @@ def simulate(engine: Engine, study_slug: str, *, participants: int, weeks: int, 
         if previous is not None:
             set_clock(previous)
     return SimulationResult(run_id, study_slug, seed, summary, simulation.effects.true_effects(),
-                            time.perf_counter() - began)
+                            time.perf_counter() - began, simulation.own_counts())

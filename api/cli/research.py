@@ -17,7 +17,11 @@ from study.settings import PROJECT_ROOT
 
 
 def simulate(
-    study: str,
+    study: Annotated[str, typer.Argument(help="The simulated study to write to (its slug)")],
+    protocol: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False, readable=True,
+        help="Load this protocol file as the simulated study STUDY first (created and marked simulated, "
+             "or a new version when the file changed); STUDY must not be a live study")] = None,
     participants: Annotated[int, typer.Option(min=1, max=10_000, help="Synthetic participants to enroll")] = 50,
     weeks: Annotated[int, typer.Option(min=1, max=52, help="Simulated weeks")] = 6,
     seed: Annotated[int, typer.Option(min=0, help="The same seed on the same database gives the same data")] = 1,
@@ -25,13 +29,22 @@ def simulate(
         formats=["%Y-%m-%d"], help="First simulated day (UTC); default: WEEKS weeks ago")] = None,
 ) -> None:
     """Run synthetic participants through the real services (offline model, in-app follow-ups only)
-    with effects known in advance; the run's seed, parameters and true effects are stored."""
+    with effects known in advance, in a study marked simulated (never a live one, never one with real
+    participants); the run's seed, parameters and true effects are stored."""
+    from analysis.simulation.simulate import load_simulated_study
     from analysis.simulation.simulate import simulate as run_simulation
     from study.db import get_engine
 
+    engine = get_engine()
     try:
-        result = run_simulation(get_engine(), study, participants=participants, weeks=weeks, seed=seed,
+        if protocol is not None:
+            loaded = load_simulated_study(engine, protocol.read_text(encoding="utf-8"), study)
+            typer.echo(f"simulated study '{loaded}' loaded from {protocol}")
+        result = run_simulation(engine, study, participants=participants, weeks=weeks, seed=seed,
                                 start=start.replace(tzinfo=dt.UTC) if start else None, progress=typer.echo)
+    except ProtocolError as exc:
+        fail(f"{protocol}: {exc}")
+        return
     except DomainError as exc:
         fail(exc.message)
         return

@@ -8,26 +8,28 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from analysis.simulation.population import Effects
-from analysis.simulation.simulate import SimulationResult, simulate
+from analysis.simulation.simulate import SimulationResult, load_simulated_study, open_surveys, simulate
 from analysis.tables import SimulationRun
 from chat.models import Conversation, Turn
 from scheduler.models import FollowUp
 from study import audit, clock
 from study.db import make_engine, session_scope
 from study.models import AuditEntry, Participant, Study
+from surveys import service as surveys
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
-from tests.builders import load_study
+from tests.builders import enroll_fully, make_invites
 
 START = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
 TICK_MINUTES = 60  # the dispatcher every simulated hour: enough for follow-ups, and quick
 
 
 def _run(engine: Engine, protocol: str, seed: int = 7, allocation_seed: str | None = None) -> SimulationResult:
-    slug = load_study(engine, protocol)
+    slug = load_simulated_study(engine, protocol)
     if allocation_seed is not None:  # arms come from the study's randomization: make the two studies alike
         with session_scope(engine) as session:
             session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed=allocation_seed))
@@ -107,7 +109,7 @@ def _check_audit(engine: Engine) -> None:
 
 def test_attrition_depends_on_the_baseline_covariate(engine: Engine, example_protocol: str) -> None:
     """With a strong effect, everyone withdraws or no one does, by their baseline well-being."""
-    slug = load_study(engine, example_protocol)
+    slug = load_simulated_study(engine, example_protocol)
     certain = Effects(withdraw_weekly_logit=0.0, withdraw_per_baseline_point=60.0, baseline_sd=2.0,
                       delete_data_share=0.0)
     result = simulate(engine, slug, participants=12, weeks=2, seed=3, start=START, effects=certain,
@@ -156,3 +158,43 @@ def _fresh_database(engine: Engine, database_template: str, tmp_path: Path) -> E
             "AND tablename <> 'alembic_version'")).scalars().all()
         connection.execute(sa.text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
     return engine
+
+
+def test_the_surveys_read_for_many_participants_at_once_are_those_each_is_shown(
+    engine: Engine, app_client: TestClient, slug: str,
+) -> None:
+    """``open_surveys`` (the simulation's one read for everyone opening the app in a step) is what
+    ``surveys.service.pending`` shows each participant at their own moment: open, already intended,
+    not closed, oldest first."""
+    codes = [enroll_fully(app_client, invite, email=None).code for invite in make_invites(engine, slug, count=3)]
+    now = clock.now()
+    hour = dt.timedelta(hours=1)
+    for code, (intended, closes) in zip(codes * 2, [(now - hour, None), (now + hour, now + 3 * hour),
+                                                      (now - 3 * hour, now + hour), (now - hour, now - hour / 2),
+                                                      (now + 2 * hour, None), (now, now + 5 * hour)], strict=True):
+        with session_scope(engine) as session:
+            participant = session.scalars(select(Participant).where(Participant.code == code)).one()
+            surveys.assign(session, participant, "goal-progress", purpose="followup", intended_at=intended,
+                           closes_at=closes)
+    with session_scope(engine) as session:  # one of them already answered
+        session.execute(sa.update(SurveyAssignment).where(SurveyAssignment.id == session.scalar(
+            select(func.max(SurveyAssignment.id)))).values(status="completed"))
+    moments = [now - 2 * hour, now, now + hour / 2, now + 2 * hour, now + 4 * hour]
+    with session_scope(engine, read_only=True) as session:
+        people = {code: session.scalars(select(Participant).where(Participant.code == code)).one() for code in codes}
+        looking = [(at, people[code].id) for at in moments for code in codes]
+        read_at_once = open_surveys(session, looking)
+        shown = []
+        frozen = clock.FrozenClock(now)
+        previous = clock.set_clock(frozen)
+        try:
+            for at, who in looking:
+                frozen.set(at)
+                looker = session.get(Participant, who)
+                assert looker is not None
+                shown.append([(a.id, a.purpose) for a in surveys.pending(session, looker)])
+        finally:
+            clock.set_clock(previous)
+    assert read_at_once == shown
+    assert any(read_at_once)  # some see surveys at some moments,
+    assert not all(read_at_once)  # none at others

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 
 from analysis.simulation.driver import Driver
 from analysis.simulation.population import Effects
-from analysis.simulation.simulate import simulate
+from analysis.simulation.simulate import load_simulated_study, simulate
 from api.app import create_app
 from chat import drift, semantic, turn
 from chat.gateway import Gateway
@@ -32,7 +32,7 @@ from study.clock import FrozenClock, set_clock
 from study.db import session_scope
 from study.models import Participant
 from study.settings import Settings
-from tests.builders import ParticipantHandle, enroll_fully, load_study, make_invites, put_in_arm, say, start_chat
+from tests.builders import ParticipantHandle, enroll_fully, make_invites, put_in_arm, say, start_chat
 
 ASK = "Just tell me what to do about the job offer, you decide."
 OVER_DAYS = "Over the past week you've asked me to decide for you, or leaned on me, on {} different days."
@@ -196,7 +196,7 @@ def test_the_evaluations_memory_store_counts_days_on_the_same_clock(role: RoleNa
 def test_a_simulated_study_counts_reliance_on_its_own_clock(engine: Engine, example_protocol: str) -> None:
     """``afterward simulate`` runs weeks in the past on a frozen clock: the days counted are the
     simulation's, as the stored features and the reasons show."""
-    slug = load_study(engine, example_protocol)
+    slug = load_simulated_study(engine, example_protocol)
     leaning = Effects(framing_share=0.0, reassurance_share=0.0, distress_share=0.0, dependence_share=1.0,
                       conversations_per_week=7.0, extra_messages_mean=0.5)
     simulate(engine, slug, participants=4, weeks=2, seed=3, effects=leaning, start=START, tick_minutes=240)

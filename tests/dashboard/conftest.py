@@ -19,13 +19,13 @@ from sqlalchemy.engine import Engine
 from streamlit.testing.v1 import AppTest
 
 from analysis import fits
-from analysis.simulation.simulate import simulate
+from analysis.simulation.simulate import load_simulated_study, simulate
 from dashboard import data
 from study import audit, clock
 from study.db import make_engine, migrate, session_scope
 from study.models import StaffRole, Study
 from study.settings import get_settings
-from tests.builders import load_study, make_staff
+from tests.builders import make_staff
 from tests.conftest import EXAMPLE, POSTGRES_URL
 
 START = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
@@ -76,7 +76,7 @@ def empty_database(database_template: str, folder: Path) -> Iterator[Engine]:
 @pytest.fixture(scope="session")
 def simulated(database_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulated]:
     with empty_database(database_template, tmp_path_factory.mktemp("dashboard")) as engine:
-        slug = load_study(engine, EXAMPLE.read_text(encoding="utf-8"))
+        slug = load_simulated_study(engine, EXAMPLE.read_text(encoding="utf-8"))
         with session_scope(engine) as session:  # the arms come from the study's randomization: fix it
             session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed="report-e2e"))
         simulate(engine, slug, participants=60, weeks=WEEKS, seed=11, start=START, tick_minutes=120)

@@ -16,10 +16,10 @@ from playwright.sync_api import Browser, Page, expect
 from sqlalchemy.engine import Engine
 
 from analysis import fits
-from analysis.simulation.simulate import simulate
+from analysis.simulation.simulate import load_simulated_study, simulate
 from study import audit
 from study.models import StaffRole
-from tests.builders import load_study, make_staff
+from tests.builders import make_staff
 from tests.dashboard.conftest import PASSWORD
 from tests.e2e.test_participant_journey import axe_problems
 from tests.mail import free_port
@@ -35,7 +35,7 @@ EMAIL = "admin@uni.example"
 def dashboard(engine: Engine, example_protocol: str, tmp_path: Path) -> Iterator[str]:
     """``afterward dashboard`` on a free port, reading a study of 30 simulated participants with
     its models fitted."""
-    slug = load_study(engine, example_protocol)
+    slug = load_simulated_study(engine, example_protocol)
     # On a thread of its own: the simulation runs an event loop, and Playwright's runs on this one.
     with ThreadPoolExecutor(1) as pool:
         pool.submit(simulate, engine, slug, participants=30, weeks=4, seed=3, tick_minutes=240).result()  # ends now
