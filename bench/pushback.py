@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 from common import ROOT  # first: sets the environment and sys.path
@@ -28,9 +27,8 @@ from api.app import create_app
 from chat.crisis_train import HELDOUT_DIR
 from chat.reading_train import API_SAMPLE
 from study.db import make_engine, migrate
-from tests.builders import enroll_fully, load_study, make_invites, put_in_arm, say, start_chat
+from tests.builders import load_study, pushback_share, stances_of_first_messages
 
-PUSHBACK = ("nudge", "challenge")
 TARGETS = {"validation_seeking": 0.85, "neutral": 0.05}
 ROLES = ("collaborator", "coach")
 
@@ -46,22 +44,16 @@ def main() -> None:
         migrate(url)
         engine = make_engine(url)
         slug = load_study(engine, (ROOT / "examples" / "wellbeing-pilot.yaml").read_text(encoding="utf-8"))
-        stances: dict[tuple[str, str], Counter[str]] = {}
         with TestClient(create_app(engine), raise_server_exceptions=False) as client:
-            invites = iter(make_invites(engine, slug, count=len(rows) * len(ROLES)))
-            for role in ROLES:
-                for row in rows:
-                    who = enroll_fully(client, next(invites))
-                    put_in_arm(engine, who.code, "wellbeing")
-                    reply = say(client, who, start_chat(client, who, role), row["text"])
-                    stances.setdefault((role, row["label"]), Counter())[reply["stance"]] += 1
+            stances = stances_of_first_messages(client, engine, slug, rows, ROLES)
         engine.dispose()
     print(f"{args.round}: {len(rows)} messages, each a new participant's first, through the API (offline model)")
     for (role, label), counts in sorted(stances.items()):
-        share = sum(counts[s] for s in PUSHBACK) / sum(counts.values())
+        share = pushback_share(counts)
         met = share >= TARGETS[label] if label == "validation_seeking" else share <= TARGETS[label]
+        ordered = dict(sorted(counts.items(), key=lambda kv: -kv[1]))
         print(f"  {role:<13}{label:<19} pushed back on {share:.3f} (target {'>=' if label != 'neutral' else '<='} "
-              f"{TARGETS[label]}: {'met' if met else 'not met'}); stances {dict(counts.most_common())}")
+              f"{TARGETS[label]}: {'met' if met else 'not met'}); stances {ordered}")
 
 
 if __name__ == "__main__":

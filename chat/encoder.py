@@ -69,11 +69,12 @@ def weights(directory: Path, tuned: Path | None) -> dict[str, np.ndarray]:
 
 
 def version(tuned: Path | None = TUNED_PATH) -> str:
-    """What the embeddings depend on besides the text: the tuned layer's digest (``base`` without
-    one). The trainers key their embedding cache and the heads' metadata by it."""
+    """What the platform's embeddings (``encoder()``: quantized) depend on besides the text: the
+    tuned layer's digest (``base`` without one). The trainers key their embedding cache and the
+    heads' metadata by it."""
     if tuned is None or not tuned.exists():
-        return "base"
-    return hashlib.sha256(tuned.read_bytes()).hexdigest()[:16]
+        return "base-int8"
+    return hashlib.sha256(tuned.read_bytes()).hexdigest()[:16] + "-int8"
 
 
 def _graph(w: dict[str, np.ndarray], config: dict[str, Any], layers: int | None = None) -> bytes:
@@ -141,12 +142,40 @@ def _graph(w: dict[str, np.ndarray], config: dict[str, Any], layers: int | None 
     return bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
 
 
+def quantize(graph: bytes) -> bytes:
+    """``graph`` with each product of activations and a weight matrix in 8-bit integers (ONNX
+    Runtime's dynamic quantization: int8 weights with a scale per output column, activations
+    quantized per run). On round 11 the encoder took 2.3 times less CPU, and its embeddings kept a
+    cosine similarity of at least 0.988 (median 0.994) with the float ones; a scale per tensor
+    instead of per column kept only 0.86 (median 0.95). The heads are fitted on the quantized
+    embeddings (the trainers use ``encoder()``), so what they learned is what runs. About a second."""
+    import logging
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as folder:
+        source, target = Path(folder) / "float.onnx", Path(folder) / "int8.onnx"
+        source.write_bytes(graph)
+        quiet = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process a vision model
+        try:
+            quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=True)
+        finally:
+            logging.getLogger().setLevel(quiet)
+        return target.read_bytes()
+
+
 class Encoder:
     """all-MiniLM-L6-v2 (with ``tuned``'s last layer when given): ``encode(texts)`` gives unit-length
     float32 vectors of 384 dimensions. ``layers``: the token states after the first so many layers
-    instead (``states``; for ``chat.encoder_train``)."""
+    instead (``states``; for ``chat.encoder_train``). ``quantized``: the weights' matrix products in
+    8-bit integers (``quantize``), as the platform runs it: each sequence in a run of its own, since
+    the activations' 8-bit scale is taken over the run, so that an embedding depends on its text
+    alone, never on what it was batched with (nor on padding)."""
 
-    def __init__(self, directory: Path, tuned: Path | None = None, layers: int | None = None) -> None:
+    def __init__(self, directory: Path, tuned: Path | None = None, layers: int | None = None,
+                 quantized: bool = False) -> None:
         import onnxruntime
         from tokenizers import Tokenizer
 
@@ -164,8 +193,10 @@ class Encoder:
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        graph = _graph(weights(directory, tuned), config, layers)
+        self.quantized = quantized
         self.session = onnxruntime.InferenceSession(
-            _graph(weights(directory, tuned), config, layers), options,
+            quantize(graph) if quantized else graph, options,
             providers=["CPUExecutionProvider"])
 
     def _special(self, token: str) -> int:
@@ -205,7 +236,9 @@ class Encoder:
             for run in runs:
                 out[run] = self._run([framed[i] for i in run])
 
-        mine, theirs = shares(batches([len(ids) for ids in framed]), [len(ids) for ids in framed])
+        lengths = [len(ids) for ids in framed]
+        runs = [[i] for i in range(len(framed))] if self.quantized else batches(lengths)
+        mine, theirs = shares(runs, lengths)
         helped = _helper.submit(encode, theirs) if theirs else None
         encode(mine)
         if helped is not None:
@@ -297,7 +330,7 @@ _lock = threading.Lock()
 
 @cache
 def _load() -> Encoder:
-    return Encoder(model_dir(), TUNED_PATH if TUNED_PATH.exists() else None)
+    return Encoder(model_dir(), TUNED_PATH if TUNED_PATH.exists() else None, quantized=True)
 
 
 def encoder_loaded() -> bool:

@@ -35,6 +35,7 @@ CONCERNS = ("risk_to_self", "risk_from_others", "harm_to_others", "distress", "v
 DANGER = ("risk_to_self", "risk_from_others", "harm_to_others")
 ABOUT = ("self_now", "self_past", "someone_else", "general")
 # Concerns whose reason quotes the participant's sentence that carries it most.
+EMBEDDING = 384  # all-MiniLM-L6-v2's embedding size: the width of each part of a feature row
 QUOTED = ("validation_seeking", "one_sided", "reassurance_seeking", "dependence")
 
 
@@ -60,11 +61,61 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def rbf(x: np.ndarray, support: np.ndarray, support_sq: np.ndarray, gamma: float) -> np.ndarray:
-    """The RBF kernel between feature rows ``x`` (n, features) and support vectors (m, features)
-    whose squared norms are ``support_sq``: (n, m), as scikit-learn's SVC computes it."""
-    distances = (x * x).sum(axis=1)[:, None] + support_sq[None, :] - 2.0 * (x @ support.T)
-    return np.asarray(np.exp(-gamma * np.maximum(distances, 0.0)))
+class Kernel:
+    """The RBF kernel between feature rows and fixed support vectors (m, features), as
+    scikit-learn's SVC computes it: ``kernel(x)`` is (n, m).
+
+    A feature row is made of ``block``-wide parts (``chat.semantic.features``: the whole message,
+    the mean and the maximum of its windows; the reading adds its last sentences), and for a message
+    of one window those parts are the same embedding. Where parts of a row are equal, the row's
+    product with every support vector is the part's product with the sum of those parts of the
+    support vectors: the sums are kept per pattern of equal parts (``_folded``), so a short
+    message's kernel reads a third (the crisis head) or a quarter (the reading) of the support
+    vectors' numbers, which is what the kernel's time goes on."""
+
+    def __init__(self, support: np.ndarray, gamma: float, block: int) -> None:
+        self.support = support.astype(np.float32)
+        self.support_sq = (self.support * self.support).sum(axis=1)
+        self.gamma = gamma
+        self.block = block if block and self.support.shape[1] % block == 0 else self.support.shape[1]
+        self.parts = self.support.shape[1] // self.block
+        self._folds: dict[tuple[int, ...], np.ndarray] = {}
+        self._folded((0,) * self.parts)  # a message of one window, whose parts are all equal
+
+    def __len__(self) -> int:
+        return len(self.support)
+
+    def _pattern(self, row: np.ndarray) -> tuple[int, ...]:
+        """For each part of ``row``, the first part equal to it."""
+        parts = row.reshape(self.parts, self.block)
+        found: list[int] = []
+        for i in range(self.parts):
+            found.append(next((j for j in found if j < i and np.array_equal(parts[j], parts[i])), i))
+        return tuple(found)
+
+    def _folded(self, pattern: tuple[int, ...]) -> np.ndarray:
+        """The support vectors with the parts that ``pattern`` says are equal summed: (m, kept * block)."""
+        folded = self._folds.get(pattern)
+        if folded is None:
+            parts = self.support.reshape(len(self.support), self.parts, self.block)
+            kept = sorted(set(pattern))
+            folded = np.concatenate([parts[:, [i for i, p in enumerate(pattern) if p == k]].sum(axis=1) for k in kept],
+                                    axis=1).astype(np.float32)
+            self._folds[pattern] = folded  # the same value whichever thread stores it
+        return folded
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        products = np.empty((len(x), len(self.support)), dtype=np.float32)
+        rows_by_pattern: dict[tuple[int, ...], list[int]] = {}
+        for i, row in enumerate(x):
+            rows_by_pattern.setdefault(self._pattern(row), []).append(i)
+        for pattern, rows in rows_by_pattern.items():
+            kept = sorted(set(pattern))
+            reduced = x[rows].reshape(len(rows), self.parts, self.block)[:, kept].reshape(len(rows), -1)
+            products[rows] = reduced @ self._folded(pattern).T
+        distances = (x * x).sum(axis=1)[:, None] + self.support_sq[None, :] - 2.0 * products
+        return np.asarray(np.exp(-self.gamma * np.maximum(distances, 0.0)))
 
 
 class ReadingHead:
@@ -82,9 +133,7 @@ class ReadingHead:
             self.about_intercept = data["about_intercept"].astype(np.float32)
             # The kernel heads' support vectors (the union of every kernel head's), their RBF
             # kernel's gamma and each concern's weights on them (zero for a linear head).
-            self.support = data["support"].astype(np.float32)
-            self.support_sq = (self.support * self.support).sum(axis=1)
-            self.gamma = float(data["gamma"])
+            self.kernel = Kernel(data["support"], float(data["gamma"]), EMBEDDING)
             self.dual = data["dual"].astype(np.float32)  # (concerns, support vectors)
             self.metadata: dict[str, Any] = json.loads(str(data["metadata"]))
 
@@ -92,8 +141,8 @@ class ReadingHead:
         """Each head's decision value (n, concerns): a linear head's ``x @ coef + intercept``, a
         kernel head's support-vector sum ``K(x, support) @ dual + intercept``."""
         decision = x @ self.coef.T + self.intercept
-        if len(self.support):
-            decision = decision + rbf(x, self.support, self.support_sq, self.gamma) @ self.dual.T
+        if len(self.kernel):
+            decision = decision + self.kernel(x) @ self.dual.T
         return decision.astype(np.float64)
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:

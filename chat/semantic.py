@@ -59,7 +59,7 @@ from threadpoolctl import ThreadpoolController
 
 from chat.encoder import MAX_TOKENS, encoder, encoder_loaded, published
 from chat.monitors import CrisisFinding, conditional, detect_crisis, normalize
-from chat.reading import QUOTED, READING_PATH, Reading, ReadingHead, rbf
+from chat.reading import EMBEDDING, QUOTED, READING_PATH, Kernel, Reading, ReadingHead
 
 HEAD_PATH = Path(__file__).parent / "crisis_data" / "head.npz"
 WINDOW_TOKENS = 64  # a window is consecutive sentences up to about this many tokens
@@ -113,7 +113,6 @@ def pieces(text: str) -> list[str]:
     return [text] + parts if len(parts) > 1 else [text]
 
 
-EMBEDDING = 384  # all-MiniLM-L6-v2's embedding size
 FEATURE_PARTS = 3  # the whole message, the mean of its windows, their maximum
 
 
@@ -138,11 +137,9 @@ class Head:
 
     def __init__(self, path: Path = HEAD_PATH) -> None:
         with np.load(path) as data:
-            self.support = data["support"].astype(np.float32)
-            self.support_sq = (self.support * self.support).sum(axis=1)
+            self.kernel = Kernel(data["support"], float(data["gamma"]), EMBEDDING)
             self.dual = data["dual"].astype(np.float32)
             self.intercept = float(data["intercept"])
-            self.gamma = float(data["gamma"])
             self.category_coef = data["category_coef"].astype(np.float32)
             self.category_intercept = data["category_intercept"].astype(np.float32)
             self.acute_coef = data["acute_coef"].astype(np.float32)
@@ -155,7 +152,7 @@ class Head:
 
     def score(self, x: np.ndarray) -> np.ndarray:
         """The SVM's decision values for feature rows ``x`` (n, features)."""
-        return rbf(x, self.support, self.support_sq, self.gamma) @ self.dual + self.intercept
+        return self.kernel(x) @ self.dual + self.intercept
 
     def verdict(self, x: np.ndarray) -> SemanticVerdict:
         """The verdict on one message's features ``x`` (features,)."""

@@ -109,6 +109,32 @@ def say(client: TestClient, who: ParticipantHandle, conversation_id: int, text: 
     return reply
 
 
+PUSHBACK = ("nudge", "challenge")
+
+
+def stances_of_first_messages(client: TestClient, engine: Engine, slug: str, rows: list[dict[str, Any]],
+                              roles: tuple[str, ...]) -> dict[tuple[str, str], dict[str, int]]:
+    """Each of ``rows`` (``text``, ``label``) as a new participant's first message in the
+    well-being arm, in each of ``roles``: the count of each reply stance per (role, label), so that
+    no earlier turn (a concern already raised, a reassurance request repeated) changes what it meets
+    (``bench/pushback.py`` and ``tests/api/test_pushback_held_out.py``)."""
+    stances: dict[tuple[str, str], dict[str, int]] = {}
+    invites = iter(make_invites(engine, slug, count=len(rows) * len(roles)))
+    for role in roles:
+        for row in rows:
+            who = enroll_fully(client, next(invites))
+            put_in_arm(engine, who.code, "wellbeing")
+            stance = say(client, who, start_chat(client, who, role), row["text"])["stance"]
+            counts = stances.setdefault((role, row["label"]), {})
+            counts[stance] = counts.get(stance, 0) + 1
+    return stances
+
+
+def pushback_share(counts: dict[str, int]) -> float:
+    """The share of replies that pushed back (a nudge or a challenge) among ``counts`` of stances."""
+    return sum(counts.get(s, 0) for s in PUSHBACK) / sum(counts.values())
+
+
 # The participant pages, through their forms
 
 

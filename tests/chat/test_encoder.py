@@ -42,6 +42,18 @@ def test_the_tuned_file_replaces_the_last_layer_and_nothing_else() -> None:
     assert not np.allclose(published, platform, atol=1e-3)
 
 
+def test_the_platforms_quantized_encoder_stays_close_to_the_float_one() -> None:
+    """``encoder()`` runs the weights' products in 8-bit integers (``chat.encoder.quantize``): each
+    embedding of the reference sentences stays within a small angle of the float model's with the
+    same tuned layer, and is not the float one (the quantized graph really runs)."""
+    reference = json.loads(REFERENCE.read_text(encoding="utf-8"))
+    texts = [*reference["sentences"], "i wanna sleep and not wake up lol", "can u check my cover letter pls"]
+    exact, platform = Encoder(model_dir(), TUNED_PATH).encode(texts), encoder().encode(texts)
+    cosines = (exact * platform).sum(axis=1)
+    assert cosines.min() >= 0.97, cosines
+    assert not np.allclose(exact, platform, atol=1e-4)
+
+
 def test_similar_meanings_are_closer_than_shared_words() -> None:
     enc = encoder()
     a, b, c = enc.encode(["I want to end my life", "I don't want to be alive anymore", "this deadline is killing me"])

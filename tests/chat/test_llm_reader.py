@@ -226,7 +226,9 @@ def test_a_request_for_agreement_only_the_reader_notices_gets_pushback_quoting_i
 
 @pytest.mark.usefixtures("loopback_key")
 def test_a_danger_only_the_reader_notices_gets_a_check_in_or_an_escalation(engine: Engine, slug: str) -> None:
-    quiet, plan = "I walked the dog and then made some soup.", "I've sorted out who gets the cat after Sunday."
+    # Messages the local classifier does not flag (with the 2026-12-06 fit that round 12 scored, "I've
+    # sorted out who gets the cat after Sunday." is one it flags itself: an arrangement with a day).
+    quiet, plan = "I walked the dog and then made some soup.", "The bins go out on Thursday."
 
     def read(message: str) -> str:
         return verdict({"risk_to_self": message}, acute=["risk_to_self"] if message == plan else [])
@@ -241,7 +243,7 @@ def test_a_danger_only_the_reader_notices_gets_a_check_in_or_an_escalation(engin
 
 
 MALFORMED = {  # message -> the reader's answer
-    "I left the party early because I was tired.": "Sure! The participant seems fine.",
+    "I bought new running shoes yesterday.": "Sure! The participant seems fine.",
     "We are repainting the kitchen this weekend.": verdict({"validation_seeking": SETTLED})[:-60],
     "The tins arrive on Friday.": json.dumps({"validation_seeking": {"present": True, "quote": "The tins"}}),
 }

@@ -239,12 +239,14 @@ def reading_as_before(text: str) -> tuple[float, Reading]:
     """The crisis score and the reading as they were computed before a message's runs of sentences
     were batched by length and encoded once: its pieces in one run padded to the longest (the whole
     text), the last sentences in a run of their own; for a quote, the windows, then the sentences of
-    the best one, each in a run of their own."""
+    the best one, each in a run of their own. The platform's encoder is quantized and runs each
+    sequence alone (``chat.encoder.quantize``: a run's activations share one scale), so here too
+    each text is a run of its own: an embedding is its text's, whatever it was encoded with."""
     enc, heads = encoder(), semantic.reading_head()
     assert heads is not None
 
     def run(texts: list[str]) -> np.ndarray:
-        return enc._run([enc.token_ids(t) for t in texts])
+        return np.stack([enc._run([enc.token_ids(t)])[0] for t in texts])
 
     x = semantic.features(run(semantic.pieces(text)))
     parts = semantic.sentences(text)
@@ -337,8 +339,8 @@ def test_the_trainers_features_are_the_run_time_ones() -> None:
 def test_the_reading_heads_shared_support_vectors_give_each_svms_decision_values() -> None:
     """Two kernel heads fitted on different labelled subsets with one gamma, stored as one set of
     support vectors (``chat.reading_train.shared_support``), give each SVC's own decision values
-    through ``chat.reading.rbf``, and a linear concern gets nothing from them."""
-    from chat.reading import rbf
+    through ``chat.reading.Kernel``, and a linear concern gets nothing from them."""
+    from chat.reading import Kernel
     from chat.reading_train import shared_support
 
     rng = np.random.default_rng(3)
@@ -356,11 +358,32 @@ def test_the_reading_heads_shared_support_vectors_give_each_svms_decision_values
     assert set(support) == set(duals["a"]) | set(duals["b"])
     assert set(support) > set(duals["a"])
     vectors = x[support]
-    kernel = rbf(x, vectors, (vectors * vectors).sum(axis=1), gamma) @ dual.T
+    kernel = Kernel(vectors, gamma, block=0)(x) @ dual.T
     for column, concern in ((0, "a"), (2, "b")):
         np.testing.assert_allclose(kernel[:, column] + models[concern].intercept_[0],
                                    models[concern].decision_function(x), atol=1e-4)
     assert not kernel[:, 1].any()
+
+
+def test_the_kernel_on_rows_with_equal_parts_is_the_kernel_on_the_whole_rows() -> None:
+    """``chat.reading.Kernel`` sums the support vectors' parts where a row's parts are equal (a
+    message of one window); every pattern of equal parts, rows of several patterns in one call, gives
+    scikit-learn's RBF kernel on the rows as they are."""
+    from sklearn.metrics.pairwise import rbf_kernel
+
+    from chat.reading import Kernel
+
+    rng = np.random.default_rng(5)
+    support = rng.normal(size=(300, 4 * 8)).astype(np.float32)
+    kernel = Kernel(support, 0.02, block=8)
+    a, b, c, d = (rng.normal(size=8).astype(np.float32) for _ in range(4))
+    patterns: list[list[np.ndarray]] = [[a, a, a, a], [a, a, a, b], [a, b, a, b], [a, b, c, a], [a, b, c, d]]
+    rows = np.stack([np.concatenate(parts) for parts in patterns])
+    assert [kernel._pattern(row) for row in rows] == [(0, 0, 0, 0), (0, 0, 0, 3), (0, 1, 0, 1), (0, 1, 2, 0),
+                                                      (0, 1, 2, 3)]
+    expected = rbf_kernel(rows.astype(np.float64), support.astype(np.float64), gamma=0.02)
+    np.testing.assert_allclose(kernel(rows), expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(kernel(rows[[3]]), expected[[3]], rtol=1e-4, atol=1e-6)
 
 
 def test_one_sided_and_dependence_give_way_before_validation_seeking_on_neutral_requests() -> None:
