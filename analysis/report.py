@@ -334,12 +334,17 @@ def _headline(fit: ImmediateVsDelayed | None) -> str:
                                                              "perma_change": "PERMA change"}))
     intro = ("<p>The question behind the study: does the rating a participant gives when a conversation ends "
              "(the immediate signal) tell how their decisions and well-being turn out weeks later, and do the "
-             "well-being-mode features of the conversation tell more? An interval covering the no-information "
-             "value means no evidence the predictor carries information.</p>")
+             "features of the conversation tell more? Estimand: for the exit rating and for the conversation "
+             "features, how much of the outcome's variation between participants of the same arm (and wave and "
+             "baseline score) each explains out of sample; the randomized arm is not among the features, it is "
+             "held fixed, so a feature cannot score by standing in for it. The arm's own R² and AUC are in "
+             "their own columns. An interval covering the no-information value means no evidence the predictor "
+             "carries information.</p>")
     cols = [_Col("outcome", "outcome_label", "text"), _Col("metric", "metric_label", "text"),
             _Col("exit rating (95% CI)", "exit_rating", "interval", "exit_rating_low", "exit_rating_high"),
             _Col("features (95% CI)", "features", "interval", "features_low", "features_high"),
             _Col("features minus exit rating", "difference", "interval", "difference_low", "difference_high"),
+            _Col("the arm alone (95% CI)", "arm", "interval", "arm_low", "arm_high"),
             _Col("no information", "no_information"), _Col("observations", "observations", "count"),
             _Col("participants", "participants", "count")]
     panels = []
@@ -347,7 +352,7 @@ def _headline(fit: ImmediateVsDelayed | None) -> str:
         rows = shown[shown["metric"] == metric]
         labels, estimate, low, high = [], [], [], []
         for row in rows.to_dict(orient="records"):
-            for predictor, name in (("exit_rating", "exit rating"), ("features", "features")):
+            for predictor, name in (("exit_rating", "exit rating"), ("features", "features within arm")):
                 labels.append(f"{row['outcome_label']}: {name}")
                 estimate.append(row[predictor])
                 low.append(row[f"{predictor}_low"])
@@ -356,7 +361,8 @@ def _headline(fit: ImmediateVsDelayed | None) -> str:
         panels.append(Forest(title, labels, values, np.array(low, dtype=float), np.array(high, dtype=float),
                              np.array([not label.endswith("exit rating") for label in labels]), reference, title))
     plot = figure_html(forest_plot(panels, "headline", "Immediate vs delayed: R² and AUC with 95% intervals"),
-                       "Filled: the well-being-mode features; hollow: the exit rating alone. Dashed: no information.")
+                       "Filled: the conversation features within arm; hollow: the exit rating within arm. Dashed: no "
+                       "information.")
     used = "; ".join(f"{r['outcome']}: {r['features_used']}" for r in table.drop_duplicates("outcome")
                      .to_dict(orient="records"))
     definitions = "; ".join(f"{r['outcome']}: {r['definition']}" for r in table[table["metric"] == "auc"]
@@ -389,11 +395,16 @@ def _perma(fit: PermaTrajectories | None) -> str:
                      _Col("difference (95% CI)", "estimate", "interval", "ci_low", "ci_high"), _Col("p", "p", "p")]
     fixed_cols = [_Col("outcome", "outcome", "text"), _Col("term", "term", "text"),
                   _Col("estimate (95% CI)", "estimate", "interval", "ci_low", "ci_high"), _Col("SE", "se"),
-                  _Col("p", "p", "p")]
+                  _Col("df", "df"), _Col("p", "p", "p")]
     random_cols = [_Col("outcome", "outcome", "text"), _Col("random part", "structure", "text"),
                    _Col("parameter", "parameter", "text"), _Col("value", "value")]
-    return ("<p>Linear mixed model (REML) of the score at each enrollment-anchored follow-up on wave x group, "
-            "adjusted for the baseline score, with participant random effects.</p>" + "".join(parts)
+    return ("<p>Estimand (primary): the arm x time effect, how much the difference in the score between an arm "
+            "and the reference arm, at a given baseline, changes per day since enrollment (the term ending "
+            "'x day'); beside it, the difference at each wave. Estimator: linear mixed model (REML) of the score "
+            "at each enrollment-anchored follow-up on time x group, time being the wave's day since enrollment "
+            "(not its index), adjusted for the baseline score, with participant random intercepts and random "
+            "slopes where at least three waves identify them (the notes say which structure was fitted and why). "
+            "Intervals: Student's t on participants minus fixed effects (column df).</p>" + "".join(parts)
             + _table(fit.marginal_means, mean_cols, "perma-marginal-means", "Marginal means per wave and group")
             + _table(fit.contrasts, contrast_cols, "perma-contrasts", f"Group minus {fit.reference} at each wave")
             + _table(fit.fixed_effects, fixed_cols, "perma-fixed-effects", "Fixed effects")
@@ -437,8 +448,12 @@ def _screen(fit: FeatureScreen | None) -> str:
             _Col("observations", "observations", "count"), _Col("participants", "participants", "count")]
     skipped = _table(fit.skipped, [_Col("outcome", "outcome", "text"), _Col("feature", "feature", "text"),
                                    _Col("reason", "reason", "text")], "feature-screen-skipped", "Features left out")
-    return ("<p>Each feature's association with each outcome, one at a time, cluster-robust by participant (CR2); "
-            "raw and Benjamini-Hochberg adjusted p-values.</p>" + "".join(parts)
+    return ("<p>Estimand: each feature's difference in the outcome per unit within arm, one feature at a time: "
+            "for regret adjusted for the arm and the regret wave, for PERMA change for the arm x wave and the "
+            "baseline score, so that a feature that only differs between arms (the arm standing in) shows "
+            "nothing. The arm's effect is the PERMA model's. OLS, cluster-robust by participant (CR2, "
+            "Bell-McCaffrey t); raw and Benjamini-Hochberg adjusted p-values over the features of each "
+            "outcome.</p>" + "".join(parts)
             + f"<details><summary>The feature screen's table ({len(table)} rows)</summary>"
             + _table(table, cols, "feature-screen", "Feature screen") + "</details>" + skipped + _notes(fit.notes))
 
@@ -503,19 +518,29 @@ def _subgroups(fit: SubgroupEffects | None) -> str:
         parts.append(figure_html(plot, f"{outcome}, {contrast}: overall (filled) and within each subgroup level."))
     cols = [_Col("outcome", "outcome", "text"), _Col("contrast", "contrast", "text"),
             _Col("subgroup", "subgroup", "text"), _Col("level", "level", "text"),
-            _Col("difference (95% CI)", "estimate", "interval", "ci_low", "ci_high"), _Col("p", "p", "p"),
+            _Col("effect (95% CI)", "estimate", "interval", "ci_low", "ci_high"), _Col("p", "p", "p"),
+            _Col("p (BH over levels)", "p_bh", "p"),
             _Col("participants", "participants", "count"), _Col("observations", "observations", "count"),
             _Col("note", "note", "text")]
     heterogeneity = [_Col("outcome", "outcome", "text"), _Col("contrast", "contrast", "text"),
                      _Col("subgroup", "subgroup", "text"), _Col("levels", "levels", "count"),
-                     _Col("Wald statistic", "statistic"), _Col("df", "df", "count"), _Col("p", "p", "p")]
+                     _Col("F", "statistic"), _Col("df", "df", "count"),
+                     _Col("denominator df", "df_denominator", "count"), _Col("p", "p", "p"),
+                     _Col("p (Holm)", "p_holm", "p"), _Col("significant (Holm)", "significant_holm", "flag")]
     definitions = [_Col("subgroup", "subgroup", "text"), _Col("level", "level", "text"),
                    _Col("definition", "definition", "text"), _Col("participants", "participants", "count")]
-    return ("<p>The arm contrast on PERMA overall well-being and the focal-role contrast on regret, overall and "
-            "within subgroups, so that a benefit on average that harms one group is seen.</p>" + "".join(parts)
+    return ("<p>Estimand: the primary arm x time effect on PERMA overall well-being (the change per day since "
+            "enrollment in the arm difference, at a given baseline) and the focal-role contrast on regret, overall "
+            "and within each subgroup level, so that a benefit on average that harms one group is seen. OLS, "
+            "CR2 by participant with Bell-McCaffrey t intervals. Per subgroup variable an interaction test "
+            "(Wald F that the effect is the same in every level, on participants - 1 denominator df). "
+            f"Multiplicity: the interaction tests are adjusted together by Holm's rule (family-wise {fit.alpha:g}); "
+            "only a test significant after Holm is evidence that the effect differs between subgroups, and the "
+            "estimates within levels are descriptive (their p-values also shown Benjamini-Hochberg adjusted over "
+            "the levels).</p>" + "".join(parts)
             + _table(effects, cols, "subgroup-effects", "Effects by subgroup")
             + _table(fit.heterogeneity, heterogeneity, "subgroup-heterogeneity",
-                     "Is the contrast the same in every level? (Wald test)")
+                     "Is the effect the same in every level? (interaction test, Holm over the tests)")
             + _table(fit.subgroups, definitions, "subgroup-definitions", "Subgroups") + _notes(fit.notes))
 
 

@@ -151,12 +151,24 @@ def _cr1(term: str) -> Estimate:
     return estimate
 
 
+def _arm_per_follow_up(fits: dict[str, Any]) -> tuple[float, float, float, float]:
+    """The PERMA model's arm x day effect times the days between the first two follow-ups: the
+    change in the arm difference from one follow-up to the next (the truth's units)."""
+    means = fits["perma"].marginal_means.drop_duplicates("wave_number").set_index("wave_number")["days"]
+    span = float(means.iloc[1] - means.iloc[0])
+    estimate, low, high, p = _row(fits["perma"].fixed_effects, "wellbeing vs control x day")
+    return estimate * span, low * span, high * span, p
+
+
+def _arm_at_first_wave(fits: dict[str, Any]) -> tuple[float, float, float, float]:
+    row: Any = fits["perma"].contrasts.set_index("wave_number").loc[1]
+    return float(row["estimate"]), float(row["ci_low"]), float(row["ci_high"]), float(row["p"])
+
+
 # (label, its truth: a name in Effects.true_effects(), "zero", or None for no single true value; the estimate)
 EFFECTS: list[tuple[str, str | None, Estimate]] = [
-    ("arm x wave on PERMA (points per wave)", "wellbeing_arm_perma_per_wave",
-     lambda f: _row(f["perma"].fixed_effects, "wellbeing vs control x wave")),
-    ("arm before the first wave on PERMA (truth 0)", "zero",
-     lambda f: _row(f["perma"].fixed_effects, "wellbeing vs control")),
+    ("arm x time on PERMA (per day x days between follow-ups)", "wellbeing_arm_perma_per_wave", _arm_per_follow_up),
+    ("arm at the first follow-up on PERMA (points)", "wellbeing_arm_perma_per_wave", _arm_at_first_wave),
     ("coach role on regret (points)", "regret_coach", lambda f: _row(f["regret"].coefficients, "role_coach")),
     ("agree share on regret (points per unit)", "regret_per_agree_share",
      lambda f: _row(f["regret"].coefficients, "agree_share")),

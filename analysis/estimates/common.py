@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from analysis.features import FEATURES, conversation_features
@@ -245,3 +246,32 @@ def indicators(values: pd.Series, reference: str, prefix: str) -> pd.DataFrame:
     levels = sorted(v for v in values.unique() if v != reference)
     return pd.DataFrame({f"{prefix}{level} vs {reference}": (values == level).astype(float) for level in levels},
                         index=values.index)
+
+
+def arm_adjustment(frame: pd.DataFrame, reference: str, *, by_wave: bool, baseline: str | None = None) -> pd.DataFrame:
+    """The terms an analysis of conversation features holds fixed so that a feature is compared
+    within arm: an intercept, ``baseline`` (a column of ``frame``) where there is one, one indicator
+    per wave but the earliest, one per arm but ``reference`` and, with ``by_wave``, their products (the
+    arm difference free to change from wave to wave, as the arm x time effect makes it). Columns
+    constant over ``frame`` (a wave or an arm absent) are left out, so the design has full rank."""
+    design = pd.DataFrame({"Intercept": 1.0}, index=frame.index)
+    if baseline is not None:
+        design["baseline"] = floats(frame[baseline])
+    waves = wave_dummies(frame) if "wave" in frame and frame["wave"].nunique() > 1 else pd.DataFrame(index=frame.index)
+    arms = indicators(frame["arm"].astype(str), reference, "arm ")
+    design = pd.concat([design, waves, arms], axis=1)
+    if by_wave:
+        for arm in arms.columns:
+            for wave in waves.columns:
+                design[f"{arm} x {wave}"] = arms[arm] * waves[wave]
+    keep = (design.std(ddof=0) > 0) | (design.columns == "Intercept")
+    return design.loc[:, keep]
+
+
+def within(column: pd.Series, adjustment: pd.DataFrame) -> pd.Series:
+    """``column`` less its least-squares projection on ``adjustment``: what is left of a feature
+    within arm (and wave); all but zero when the feature is the arm itself."""
+    x = adjustment.to_numpy(float)
+    y = column.to_numpy(float)
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return pd.Series(y - x @ beta, index=column.index)

@@ -17,7 +17,6 @@ import pandas as pd
 import statsmodels.api as sm
 from scipy import stats
 from statsmodels.imputation.mice import MICEData
-from statsmodels.tools.sm_exceptions import ConvergenceWarning
 
 from analysis.estimates.common import (
     COMPLETE_CASE,
@@ -46,22 +45,30 @@ class Estimates:
     within: np.ndarray
     between: np.ndarray | None = None
     imputations: int = 1
+    df_complete: float = np.inf  # the complete-data degrees of freedom (participants - fixed effects)
 
     def combine(self, weights: np.ndarray) -> pd.DataFrame:
         """Estimate, standard error, 95% interval and p-value of each row of ``weights`` x params.
-        A normal reference without imputation; with it, Student's t on Rubin's degrees of freedom."""
+        Student's t on ``df_complete`` without imputation (normal if infinite); with it, on Rubin's
+        degrees of freedom with Barnard and Rubin's (1999) small-sample adjustment toward
+        ``df_complete``."""
         weights = np.atleast_2d(weights)
         estimate = weights @ self.params.to_numpy()
         within = np.einsum("ij,jk,ik->i", weights, self.within, weights)
         m = self.imputations
         if self.between is None or m < 2:
-            total, df = within, np.full(len(estimate), np.inf)
+            total, df = within, np.full(len(estimate), float(self.df_complete))
         else:
             between = np.einsum("ij,jk,ik->i", weights, self.between, weights)
             total = within + (1 + 1 / m) * between
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = (1 + 1 / m) * between / within
                 df = np.where(between > 0, (m - 1) * (1 + 1 / ratio) ** 2, np.inf)
+                if np.isfinite(self.df_complete):
+                    missing_share = np.where(total > 0, (1 + 1 / m) * between / total, 0.0)
+                    observed = ((self.df_complete + 1) / (self.df_complete + 3) * self.df_complete
+                                * (1 - missing_share))
+                    df = np.where(np.isinf(df), observed, 1 / (1 / df + 1 / observed))
         se = np.sqrt(total)
         critical = np.where(np.isinf(df), Z95, stats.t.ppf(0.975, np.where(np.isinf(df), 1, df)))
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -72,11 +79,11 @@ class Estimates:
                              "ci_high": estimate + critical * se, "statistic": statistic, "p": p, "df": df})
 
 
-def rubin(params: list[pd.Series], covariances: list[np.ndarray]) -> Estimates:
+def rubin(params: list[pd.Series], covariances: list[np.ndarray], df_complete: float = np.inf) -> Estimates:
     stacked = np.vstack([p.to_numpy() for p in params])
     between = np.atleast_2d(np.cov(stacked.T, ddof=1))
     return Estimates(pd.Series(stacked.mean(axis=0), index=params[0].index), np.mean(covariances, axis=0),
-                      between, len(params))
+                      between, len(params), df_complete)
 
 
 def _groups(frame: pd.DataFrame, by_role: bool) -> pd.Series:
@@ -90,13 +97,13 @@ def _groups(frame: pd.DataFrame, by_role: bool) -> pd.Series:
 
 def _perma_design(frame: pd.DataFrame, contrasts: list[str], reference: str, waves: dict[int, str],
                   wave_term: str) -> pd.DataFrame:
-    """Intercept, baseline, wave (a slope, or one indicator per later wave; none with one wave),
-    each group's indicator and its interaction with the wave terms. ``frame`` has group, baseline,
-    wave_number; ``waves``: the waves in the fit."""
+    """Intercept, baseline, time (``day``: a slope per day since enrollment, or one indicator per
+    later wave; none with one wave), each group's indicator and its interaction with the time
+    terms. ``frame`` has group, baseline, wave_number and day; ``waves``: the waves in the fit."""
     design = pd.DataFrame({"Intercept": 1.0, "baseline": frame["baseline"].astype(float)}, index=frame.index)
     wave_columns: dict[str, pd.Series] = {}
     if wave_term == "linear" and len(waves) > 1:
-        wave_columns["wave"] = frame["wave_number"].astype(float)
+        wave_columns["day"] = frame["day"].astype(float)
     elif wave_term == "categorical":
         for k in sorted(waves)[1:]:
             wave_columns[f"wave {waves[k]}"] = (frame["wave_number"] == k).astype(float)
@@ -119,53 +126,88 @@ class _Mixed:
 
 
 
+BOUNDARY = "on the boundary"
+
+
+OPTIMIZERS = (("bfgs", "lbfgs", "cg"), ("powell",), ("nm",))  # statsmodels' default sequence, then derivative-free
+
+
 def _fit_mixed_once(y: pd.Series, design: pd.DataFrame, groups: pd.Series,
-                    slopes: pd.DataFrame | None) -> tuple[Any, list[str]]:
-    with warnings_as_notes(ConvergenceWarning) as caught:
-        try:
-            result = sm.MixedLM(y.astype(float), design, groups=groups.to_numpy(), exog_re=slopes).fit(reml=True)
-        except (np.linalg.LinAlgError, ValueError) as error:
-            return None, [f"the fit failed: {error}"]
-    problems = sorted(set(caught))
-    if not result.converged:
-        problems.append("the optimizer did not converge")
-    if not np.all(np.isfinite(np.asarray(result.bse_fe))):
-        problems.append("some standard errors are not finite")
-    return result, problems
+                    slopes: pd.DataFrame | None) -> tuple[Any, list[str], list[str]]:
+    """(result or None, problems that make the fit unusable, remarks on a usable fit). Every
+    warning of the fit is caught and said in words: none reaches the caller raw. A fit whose
+    variance estimate lies on the boundary (a variance of zero, lme4's "singular fit") is
+    usable and remarked on; a failed, unconverged fit or one with non-finite standard errors
+    is not. statsmodels' default optimizers first, then Powell, then Nelder-Mead, each from the
+    start (an optimizer that fails with an error does not stop the next)."""
+    problems: list[str] = []
+    for optimizers in OPTIMIZERS:
+        with warnings_as_notes(Warning) as caught:
+            try:
+                result = sm.MixedLM(y.astype(float), design, groups=groups.to_numpy(), exog_re=slopes).fit(
+                    reml=True, method=list(optimizers))
+            except (np.linalg.LinAlgError, ValueError) as error:
+                problems.append(f"{'/'.join(optimizers)}: the fit failed ({error})")
+                continue
+        if not result.converged:
+            problems.append(f"{'/'.join(optimizers)}: the optimizer did not converge")
+            continue
+        if not np.all(np.isfinite(np.asarray(result.bse_fe))):
+            problems.append(f"{'/'.join(optimizers)}: some standard errors are not finite (the information matrix "
+                            "is singular)")
+            continue
+        remarks = []
+        for message in sorted(set(caught)):
+            if "boundary" in message.lower():
+                remarks.append(f"a variance is estimated {BOUNDARY} of the parameter space (zero), a singular fit")
+            elif not any(word in message.lower() for word in ("retrying", "converge", "gradient optimization",
+                                                               "covariance is singular")):
+                remarks.append(f"statsmodels: {message}")
+        if optimizers != OPTIMIZERS[0]:
+            remarks.append("fitted with " + "/".join(optimizers) + " after " + "; ".join(problems))
+        return result, [], sorted(set(remarks))
+    return None, problems, []
 
 
 def _fit_mixed(frame: pd.DataFrame, design: pd.DataFrame, random_slopes: bool) -> _Mixed:
-    """Participant random intercepts and, if asked and the fit converges cleanly, random slopes on
-    wave; otherwise intercepts only, with the reason in the notes."""
+    """Participant random intercepts and, if asked, random slopes on day; when the slope fit fails
+    (no convergence, non-finite standard errors) intercepts only, with the reason in the notes (no
+    silent fallback). Degrees of freedom: participants minus fixed effects (a cluster-count df)."""
     notes: list[str] = []
     y, groups = frame["y"], frame["participant_code"].astype(str)
+    df = float(groups.nunique() - np.linalg.matrix_rank(design.to_numpy(float)))
     if groups.value_counts().max() == 1:
         # One row per participant: the participant and residual variances cannot be told apart and
         # MixedLM's standard errors are unreliable; the random-intercept model's fixed effects are
         # then those of OLS, whose residual variance is the two variances' sum.
         result = sm.OLS(y.astype(float), design.astype(float)).fit()
         notes.append("One observation per participant: fitted by OLS (the random intercept is not identified).")
-        return _Mixed(Estimates(result.params, np.asarray(result.cov_params())), "none (one row per participant)",
-                      result, notes)
+        return _Mixed(Estimates(result.params, np.asarray(result.cov_params()), df_complete=float(result.df_resid)),
+                      "none (one row per participant)", result, notes)
     if random_slopes:
-        slopes = pd.DataFrame({"Intercept": 1.0, "wave": frame["wave_number"].astype(float)}, index=frame.index)
-        result, problems = _fit_mixed_once(y, design, groups, slopes)
+        # The slope's column in weeks: the same model as in days (its variance scaled by 49), and an
+        # optimizer's steps of the size it takes (in days the variance is ~1e-4 and statsmodels'
+        # gradient methods stop short of it).
+        slopes = pd.DataFrame({"Intercept": 1.0, "week": frame["day"].astype(float) / 7}, index=frame.index)
+        result, problems, remarks = _fit_mixed_once(y, design, groups, slopes)
         if result is not None and not problems:
-            return _Mixed(_mixed_estimates(result, design), "participant intercept and wave slope", result, notes)
-        notes.append("Random slopes on wave did not fit (" + "; ".join(problems)
-                     + "): the model has participant random intercepts only.")
-    result, problems = _fit_mixed_once(y, design, groups, None)
-    if result is None:
+            notes += [f"Random-slope fit: {remark}; kept (the fixed effects and their errors are still "
+                      "estimated)." for remark in remarks]
+            return _Mixed(_mixed_estimates(result, design, df), "participant intercept and time slope", result, notes)
+        notes.append("Random slopes on day were asked for but did not fit (" + "; ".join(problems)
+                     + "): the model reported has participant random intercepts only.")
+    result, problems, remarks = _fit_mixed_once(y, design, groups, None)
+    if result is None:  # every optimizer failed
         raise ValueError("the mixed model could not be fitted: " + "; ".join(problems))
-    if problems:
-        notes.append("Random-intercept fit: " + "; ".join(problems) + ".")
-    return _Mixed(_mixed_estimates(result, design), "participant intercept", result, notes)
+    if remarks:
+        notes.append("Random-intercept fit: " + "; ".join(remarks) + ".")
+    return _Mixed(_mixed_estimates(result, design, df), "participant intercept", result, notes)
 
 
-def _mixed_estimates(result: Any, design: pd.DataFrame) -> Estimates:
+def _mixed_estimates(result: Any, design: pd.DataFrame, df: float) -> Estimates:
     k = design.shape[1]  # MixedLM lists the fixed effects first, then the random-effect parameters
     return Estimates(pd.Series(np.asarray(result.fe_params), index=design.columns),
-                      np.asarray(result.cov_params())[:k, :k])
+                      np.asarray(result.cov_params())[:k, :k], df_complete=df)
 
 
 def _random_effects(result: Any) -> pd.DataFrame:
@@ -174,7 +216,7 @@ def _random_effects(result: Any) -> pd.DataFrame:
     cov = np.asarray(result.cov_re, dtype=float)
     rows = [("participant intercept variance", float(cov[0, 0]))]
     if cov.shape[0] > 1:
-        rows += [("participant wave-slope variance", float(cov[1, 1])),
+        rows += [("participant slope variance (per week)", float(cov[1, 1])),
                  ("intercept-slope covariance", float(cov[0, 1]))]
     rows.append(("residual variance", float(result.scale)))
     return pd.DataFrame(rows, columns=["parameter", "value"])
@@ -183,8 +225,9 @@ def _random_effects(result: Any) -> pd.DataFrame:
 @dataclass(frozen=True)
 class PermaTrajectories:
     """PERMA over time by arm (and role). ``fixed_effects``: one row per outcome and term with its
-    95% interval (terms ``baseline``, ``wave``, ``<arm> vs <reference>`` and ``<arm> vs
-    <reference> x wave``, the arm x wave effect). ``marginal_means``: the model's mean per outcome,
+    95% interval and degrees of freedom (terms ``baseline``, ``day``, ``<arm> vs <reference>``, the
+    difference at enrollment, and ``<arm> vs <reference> x day``, the arm x time effect per day since
+    enrollment). ``marginal_means``: the model's mean per outcome,
     group and wave at the sample's mean baseline, with intervals and the observed means beside
     them (the trajectory plot). ``contrasts``: group minus reference at each wave.
     ``random_effects``: variance components. ``samples``: per outcome. ``fits``: the statsmodels
@@ -201,7 +244,7 @@ class PermaTrajectories:
     method: str
 
     def effect(self, term: str, outcome: str = "overall_wellbeing") -> pd.Series:
-        """One fixed effect's row, e.g. ``fit.effect("wellbeing vs control x wave")``."""
+        """One fixed effect's row, e.g. ``fit.effect("wellbeing vs control x day")``."""
         rows = self.fixed_effects[(self.fixed_effects["outcome"] == outcome) & (self.fixed_effects["term"] == term)]
         if rows.empty:
             raise KeyError(f"no term {term!r} for {outcome!r}")
@@ -217,15 +260,27 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
                        reference_arm: str | None = None, impute: Literal["none", "mice"] = "none",
                        imputations: int = 20, burn_in: int = 10, seed: int = 0) -> PermaTrajectories:
     """Linear mixed model (statsmodels ``MixedLM``, REML) of each PERMA score in ``outcomes`` at the
-    enrollment-anchored follow-ups on wave x arm (x the first conversation's role within
+    enrollment-anchored follow-ups on time x arm (x the first conversation's role within
     well-being-mode arms, with ``by_role``), adjusted for the baseline score, with participant
-    random intercepts and random slopes on wave where they fit.
+    random intercepts and random slopes on time where they are identified and fit.
 
-    ``wave_term`` ``linear`` numbers the follow-ups 1..K (the arm x wave term is the difference that
-    grows per wave); ``categorical`` gives each later wave its own terms. ``impute="mice"``: multiple
-    imputation by chained equations (statsmodels ``MICEData``, predictive mean matching) of the
-    wide participant x wave table, ``imputations`` data sets after ``burn_in`` cycles, the model
-    fitted to each and combined with Rubin's rules; seeded by ``seed``.
+    Estimand (the primary one): the arm x time effect, how much the difference in the score between
+    an arm and the reference arm, at a given baseline, changes per day since enrollment (term
+    ``<arm> vs <reference> x day``); beside it, the difference at each wave (``contrasts``).
+
+    Time is the wave's day since enrollment (its median over participants, the protocol's offset
+    plus the local send time), not the wave's index: with follow-ups at days 7 and 28 a per-wave
+    slope would treat three weeks as one. ``wave_term`` ``linear``: the score is linear in that day;
+    ``categorical`` gives each later wave its own terms. Random slopes (on day) are fitted only with
+    at least three waves (with two they are not identified); a slope fit that fails falls back to
+    random intercepts and says so in ``notes``, and a variance estimated at zero is kept and said.
+    Intervals and p-values: Student's t on the participants minus the fixed effects (a
+    cluster-count degrees of freedom; Satterthwaite and Kenward-Roger are not in statsmodels).
+
+    ``impute="mice"``: multiple imputation by chained equations (statsmodels ``MICEData``,
+    predictive mean matching) of the wide participant x wave table, ``imputations`` data sets
+    after ``burn_in`` cycles, the model fitted to each and combined with Rubin's rules; seeded by
+    ``seed``.
     """
     unknown = [name for name in outcomes if name not in PERMA_SCORES]
     if unknown:
@@ -237,6 +292,7 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
     rows, waves, days = perma_rows(data.panel)
     reference = pick_reference_arm(rows, reference_arm)
     rows["group"] = _groups(rows, by_role)
+    rows["day"] = rows["wave_number"].map(days).astype(float)
     contrasts = sorted(g for g in rows["group"].unique() if g != reference)
     if by_role and reference not in set(rows["group"]):
         raise ValueError(f"the reference arm {reference!r} is in the well-being mode; pick a default-mode arm")
@@ -245,8 +301,15 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
              f"Multiple imputation by chained equations ({imputations} imputations, predictive mean matching on "
              "the wide participant x wave table with baseline and group), combined with Rubin's rules; valid if "
              "the data are missing at random given baseline, group and the observed waves."]
-    notes.append(f"Reference group: {reference}; waves numbered in order of their median day since enrollment: "
-                 + ", ".join(f"{k} = {w}" for k, w in waves.items()) + ".")
+    notes.append(f"Reference group: {reference}. Time is the wave's day since enrollment (its median over "
+                 "participants: the protocol's offset plus the local send time): "
+                 + ", ".join(f"{w} = day {days[k]:.1f}" for k, w in waves.items())
+                 + (". The arm x time terms are per day." if wave_term == "linear" else
+                    ". Each later wave has its own terms."))
+    notes.append("Intervals and p-values: Student's t on the participants minus the fixed effects (a cluster-count "
+                 "degrees of freedom, conservative for within-participant terms; Satterthwaite and Kenward-Roger "
+                 "are not in statsmodels)" + ("" if impute == "none" else
+                                              ", with Barnard and Rubin's adjustment after imputation") + ".")
     if by_role:
         notes.append("Role is the starting role of the participant's first conversation ('none' without one).")
 
@@ -267,7 +330,7 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
         # residual variance): a random slope needs at least three waves.
         slopes = random_slopes and len(fitted) > 2
         if random_slopes and len(fitted) == 2:
-            notes.append(f"{outcome}: random slopes on wave need at least three waves with data (with two they "
+            notes.append(f"{outcome}: random slopes on day need at least three waves with data (with two they "
                          "are not identified): the model has participant random intercepts only.")
         if impute == "none":
             used = in_fit & frame["y"].notna() & frame["baseline"].notna() & frame["wave_number"].isin(list(fitted))
@@ -297,6 +360,7 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
         fixed.append(table)
         grid = pd.DataFrame([(g, k) for g in [reference, *contrasts] for k in fitted],
                             columns=["group", "wave_number"]).assign(baseline=mean_baseline)
+        grid["day"] = grid["wave_number"].map(days).astype(float)
         weights = _perma_design(grid, contrasts, reference, fitted, wave_term)[list(estimates.params.index)]
         mean = estimates.combine(weights.to_numpy())
         observed = frame[frame["y"].notna()].groupby(["group", "wave_number"])["y"].agg(["mean", "size"])
@@ -354,7 +418,7 @@ def _perma_mice(frame: pd.DataFrame, contrasts: list[str], reference: str, waves
         frame = frame[frame["participant_code"].isin(wide.index)]
     codes = list(wide.index)
     wide.columns = pd.Index([str(c) for c in wide.columns], dtype=object)  # MICEData wants object column names
-    cells = frame[["participant_code", "wave_number", "group"]].reset_index(drop=True)
+    cells = frame[["participant_code", "wave_number", "day", "group"]].reset_index(drop=True)
     params: list[pd.Series] = []
     covariances: list[np.ndarray] = []
     results: list[Any] = []
@@ -362,6 +426,7 @@ def _perma_mice(frame: pd.DataFrame, contrasts: list[str], reference: str, waves
     baselines: list[float] = []
     structure = ""
     use_slopes = random_slopes
+    df_complete = np.inf
     # MICEData draws from its own generator (a fresh, unseeded one unless given): hand it the seed.
     imputer = MICEData(wide.reset_index(drop=True), rng=np.random.default_rng(seed))
     imputer.update_all(burn_in)
@@ -374,11 +439,11 @@ def _perma_mice(frame: pd.DataFrame, contrasts: list[str], reference: str, waves
         design = _perma_design(long, contrasts, reference, waves, wave_term)
         mixed = _fit_mixed(long, design, use_slopes)
         if m == 0:
-            structure = mixed.structure
+            structure, df_complete = mixed.structure, mixed.estimates.df_complete
             use_slopes = "slope" in structure  # the random part is decided on the first imputed data set
             notes += mixed.notes
         params.append(mixed.estimates.params)
         covariances.append(mixed.estimates.within)
         results.append(mixed.result)
         baselines.append(float(long["baseline"].mean()))
-    return rubin(params, covariances), structure, results, notes, float(np.mean(baselines))
+    return rubin(params, covariances, df_complete), structure, results, notes, float(np.mean(baselines))

@@ -30,8 +30,9 @@ def render(context: auth.Context) -> None:
     screen = fitted.frames.get("screen.feature_screen")
     if screen is not None and not screen.empty:
         st.subheader("Feature effects")
-        st.caption("Each feature's association with regret and PERMA change, one at a time, per standard deviation "
-                   "of the feature, cluster-robust by participant (analysis.estimates.feature_screen)")
+        st.caption("Each feature's association with regret and PERMA change within arm (adjusted for arm and, for "
+                   "PERMA, baseline and wave), one at a time, per standard deviation of the feature, cluster-robust "
+                   "by participant (analysis.estimates.feature_screen)")
         forest(screen, "label", "estimate_per_sd", "ci_low_per_sd", "ci_high_per_sd", "outcome")
         show.table(screen, "Feature screen", file_name="feature-screen")
     regret = fitted.frames.get("regret.coefficients")

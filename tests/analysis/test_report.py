@@ -115,7 +115,8 @@ def equal(shown: str | None, expected: Any) -> bool:
 
 INTERVALS = {"estimate": ("ci_low", "ci_high"), "mean": ("ci_low", "ci_high"),
              "exit_rating": ("exit_rating_low", "exit_rating_high"), "features": ("features_low", "features_high"),
-             "difference": ("difference_low", "difference_high"), "hazard_ratio": ("hr_low", "hr_high"),
+             "difference": ("difference_low", "difference_high"), "arm": ("arm_low", "arm_high"),
+             "hazard_ratio": ("hr_low", "hr_high"),
              "estimate_per_sd": ("ci_low_per_sd", "ci_high_per_sd"),
              "cumulative_incidence": ("ci_low", "ci_high")}
 
@@ -188,10 +189,11 @@ def test_the_report_shows_the_models_numbers(synthetic: tuple[Any, StudyData]) -
         ("perma-overall_wellbeing-missingness", perma.samples["overall_wellbeing"].missingness),
         ("regret-missingness", regret.sample.missingness)))
     assert compared > 500
-    arm_wave = page["perma-fixed-effects"][4]
-    assert arm_wave["term"]["text"] == "wellbeing vs control x wave"
-    assert number(arm_wave["estimate"]["low"]) <= study.true_effects["wellbeing_arm_perma_per_wave"]["value"] \
-        <= number(arm_wave["estimate"]["high"])
+    arm_time = page["perma-fixed-effects"][4]
+    assert arm_time["term"]["text"] == "wellbeing vs control x day"
+    days = perma.marginal_means.drop_duplicates("wave_number").set_index("wave_number")["days"]
+    per_day = study.true_effects["wellbeing_arm_perma_per_wave"]["value"] / (days[2] - days[1])  # by hand
+    assert number(arm_time["estimate"]["low"]) <= per_day <= number(arm_time["estimate"]["high"])
 
     # The participants by arm, counted from the synthetic study's own draws.
     people = study.people

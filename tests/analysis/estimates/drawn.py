@@ -194,8 +194,18 @@ def pick(frame: pd.DataFrame, **where: Any) -> Any:
 
 
 def perma_table(drawn: Drawn) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The completed PERMA follow-ups and their design: intercept, baseline, wave 1/2, arm, arm x wave."""
+    """The completed PERMA follow-ups and their design: intercept, baseline, day (each wave's day
+    since enrollment: 7, 28), arm, arm x day."""
     table = drawn.perma[drawn.perma["response_status"] == "completed"].sort_values(["participant_code", "wave_number"])
-    wave = table["wave_number"].astype(float)
-    return table, pd.DataFrame({"Intercept": 1.0, "baseline": table["baseline"], "wave": wave,
-                                "wellbeing": table["wellbeing"], "wellbeing_wave": table["wellbeing"] * wave})
+    day = table["days_since_enrollment"].astype(float)
+    return table, pd.DataFrame({"Intercept": 1.0, "baseline": table["baseline"], "day": day,
+                                "wellbeing": table["wellbeing"], "wellbeing_day": table["wellbeing"] * day})
+
+
+def per_day(truth: Truth, per_wave: float | None = None) -> tuple[float, float]:
+    """A per-wave arm effect (the k-th follow-up: effect x k) as the model of time in days sees it:
+    (the arm x day effect, the arm difference at day 0), by hand from the first two waves' days."""
+    effect = truth.arm_per_wave if per_wave is None else per_wave
+    (_, k1, d1), (_, k2, d2) = truth.perma_waves[:2]
+    slope = effect * (k2 - k1) / (d2 - d1)
+    return slope, effect * k1 - slope * d1

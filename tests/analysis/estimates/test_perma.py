@@ -10,36 +10,53 @@ import numpy as np
 import pandas as pd
 import pytest
 import statsmodels.api as sm
+from scipy import stats
 
 from analysis.estimates import StudyData, perma_trajectories, subgroup_effects
 from analysis.panel import PERMA
-from tests.analysis.estimates.drawn import PERMA_WAVES, ROLES, Truth, covers, draw_study, perma_table, pick, same
+from tests.analysis.estimates.drawn import (
+    PERMA_WAVES,
+    ROLES,
+    Truth,
+    covers,
+    draw_study,
+    per_day,
+    perma_table,
+    pick,
+    same,
+)
 
 
-def test_the_mixed_model_equals_a_direct_statsmodels_fit() -> None:
+def test_the_mixed_model_equals_a_direct_statsmodels_fit_with_time_in_days_and_t_intervals() -> None:
     drawn = draw_study(seed=1, n=60)
     fit = perma_trajectories(drawn.data, random_slopes=False)
 
     table, design = perma_table(drawn)
     direct = sm.MixedLM(table["y"], design, groups=table["participant_code"]).fit(reml=True)
     fixed = fit.fixed_effects
-    assert list(fixed["term"]) == ["Intercept", "baseline", "wave", "wellbeing vs control",
-                                   "wellbeing vs control x wave"]
+    assert list(fixed["term"]) == ["Intercept", "baseline", "day", "wellbeing vs control",
+                                   "wellbeing vs control x day"]
     same(fixed["estimate"], direct.fe_params)
     same(fixed["se"], direct.bse_fe)
-    same(fixed["p"], direct.pvalues.iloc[:5])
+    # Student's t on participants minus fixed effects, by hand (statsmodels' own p-values are z).
+    df = table["participant_code"].nunique() - 5
+    assert (fixed["df"] == df).all()
+    same(fixed["p"], 2 * stats.t.sf(np.abs(direct.fe_params / direct.bse_fe), df))
+    same(fixed["ci_low"], direct.fe_params - stats.t.ppf(0.975, df) * direct.bse_fe)
+    assert (fixed["ci_high"] - fixed["ci_low"] > 2 * 1.959963984540054 * fixed["se"]).all()  # wider than z
     assert fit.random_effects.set_index("parameter").loc["residual variance", "value"] == pytest.approx(direct.scale)
 
-    # The marginal mean of the well-being arm at wave 2 and the arm difference there, by hand.
+    # The marginal mean of the well-being arm at day 28 and the arm difference there, by hand.
     beta, cov = direct.fe_params.to_numpy(), np.asarray(direct.cov_params())[:5, :5]
-    x = np.array([1.0, table["baseline"].mean(), 2.0, 1.0, 2.0])
+    x = np.array([1.0, table["baseline"].mean(), 28.0, 1.0, 28.0])
     row = pick(fit.marginal_means, group="wellbeing", wave_number=2)
+    assert row["days"] == 28.0
     assert row["mean"] == pytest.approx(x @ beta, rel=1e-10)
     assert row["se"] == pytest.approx(np.sqrt(x @ cov @ x), rel=1e-8)
-    assert row["ci_low"] == pytest.approx(x @ beta - 1.959963984540054 * np.sqrt(x @ cov @ x), rel=1e-8)
+    assert row["ci_low"] == pytest.approx(x @ beta - stats.t.ppf(0.975, df) * np.sqrt(x @ cov @ x), rel=1e-8)
     assert row["observed_n"] == ((table["wellbeing"] == 1) & (table["wave_number"] == 2)).sum()
     contrast = pick(fit.contrasts, wave_number=2)
-    d = np.array([0, 0, 0, 1.0, 2.0])
+    d = np.array([0, 0, 0, 1.0, 28.0])
     assert contrast["estimate"] == pytest.approx(d @ beta, rel=1e-10)
     assert contrast["se"] == pytest.approx(np.sqrt(d @ cov @ d), rel=1e-8)
 
@@ -57,21 +74,30 @@ def test_random_slopes_are_fitted_from_three_waves_and_otherwise_stated() -> Non
     waves = (*PERMA_WAVES, ("perma-week-8", 3, 56.0))
     drawn = draw_study(seed=3, n=150, truth=Truth(slope_sd=0.4, perma_waves=waves), decisions=1)
     fit = perma_trajectories(drawn.data, random_slopes=True)
-    assert fit.random_effects["structure"].iloc[0] == "participant intercept and wave slope"
+    assert fit.random_effects["structure"].iloc[0] == "participant intercept and time slope"
     table, design = perma_table(drawn)
-    slopes = pd.DataFrame({"Intercept": 1.0, "wave": table["wave_number"] * 1.0})
-    direct = sm.MixedLM(table["y"], design, groups=table["participant_code"], exog_re=slopes).fit(reml=True)
+    slopes = pd.DataFrame({"Intercept": 1.0, "week": table["days_since_enrollment"] / 7})
+    model = sm.MixedLM(table["y"], design, groups=table["participant_code"], exog_re=slopes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        default = model.fit(reml=True)  # statsmodels' gradient methods stop short here (lme4 fits it)
+        direct = model.fit(reml=True, method=["powell"])
+    assert not default.converged
+    assert direct.converged
+    assert direct.llf >= default.llf
+    assert any("fitted with powell after" in note for note in fit.notes)  # said, not silent
     same(fit.fixed_effects["estimate"], direct.fe_params)
     same(fit.fixed_effects["se"], direct.bse_fe)
     variances = fit.random_effects.set_index("parameter")["value"]
-    assert variances["participant wave-slope variance"] == pytest.approx(direct.cov_re.iloc[1, 1], rel=1e-6)
-    assert 0.4**2 / 2 < variances["participant wave-slope variance"] < 0.4**2 * 2
+    assert variances["participant slope variance (per week)"] == pytest.approx(direct.cov_re.iloc[1, 1], rel=1e-6)
+    # The drawn slope is 0.4 per wave over waves at days 7, 28 and 56: about 0.4 / 3.5 per week.
+    assert (0.4 / 3.5) ** 2 / 3 < variances["participant slope variance (per week)"] < (0.4 / 3.5) ** 2 * 3
 
     # Two waves: a random slope is not identified; the model says so and has intercepts only.
     drawn = draw_study(seed=2, n=60)
     fit = perma_trajectories(drawn.data, random_slopes=True)
     assert fit.random_effects["structure"].iloc[0] == "participant intercept"
-    assert any("random slopes on wave need at least three waves" in note for note in fit.notes)
+    assert any("random slopes on day need at least three waves" in note for note in fit.notes)
     table, design = perma_table(drawn)
     direct = sm.MixedLM(table["y"], design, groups=table["participant_code"]).fit(reml=True)
     same(fit.fixed_effects["estimate"], direct.fe_params)
@@ -129,13 +155,14 @@ def test_early_in_a_study_a_wave_without_data_is_left_out(early: int) -> None:
     assert sample.observations == len(table)
     assert pick(sample.missingness, wave="perma-week-4")[["not_yet_due", "eligible", "used"]].tolist() == [
         int(later.sum()), early, 0]
-    overall = pick(subgroups.effects, outcome="perma_overall_wellbeing", subgroup="all")
-    assert overall["estimate"] == pytest.approx(direct.params["wellbeing"], rel=1e-10)
+    # One wave: no arm x time effect to estimate within subgroups, and the subgroups say so.
+    assert "perma_overall_wellbeing" not in set(subgroups.effects["outcome"])
+    assert any("no arm x time effect" in note for note in subgroups.notes)
 
 
 def test_multiple_imputation_covers_the_complete_data_truth() -> None:
     drawn = draw_study(seed=13, n=300, truth=Truth(all_answered=True), decisions=1)
-    complete = perma_trajectories(drawn.data, random_slopes=False).effect("wellbeing vs control x wave")
+    complete = perma_trajectories(drawn.data, random_slopes=False).effect("wellbeing vs control x day")
     rng = np.random.default_rng(99)
     panel = drawn.data.panel.copy()
     follow_up = (panel["instrument_id"] == PERMA) & (panel["wave"] != "baseline")
@@ -148,8 +175,8 @@ def test_multiple_imputation_covers_the_complete_data_truth() -> None:
     data = StudyData(panel=panel, conversations=drawn.data.conversations, survival=drawn.data.survival)
 
     fit = perma_trajectories(data, impute="mice", imputations=8, burn_in=5, random_slopes=False, seed=3)
-    effect = fit.effect("wellbeing vs control x wave")
-    assert covers(effect, Truth().arm_per_wave)
+    effect = fit.effect("wellbeing vs control x day")
+    assert covers(effect, per_day(Truth())[0])
     assert covers(effect, complete["estimate"])
     assert fit.method == "mice"
     # Rubin's rules by hand from the fits to the imputed data sets.
@@ -160,9 +187,17 @@ def test_multiple_imputation_covers_the_complete_data_truth() -> None:
     total = within + (1 + 1 / 8) * estimates.var(ddof=1)
     assert effect["estimate"] == pytest.approx(estimates.mean(), rel=1e-10)
     assert effect["se"] == pytest.approx(np.sqrt(total), rel=1e-10)
+    # Barnard and Rubin's degrees of freedom, by hand from the complete-data df (participants - 5).
+    between = (1 + 1 / 8) * estimates.var(ddof=1)
+    rubin_df = 7 * (1 + within / between) ** 2
+    complete_df = panel["participant_code"].nunique() - 5
+    observed_df = (complete_df + 1) / (complete_df + 3) * complete_df * (1 - between / total)
+    assert effect["df"] == pytest.approx(1 / (1 / rubin_df + 1 / observed_df), rel=1e-10)
+    assert effect["ci_low"] == pytest.approx(effect["estimate"] - stats.t.ppf(0.975, effect["df"]) * effect["se"],
+                                             rel=1e-10)
     sample = fit.samples["overall_wellbeing"]
     assert sample.missingness.set_index("wave").loc["all", "imputed"] == removed.sum()
     assert sample.observations == follow_up.sum()
     # The same seed gives the same imputations.
     again = perma_trajectories(data, impute="mice", imputations=8, burn_in=5, random_slopes=False, seed=3)
-    assert again.effect("wellbeing vs control x wave")["estimate"] == effect["estimate"]
+    assert again.effect("wellbeing vs control x day")["estimate"] == effect["estimate"]

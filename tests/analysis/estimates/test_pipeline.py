@@ -85,8 +85,16 @@ def test_the_pipeline_on_a_hand_built_study_equals_direct_fits(engine: Engine, e
                              "wellbeing": float(arm == "wellbeing"), "y": overall(*answer)})
     table = pd.DataFrame(rows).sort_values(["participant", "wave"]).reset_index(drop=True)
     assert len(table) == 11
-    design = pd.DataFrame({"Intercept": 1.0, "baseline": table["baseline"], "wave": table["wave"],
-                           "wellbeing": table["wellbeing"], "wellbeing_wave": table["wellbeing"] * table["wave"]})
+    # Time: each wave's day since enrollment (week 1 due 7 days after enrollment, week 4 at 27 days
+    # 23 hours, Berlin's clocks having moved), as the panel reads it, the same for every participant.
+    follow_ups = data.panel[(data.panel["instrument_id"] == "perma-profiler") & (data.panel["wave"] != "baseline")]
+    by_wave = follow_ups.groupby("wave")["days_since_enrollment"]
+    assert (by_wave.max() - by_wave.min()).max() < 1e-9
+    median_days = by_wave.median().sort_values().to_numpy(float)
+    assert median_days[1] - median_days[0] == pytest.approx(20 + 23 / 24)
+    day = table["wave"].map({1.0: median_days[0], 2.0: median_days[1]})
+    design = pd.DataFrame({"Intercept": 1.0, "baseline": table["baseline"], "day": day,
+                           "wellbeing": table["wellbeing"], "wellbeing_day": table["wellbeing"] * day})
     # Seven people, eleven rows: the participant variance is estimated at its boundary (0). The
     # direct fit warns; the pipeline says so in its notes instead.
     with pytest.warns(ConvergenceWarning, match="boundary"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from analysis.estimates import dropout_survival, perma_trajectories, regret_model
-from tests.analysis.estimates.drawn import NULL, Truth, covers, draw_study
+from tests.analysis.estimates.drawn import NULL, Truth, covers, draw_study, per_day
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,11 @@ def recovered() -> dict[str, Any]:
 
 def test_the_intervals_contain_the_true_effects(recovered: dict[str, Any]) -> None:
     truth = Truth()
-    arm_wave = recovered["perma"].effect("wellbeing vs control x wave")
-    assert covers(arm_wave, truth.arm_per_wave)
-    assert arm_wave["ci_low"] > 0
-    assert covers(recovered["perma"].effect("wellbeing vs control"), 0.0)  # no difference before the first wave
+    slope, at_enrollment = per_day(truth)  # 0.4 per follow-up at days 7 and 28: 0.4 / 21 per day
+    arm_time = recovered["perma"].effect("wellbeing vs control x day")
+    assert covers(arm_time, slope)
+    assert arm_time["ci_low"] > 0
+    assert covers(recovered["perma"].effect("wellbeing vs control"), at_enrollment)
     coach, agree = recovered["regret"].effect("role_coach"), recovered["regret"].effect("agree_share")
     assert covers(coach, truth.regret_coach)
     assert coach["ci_high"] < 0
@@ -40,7 +41,7 @@ def test_the_intervals_contain_the_true_effects(recovered: dict[str, Any]) -> No
 
 def test_with_no_true_effects_the_intervals_cover_zero() -> None:
     drawn = draw_study(seed=12, n=400, truth=NULL)
-    assert covers(perma_trajectories(drawn.data).effect("wellbeing vs control x wave"), 0.0)
+    assert covers(perma_trajectories(drawn.data).effect("wellbeing vs control x day"), 0.0)
     regret = regret_model(drawn.data)
     assert covers(regret.effect("role_coach"), 0.0)
     assert covers(regret.effect("agree_share"), 0.0)
