@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -107,6 +108,20 @@ def say(client: TestClient, who: ParticipantHandle, conversation_id: int, text: 
     assert response.status_code == 200, response.text
     reply: dict[str, Any] = response.json()["reply"]
     return reply
+
+
+def evaluate_grid(engine: Engine, folder: Path, name: str, body: str) -> int:
+    """An evaluation grid named ``name`` (``body``: the rest of its YAML) written in ``folder``,
+    planned, run to the end and judged: its run id."""
+    from evals.grid import load_grid
+    from evals.runner import create_run, execute_run, plan
+
+    path = folder / f"{name}.yaml"
+    path.write_text(f"name: {name}\n{body}", encoding="utf-8")
+    run_id = create_run(engine, plan(load_grid(path), folder))
+    outcome = execute_run(engine, run_id, progress=False)
+    assert outcome.finished, outcome.errors
+    return run_id
 
 
 PUSHBACK = ("nudge", "challenge")

@@ -23,12 +23,10 @@ from streamlit.testing.v1 import AppTest
 from dashboard import data
 from evals.cards import CARD_METRICS, comparison_note, latest_cards, write_cards
 from evals.gates import judge_run
-from evals.grid import load_grid
 from evals.results import load_frame, paired_difference
-from evals.runner import create_run, execute_run, plan
 from study.models import StaffRole
 from study.settings import get_settings
-from tests.builders import load_study, make_staff
+from tests.builders import evaluate_grid, load_study, make_staff
 from tests.conftest import EXAMPLE
 from tests.dashboard.conftest import EMAILS, empty_database, sign_in, visit
 
@@ -47,11 +45,7 @@ class Evaluated:
 
 
 def run_grid(engine: Engine, folder: Path, name: str, body: str) -> int:
-    path = folder / f"{name}.yaml"
-    path.write_text(f"name: {name}\n{body}", encoding="utf-8")
-    run_id = create_run(engine, plan(load_grid(path), folder))
-    outcome = execute_run(engine, run_id, progress=False)
-    assert outcome.finished, outcome.errors
+    run_id = evaluate_grid(engine, folder, name, body)
     write_cards(engine, run_id)
     return run_id
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, get_args
 
@@ -17,9 +16,7 @@ import pytest
 from scipy import stats
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
-from typer.testing import CliRunner, Result
 
-from api.cli import app
 from evals.agreement import agreement, import_ratings
 from evals.grid import RATED, GatedMetric, GridError, Query, load_grid, parse_grid
 from evals.judge import RUBRIC_VERSION, Judgement
@@ -27,18 +24,7 @@ from evals.models import EvalCell, EvalRun
 from evals.results import METRICS, paired_difference
 from evals.runner import create_run, execute_run, plan
 from study.db import session_scope
-from study.settings import get_settings
-
-Cli = Callable[..., Result]
-
-
-@pytest.fixture
-def cli(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
-    """``afterward`` against the test's database."""
-    monkeypatch.setenv("AFTERWARD_DATABASE_URL", engine.url.render_as_string(hide_password=False))
-    get_settings.cache_clear()
-    yield lambda *args: CliRunner().invoke(app, [str(a) for a in args])
-    get_settings.cache_clear()
+from tests.evals.conftest import Cli
 
 
 def write(tmp_path: Path, name: str, body: str) -> Path:
