@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -121,9 +121,12 @@ class Gateway:
             return False
 
     async def complete(self, messages: list[dict[str, str]], model: str | None = None,
-                       *, structured: bool = True, params: dict[str, Any] | None = None) -> Completion:
+                       *, structured: bool = True, params: dict[str, Any] | None = None,
+                       check: Callable[[Completion], object] | None = None) -> Completion:
         """The whole answer. ``params``: further call settings (``seed``, ``temperature``, a
-        ``response_format`` of the caller's own), as the evaluation harness records them."""
+        ``response_format`` of the caller's own), as the evaluation harness records them.
+        ``check``: the caller's test of an answer, raising when it cannot be used (a gateway that
+        keeps answers, ``evals.cache``, keeps none that fails it)."""
         model = model or self.default_model
         self.ensure_model(model)
         kwargs: dict[str, Any] = dict(params or {})
@@ -136,7 +139,10 @@ class Gateway:
                 timeout=self.call_limit)
         except Exception as exc:
             raise self._error(exc, model) from exc
-        return self._completion(response, model, started)
+        completion = self._completion(response, model, started)
+        if check is not None:
+            check(completion)
+        return completion
 
     async def stream(self, messages: list[dict[str, str]], model: str | None = None,
                      sink: Completion | None = None) -> AsyncIterator[str]:

@@ -44,7 +44,6 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from chat.gateway import Completion, Gateway
-from evals.cache import CachingGateway
 from evals.grid import DIMENSIONS, OFFLINE_JUDGE, Query
 
 RUBRIC_PATH = Path(__file__).parent / "rubric.md"
@@ -237,11 +236,8 @@ class LLMJudge:
                                  f"{query.pushbacks}")
             return verdict
 
-        if isinstance(self.gateway, CachingGateway):  # a verdict that does not fit is asked for again
-            completion = await self.gateway.complete(messages, self.model, structured=False, params=params,
-                                                     check=read)
-        else:
-            completion = await self.gateway.complete(messages, self.model, structured=False, params=params)
+        # A verdict that does not fit is not kept in the response cache: the next try asks again.
+        completion = await self.gateway.complete(messages, self.model, structured=False, params=params, check=read)
         verdict = read(completion)
         return Judgement(self.model, RUBRIC_VERSION, verdict.scores(), verdict.capitulated,
                          completion.text)

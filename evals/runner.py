@@ -225,6 +225,7 @@ class Outcome:
     cached: int = 0  # answers read back from the response cache instead of asked for
     judge_retries: int = 0  # judgements tried again on a saved conversation
     errors: list[str] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)  # the Inspect logs written now
 
     @property
     def finished(self) -> bool:
@@ -263,11 +264,11 @@ def _todo(engine: Engine, run_id: int, max_attempts: int) -> list[_Todo]:
             for cell_id, condition, model, query_id, repeat, seed, judge_attempts, status, transcript in rows]
 
 
-def _store_generated(engine: Engine, todo: _Todo, conversation: pipeline.Conversation) -> None:
+def _store_generated(engine: Engine, cell_id: int, conversation: pipeline.Conversation) -> None:
     """The conversation, saved before it is judged: it is never asked for again."""
     with session_scope(engine) as session:
         session.execute(
-            update(EvalCell).where(EvalCell.id == todo.cell_id, EvalCell.status.in_(("pending", "failed"))).values(
+            update(EvalCell).where(EvalCell.id == cell_id, EvalCell.status.in_(("pending", "failed"))).values(
                 status="generated", attempts=EvalCell.attempts + 1, error=None, transcript=conversation.turns,
                 prompt_tokens=conversation.prompt_tokens, completion_tokens=conversation.completion_tokens,
                 cost_usd=conversation.cost_usd, latency_ms=conversation.latency_ms)
@@ -297,9 +298,9 @@ def _store_score(engine: Engine, cell_id: int, judgement: Judgement, *, finish: 
         return True
 
 
-def _store_failure(engine: Engine, todo: _Todo, error: str) -> None:
+def _store_failure(engine: Engine, cell_id: int, error: str) -> None:
     with session_scope(engine) as session:
-        session.execute(update(EvalCell).where(EvalCell.id == todo.cell_id, EvalCell.status.in_(("pending", "failed")))
+        session.execute(update(EvalCell).where(EvalCell.id == cell_id, EvalCell.status.in_(("pending", "failed")))
                         .values(status="failed", attempts=EvalCell.attempts + 1, error=error[:500])
                         .execution_options(synchronize_session=False))
 
@@ -327,7 +328,8 @@ class _Judging:
     behind the models' conversations, even on the same provider. A failed judgement is tried again
     on the same conversation, up to the grid's ``max_attempts`` tries of the cell's judge."""
 
-    def __init__(self, engine: Engine, planned: Plan, judge: Judge, outcome: Outcome, *, finish: bool) -> None:
+    def __init__(self, engine: Engine, planned: Plan, judge: Judge | None, outcome: Outcome, *, finish: bool,
+                 todos: list[_Todo] | None = None) -> None:
         self.engine = engine
         self.judge = judge
         self.queries = planned.queries.query_set.by_id()
@@ -335,10 +337,17 @@ class _Judging:
         self.max_attempts = planned.grid.max_attempts
         self.outcome = outcome
         self.finish = finish
+        self.todos = todos or []
+        self._by_id = {t.cell_id: t for t in self.todos}
 
-    async def score(self, todo: _Todo, turns: list[dict[str, Any]]) -> bool:
-        """Judge one saved conversation and store the scores as soon as they come; False when
-        every try failed."""
+    def todo(self, cell_id: int, cell: dict[str, Any]) -> _Todo:
+        return self._by_id.get(cell_id) or _Todo(cell_id, cell["condition"], cell["model"], cell["query_id"],
+                                                 cell["repeat"], cell["seed"], cell.get("judge_attempts", 0))
+
+    async def score(self, todo: _Todo, turns: list[dict[str, Any]]) -> Judgement | None:
+        """Judge one saved conversation and store the scores as soon as they come; None when every
+        try failed."""
+        assert self.judge is not None
         tries = todo.judge_attempts if self.finish else 0
         while True:
             try:
@@ -350,83 +359,67 @@ class _Judging:
                 if self.finish:
                     await asyncio.to_thread(retrying, partial(_store_judge_failure, self.engine, todo, str(exc)))
                 if tries >= self.max_attempts:
-                    return False
+                    return None
                 self.outcome.judge_retries += 1
                 continue
             await asyncio.to_thread(retrying, partial(_store_score, self.engine, todo.cell_id, judgement,
                                                       finish=self.finish))
-            return True
+            return judgement
 
 
-async def _run_cells(engine: Engine, planned: Plan, todos: list[_Todo], gateway: Gateway, judge: Judge,
-                     outcome: Outcome, progress: bool) -> None:
-    grid = planned.grid
-    conditions = {c.name: c for c in planned.conditions}
-    queries = planned.queries.query_set.by_id()
-    judging = _Judging(engine, planned, judge, outcome, finish=True)
-    limits: dict[str, asyncio.Semaphore] = {}
+def prepare(run_id: int, *, engine: Engine | None = None, judge: Judge | None = None) -> Any:
+    """What the run's Inspect tasks share (``evals.inspect_run.RunContext``): its plan, the cells
+    still to do, the gateway (with the response cache) and the judge."""
+    from evals import inspect_run
+    from study.db import get_engine
 
-    def limit(model: str) -> asyncio.Semaphore:
-        name = provider(model)
-        if name not in limits:
-            limits[name] = asyncio.Semaphore(grid.limit(name))
-        return limits[name]
+    engine = engine or get_engine()
+    planned = stored_plan(engine, run_id)
+    outcome = Outcome(run_id)
+    todos = _todo(engine, run_id, planned.grid.max_attempts)
+    ctx = inspect_run.RunContext(engine, run_id, planned, gateway_for(planned.grid, engine), None, outcome)
+    ctx.judging = _Judging(engine, planned, None, outcome, finish=True, todos=todos)
+    ctx.judging.judge = inspect_run.judge_for(ctx, planned.grid.judge, judge)
+    return ctx
 
-    bar = tqdm(total=len(todos), desc=f"eval run {outcome.run_id}", unit="cell", disable=not progress,
-               dynamic_ncols=True)
 
-    async def one(todo: _Todo) -> None:
-        try:
-            turns = todo.transcript
-            if turns is None:
-                params = {**grid.params, "seed": todo.seed}
-                try:
-                    async with limit(todo.model):
-                        conversation = await pipeline.converse(gateway, conditions[todo.condition], todo.model,
-                                                               queries[todo.query_id], params)
-                except GatewayError as exc:
-                    outcome.failed += 1
-                    outcome.error(todo, exc)
-                    message = str(exc)
-                    await asyncio.to_thread(retrying, lambda: _store_failure(engine, todo, message))
-                    return
-                # Paid for: saved before it is judged, even when SQLite's writer lock is long in coming.
-                await asyncio.to_thread(retrying, lambda: _store_generated(engine, todo, conversation))
-                turns = conversation.turns
-            if await judging.score(todo, turns):
-                outcome.executed += 1
-            else:
-                outcome.failed += 1
-        finally:
-            bar.update(1)
+def record_generated(ctx: Any, cell_id: int, conversation: pipeline.Conversation) -> None:
+    """A cell's conversation, saved before it is judged (even when SQLite's writer lock is long in
+    coming): it is never asked for again."""
+    retrying(partial(_store_generated, ctx.engine, cell_id, conversation))
 
-    try:
-        await asyncio.gather(*(one(todo) for todo in todos))
-    finally:
-        bar.close()
+
+def record_failure(ctx: Any, cell_id: int, error: str, cell: dict[str, Any]) -> None:
+    ctx.outcome.failed += 1
+    ctx.outcome.error(ctx.judging.todo(cell_id, cell), Exception(error))
+    retrying(partial(_store_failure, ctx.engine, cell_id, error))
 
 
 def execute_run(engine: Engine, run_id: int, *, judge: Judge | None = None, progress: bool = True,
                 before_start: Callable[[Estimate], None] | None = None) -> Outcome:
-    """Run every cell of the run not yet done (a new run, or one resumed after a kill): saved
+    """Run every cell of the run not yet done (a new run, or one resumed after a kill) as Inspect
+    tasks (``evals.inspect_tasks``, logs under ``evals.inspect_run.log_dir(run_id)``): saved
     conversations are only judged, answers in the response cache are read back."""
+    from evals import inspect_run
+
     started = time.perf_counter()
-    planned = stored_plan(engine, run_id)
-    grid = planned.grid
-    todos = _todo(engine, run_id, grid.max_attempts)
+    ctx = prepare(run_id, engine=engine, judge=judge)
+    planned, todos, outcome = ctx.planned, ctx.judging.todos, ctx.outcome
     if before_start is not None:
         conditions = {c.name: c for c in planned.conditions}
         queries = planned.queries.query_set.by_id()
-        before_start(estimate(grid, [(conditions[t.condition], t.model, queries[t.query_id]) for t in todos
-                                     if t.transcript is None]))
-    outcome = Outcome(run_id)
-    gateway = gateway_for(grid, engine)
-    chosen = judge or make_judge(grid.judge, gateway, judge_params(grid))
+        before_start(estimate(planned.grid, [(conditions[t.condition], t.model, queries[t.query_id]) for t in todos
+                                             if t.transcript is None]))
     if todos:
         retrying(partial(note_code, engine, run_id, "resume"))  # cells made by other code than the run began with
-        asyncio.run(_run_cells(engine, planned, todos, gateway, chosen, outcome, progress))
-    outcome.cached = gateway.hits
-    outcome.remaining = _finish_if_complete(engine, run_id, grid.max_attempts)
+        bar = tqdm(total=len(todos), desc=f"eval run {run_id}", unit="cell", disable=not progress, dynamic_ncols=True)
+        ctx.on_cell = lambda: bar.update(1)
+        try:
+            outcome.logs = inspect_run.run_tasks(ctx, sorted({t.model for t in todos}))
+        finally:
+            bar.close()
+    outcome.cached = ctx.gateway.hits
+    outcome.remaining = _finish_if_complete(engine, run_id, planned.grid.max_attempts)
     outcome.seconds = time.perf_counter() - started
     return outcome
 
@@ -495,7 +488,7 @@ def rescore(engine: Engine, run_id: int, judge_model: str, *, judge: Judge | Non
 
         async def one(todo: _Todo) -> None:
             assert todo.transcript is not None
-            if await judging.score(todo, todo.transcript):
+            if await judging.score(todo, todo.transcript) is not None:
                 result.scored += 1
             else:
                 result.failed += 1

@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     offline_llm_delay_ms: float = Field(
         default=0.0, ge=0, description="Simulated generation time of the offline provider (demos, benches).")
     chat_max_message_chars: int = Field(default=4000, ge=100, le=100_000)
+    eval_log_dir: Path = Field(
+        default=PROJECT_ROOT / "var" / "evals" / "inspect",
+        description="where evaluation runs write their Inspect logs (a folder per run; `inspect view --log-dir`)")
     # The dashboard fits the report's models again in the background once the stored fit is older
     # than this (analysis.fits); 0: never on its own (fit with `afterward models fit`, e.g. nightly).
     model_fit_max_age_minutes: int = Field(default=60, ge=0)

@@ -100,6 +100,8 @@ def frozen_clock() -> Iterator[clock.FrozenClock]:
 def _fresh_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Audit anchors of a test go to its own file, never a developer's var/audit-anchors.jsonl.
     monkeypatch.setenv("AFTERWARD_AUDIT_ANCHOR_PATH", str(tmp_path / "audit-anchors.jsonl"))
+    # And its evaluation runs' Inspect logs to its own folder.
+    monkeypatch.setenv("AFTERWARD_EVAL_LOG_DIR", str(tmp_path / "inspect-logs"))
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()

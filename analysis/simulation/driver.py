@@ -67,11 +67,12 @@ class OfflineGateway(Gateway):
         return self._schemas[model]
 
     async def complete(self, messages: list[dict[str, str]], model: str | None = None,
-                       *, structured: bool = True, params: dict[str, Any] | None = None) -> Completion:
+                       *, structured: bool = True, params: dict[str, Any] | None = None,
+                       check: Callable[[Completion], object] | None = None) -> Completion:
         model = model or self.default_model
         provider, _, name = model.partition("/")
-        if provider != PROVIDER or params:
-            return await super().complete(messages, model, structured=structured, params=params)
+        if provider != PROVIDER or params or check:
+            return await super().complete(messages, model, structured=structured, params=params, check=check)
         optional: dict[str, Any] = {}
         if structured and self._structured(model):
             optional["response_format"] = {"type": "json_schema", "json_schema": STANCE_SCHEMA}
