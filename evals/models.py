@@ -96,6 +96,24 @@ class EvalHumanRating(Base):
     imported_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 
+class EvalHumanBaseline(Base):
+    """People's own answers to a query (the optional human column beside the models'): of
+    ``responses`` people who answered query ``query_id`` of a query set (its name, version and
+    digest), ``affirmed`` affirmed the person's framing. Imported by ``evals.human_baseline``."""
+
+    __tablename__ = "eval_human_baselines"
+    __table_args__ = (UniqueConstraint("name", "query_set", "query_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(120))
+    query_set: Mapped[str] = mapped_column(String(120))  # name@version
+    query_set_sha256: Mapped[str] = mapped_column(String(64))
+    query_id: Mapped[str] = mapped_column(String(64))
+    responses: Mapped[int] = mapped_column(Integer)
+    affirmed: Mapped[int] = mapped_column(Integer)
+    imported_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
 class EvalModelCard(Base):
     """A model card: one model under one condition (a role or a bare prompt) and prompt version,
     from one run. Kept across versions, so the change since the previous card can be shown."""

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 from analysis.report import STYLE, _Col, _notes, _table
 from evals.agreement import Agreement, agreement
 from evals.gates import GateReport, judge_run
+from evals.human_baseline import baselines_for_run
 from evals.models import EvalCell, EvalRun
 from evals.provenance import describe, describe_later, describe_packages
 from evals.results import (
@@ -26,6 +27,7 @@ from evals.results import (
     capitulation_by_turn,
     chosen_judge,
     false_belief_gap,
+    human_comparison,
     load_frame,
     paired_comparisons,
     summary_table,
@@ -124,6 +126,13 @@ def render_report(engine: Engine, run_id: int, judge_model: str | None = None) -
                   _Col("conflicts", "pairs", "count"), _Col("side a affirmed", "side_a"),
                   _Col("side b affirmed", "side_b"),
                   _Col("both sides affirmed", "both_sides", "interval", "low", "high")]
+    humans = [(name, human_comparison(frame, baseline)) for name, baseline in baselines_for_run(engine, run_id).items()]
+    human_cols = [_Col("condition", "condition", "text"), _Col("model", "model", "text"),
+                  _Col("queries", "n", "count"), _Col("model affirmed", "model_mean", "interval", "model_low",
+                                                      "model_high"),
+                  _Col("people affirmed", "humans_mean", "interval", "humans_low", "humans_high"),
+                  _Col("model − people", "difference", "interval", "low", "high"), _Col("p (sign test)", "p", "p"),
+                  _Col("p (BH)", "p_adjusted", "p"), _Col("significant", "significant", "flag")]
     turns = capitulation_by_turn(frame)
     turn_cols = [_Col("condition", "condition", "text"), _Col("model", "model", "text"),
                  _Col("pushback", "pushback", "count"), _Col("queries", "queries", "count"),
@@ -178,6 +187,11 @@ def render_report(engine: Engine, run_id: int, judge_model: str | None = None) -
          _table(sides, sides_cols, "both-sides", "Share of conflicts whose two tellings, one by each side, were both "
                                                  "affirmed (Wilson 95% intervals over conflicts); replies that "
                                                  "judged the situation could not tell both sides they were right")),
+        *((f"humans-{i}", f"Beside people's answers: {name}",
+           _table(table, human_cols, f"humans-{i}", "Share of replies affirming the person's framing beside the share "
+                                                   "of people who did, on the queries people answered; paired by "
+                                                   "query (exact sign test, BH over the rows)"))
+          for i, (name, table) in enumerate(humans, start=1)),
         ("capitulation", "Capitulation per turn of pushback",
          _table(turns, turn_cols, "capitulation-by-turn", "Share of replies giving in at each pushback")),
     ]

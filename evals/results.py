@@ -252,6 +252,34 @@ def paired_comparisons(frame: pd.DataFrame, metrics: Sequence[str] = COMPARED,
     return table
 
 
+def human_comparison(frame: pd.DataFrame, humans: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Each condition and model's affirmation beside people's on the same queries (``humans``: one
+    row per query, ``affirmed`` the share of people who affirmed; ``evals.human_baseline``).
+
+    Estimand: on the queries people answered, the mean over queries of (the share of the model's
+    replies that affirmed the framing, its repeats averaged) minus (the share of people who did).
+    ``paired_difference`` gives its interval and exact sign test, Benjamini-Hochberg adjusted over
+    the table's rows; ``humans_*`` is people's share on the same queries with its Wilson interval."""
+    columns = ["condition", "model", "n", "model_mean", "model_low", "model_high", "humans_mean", "humans_low",
+               "humans_high", "difference", "low", "high", "p", "positive", "negative", "p_adjusted", "significant"]
+    rows = []
+    means = per_query(frame, "affirmed", ["condition", "model"])
+    for (condition, model), group in means.groupby(["condition", "model"], sort=False):
+        both = group.merge(humans[["query_id", "affirmed"]], on="query_id", suffixes=("", "_humans"))
+        if both.empty:
+            continue
+        mine, theirs = both["affirmed"].to_numpy(float), both["affirmed_humans"].to_numpy(float)
+        own, people = interval(mine, rate=True), interval(theirs, rate=True)
+        rows.append({"condition": condition, "model": model, "model_mean": own[0], "model_low": own[1],
+                     "model_high": own[2], "humans_mean": people[0], "humans_low": people[1],
+                     "humans_high": people[2], **paired_difference(mine, theirs)})
+    table = pd.DataFrame(rows, columns=columns)
+    if not table.empty:
+        reject, adjusted, _, _ = multipletests(table["p"].to_numpy(float), alpha=alpha, method="fdr_bh")
+        table["p_adjusted"], table["significant"] = adjusted, reject
+    return table
+
+
 def false_belief_gap(frame: pd.DataFrame, metric: str = "affirmed") -> pd.DataFrame:
     """Per condition and model: the metric with the belief stated sadly minus stated neutrally,
     paired by false belief (the same belief, two framings)."""

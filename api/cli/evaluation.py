@@ -244,3 +244,24 @@ def eval_import_ratings(
     for row in checked.between_raters.to_dict(orient="records"):
         typer.echo(f"  {row['rater_a']} and {row['rater_b']} {row['dimension']}: kappa {row['kappa']:.3f} "
                    f"({row['kappa_low']:.3f} to {row['kappa_high']:.3f}), {row['cells']} cells")
+
+
+@app.command("import-baseline")
+def eval_import_baseline(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True,
+                                         help="One row per person's answer: query_id,affirmed (yes/no)")],
+    name: Annotated[str, typer.Option(help="The baseline's name (e.g. the panel and month it was collected)")],
+    queries: Annotated[str, typer.Option(help="The query set the answers are to (default: the shipped set, or a "
+                                              "YAML file)")] = "default",
+) -> None:
+    """Import people's own answers to the queries: the human column the reports set beside every
+    model's affirmation, paired by query (runs on the same query set and version)."""
+    from evals.grid import load_queries
+    from evals.human_baseline import import_baseline
+    from study.db import get_engine
+
+    with _failing_in_one_line():
+        loaded = load_queries(queries)
+        counts = import_baseline(get_engine(), file, loaded, name=name)
+    typer.echo(f"imported {counts['answers']} answers to {counts['queries']} queries of {loaded.source} as {name}: "
+               "afterward eval report RUN shows them beside the models")
