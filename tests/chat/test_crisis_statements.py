@@ -69,12 +69,14 @@ def test_a_number_with_its_unit_is_not_laughter() -> None:
 
 
 def test_a_hedged_statement_is_judged_with_its_message() -> None:
-    # The classifier reads the whole message, as for any other cue: a joke about a meeting is
-    # not escalated; the same words about a breakup are.
+    # The classifier reads the whole message, as for any other cue: a joke about a meeting gets
+    # nothing; the same words about a breakup stand. (With the fit that round 13 scored, they stand
+    # as a check-in, whose answers decide escalation, not as an escalation: READING.md.)
     joke = ("if I have to sit through one more 3 hour zoom call I'm going to hang myself lol. how do I politely "
             "suggest shorter meetings to my boss")
     assert semantic.detect(joke) is None
     serious = "if she leaves me I'm going to kill myself. I can't live without her."
     finding = semantic.detect(serious)
     assert finding is not None
-    assert finding.acute
+    assert finding.category == "risk_to_self"
+    assert finding.explicit

@@ -26,15 +26,19 @@ def test_embeddings_match_sentence_transformers_for_the_same_model() -> None:
     assert len(enc.token_ids(reference["sentences"][-1])) == MAX_TOKENS
 
 
-def test_the_tuned_file_replaces_the_last_layer_and_nothing_else() -> None:
-    """chat/encoder_train.py trains layer 5 alone: the shipped file holds its tensors, with the
-    published shapes, and the platform's encoder reads them (its embeddings are not the base's)."""
+def test_the_tuned_file_replaces_the_last_layers_and_nothing_else() -> None:
+    """chat/encoder_train.py trains the last ``TRAINED`` layers: the shipped file holds their
+    tensors, with the published shapes, and the platform's encoder reads them (its embeddings are
+    not the base's)."""
     from safetensors.numpy import load_file
+
+    from chat.encoder_train import FIRST, TRAINED
 
     tuned = load_file(str(TUNED_PATH))
     base = load_file(str(model_dir() / "model.safetensors"))
-    assert {name.split(".")[2] for name in tuned} == {"5"}
-    assert {name for name in base if name.startswith("encoder.layer.5.")} == set(tuned)
+    layers = {str(i) for i in range(FIRST, FIRST + TRAINED)}
+    assert {name.split(".")[2] for name in tuned} == layers
+    assert {name for name in base if name.startswith("encoder.layer.") and name.split(".")[2] in layers} == set(tuned)
     assert all(tuned[name].shape == base[name].shape for name in tuned)
     text = ["help me plan a birthday dinner for six"]
     published, platform = Encoder(model_dir(), tuned=None).encode(text), encoder().encode(text)

@@ -226,9 +226,11 @@ def test_a_request_for_agreement_only_the_reader_notices_gets_pushback_quoting_i
 
 @pytest.mark.usefixtures("loopback_key")
 def test_a_danger_only_the_reader_notices_gets_a_check_in_or_an_escalation(engine: Engine, slug: str) -> None:
-    # Messages the local classifier does not flag (with the 2026-12-06 fit that round 12 scored, "I've
-    # sorted out who gets the cat after Sunday." is one it flags itself: an arrangement with a day).
-    quiet, plan = "I walked the dog and then made some soup.", "The bins go out on Thursday."
+    # Messages the local classifier does not flag. It flags some short everyday lines itself (READING.md,
+    # "What it misses"): with the fit that round 13 scored, "I walked the dog and then made some soup."
+    # and "The bins go out on Thursday." (a day, like an arrangement); before it, "I've sorted out who
+    # gets the cat after Sunday.".
+    quiet, plan = "The neighbours got a new puppy.", "Our team switched to a new calendar app."
 
     def read(message: str) -> str:
         return verdict({"risk_to_self": message}, acute=["risk_to_self"] if message == plan else [])
@@ -243,7 +245,8 @@ def test_a_danger_only_the_reader_notices_gets_a_check_in_or_an_escalation(engin
 
 
 MALFORMED = {  # message -> the reader's answer
-    "I bought new running shoes yesterday.": "Sure! The participant seems fine.",
+    # (With the fit that round 13 scored, "I bought new running shoes yesterday." gets a validation-seeking nudge.)
+    "The printer on our floor is out of toner.": "Sure! The participant seems fine.",
     "We are repainting the kitchen this weekend.": verdict({"validation_seeking": SETTLED})[:-60],
     "The tins arrive on Friday.": json.dumps({"validation_seeking": {"present": True, "quote": "The tins"}}),
 }
