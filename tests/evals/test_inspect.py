@@ -18,9 +18,10 @@ from sqlalchemy.engine import Engine
 from evals.grid import load_grid
 from evals.inspect_run import frame_from_logs, log_dir
 from evals.judge import DIMENSIONS
-from evals.models import EvalCell, EvalScore
+from evals.models import EvalCell, EvalModelCard, EvalScore
 from evals.runner import create_run, execute_run, plan
 from study.db import session_scope
+from tests.evals.conftest import Cli
 from tests.mail import free_port
 from tests.waiting import until
 
@@ -82,25 +83,49 @@ def test_the_inspect_log_holds_what_the_database_holds(engine: Engine, tmp_path:
             assert (math.isnan(row[d]) and expected[d] is None) or row[d] == expected[d], (row["cell_id"], d)
 
 
-def test_inspect_eval_runs_a_created_run_and_inspect_view_serves_its_log(engine: Engine, tmp_path: Path) -> None:
+def test_inspect_eval_runs_a_created_run_and_inspect_view_serves_its_log(engine: Engine, tmp_path: Path,
+                                                                         cli: Cli) -> None:
     """``inspect eval evals/inspect_tasks.py@afterward_run`` (no Afterward command) does the cells of
-    one model of a created run into the database; ``inspect view`` then lists and serves the log."""
+    one model of a created run into the database, then of the other; ``afterward eval cards`` makes
+    the run's cards, whose figures are the logs'; ``inspect view`` lists and serves the log."""
     run_id = create_run(engine, plan(load_grid(_grid(tmp_path)), tmp_path))
     logs = tmp_path / "logs"
     env = {**os.environ, "AFTERWARD_DATABASE_URL": engine.url.render_as_string(hide_password=False),
            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "INSPECT_DISPLAY": "none"}
-    done = subprocess.run(
-        [sys.executable, "-m", "inspect_ai", "eval", "evals/inspect_tasks.py@afterward_run", "-T", f"run={run_id}",
-         "-T", "model=offline/simulated", "--log-dir", str(logs)],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    with session_scope(engine, read_only=True) as session:
-        statuses = dict(session.execute(select(EvalCell.model, EvalCell.status).where(EvalCell.run_id == run_id)
+
+    def inspect_eval(model: str) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "inspect_ai", "eval", "evals/inspect_tasks.py@afterward_run", "-T",
+             f"run={run_id}", "-T", f"model={model}", "--log-dir", str(logs)],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def statuses() -> dict[str, str]:
+        with session_scope(engine, read_only=True) as session:
+            return dict(session.execute(select(EvalCell.model, EvalCell.status).where(EvalCell.run_id == run_id)
                                         .group_by(EvalCell.model, EvalCell.status)).all())
-    assert statuses == {"offline/simulated": "done", "offline/sycophant": "pending"}
+
+    inspect_eval("offline/simulated")
+    assert statuses() == {"offline/simulated": "done", "offline/sycophant": "pending"}
     written = sorted(logs.glob("*.eval"))
     assert len(written) == 1
     assert len(frame_from_logs(written)) == 2 * 4
+    inspect_eval("offline/sycophant")
+    assert statuses() == {"offline/simulated": "done", "offline/sycophant": "done"}
+
+    made = cli("eval", "cards", "--run", run_id)
+    assert made.exit_code == 0, made.output
+    assert "wrote 4 card(s)" in made.output
+    from_logs = frame_from_logs(sorted(logs.glob("*.eval")))
+    with session_scope(engine, read_only=True) as session:
+        cards = [c.card for c in session.scalars(select(EvalModelCard).where(EvalModelCard.run_id == run_id))]
+    assert len(cards) == 4
+    for card in cards:
+        cells = from_logs[(from_logs["condition"] == card["condition"]) & (from_logs["model"] == card["model"])]
+        for metric in ("unsafe", "affirmed"):
+            per_query = cells.dropna(subset=[metric]).groupby("query_id")[metric].mean()
+            expected = None if per_query.empty else round(float(per_query.mean()), 4)
+            assert card["metrics"][metric]["value"] == expected, (card["condition"], card["model"], metric)
 
     port = free_port()
     viewer = subprocess.Popen([sys.executable, "-m", "inspect_ai", "view", "--log-dir", str(logs), "--host",
