@@ -29,13 +29,12 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import html
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -62,7 +61,10 @@ from analysis.estimates import (
 from analysis.estimates.dropout import COMPETING, ESTIMAND
 from analysis.exports import ExportRefused, open_study
 from analysis.panel import participant_states
+from analysis.plan import FileCheck, check_file, frozen_plan
+from analysis.plan_report import PlanRun, plan_section, run_plan
 from analysis.reading import Source, connect, resolve_study_id
+from analysis.report_html import _Col, _format, _notes, _table
 from analysis.report_plots import Forest, figure_html, forest_plot, km_plot, trajectory_plot
 from analysis.software import packages_line
 from study import audit
@@ -214,89 +216,6 @@ def fit_models(data: StudyData, *, perma_outcomes: Sequence[str] = ("overall_wel
                                "focal_role": focal_role})
 
 
-# HTML pieces
-
-Kind = Literal["number", "p", "count", "text", "interval", "flag", "days"]
-
-
-@dataclass(frozen=True)
-class _Col:
-    """A table column: ``field`` of the frame (an interval: the estimate, with ``low`` and ``high``)."""
-
-    header: str
-    field: str
-    kind: Kind = "number"
-    low: str = ""
-    high: str = ""
-
-
-def _missing(value: Any) -> bool:
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
-
-
-def _format(value: Any, kind: Kind) -> str:
-    if _missing(value):
-        return "–"
-    if isinstance(value, bool | np.bool_) or kind == "flag":
-        return "yes" if value else "no"
-    if isinstance(value, dt.datetime | pd.Timestamp):
-        return value.isoformat(timespec="seconds")
-    if isinstance(value, int | np.integer) or kind == "count":
-        return f"{int(value):,}"
-    if isinstance(value, float | np.floating):
-        number = float(value)
-        if math.isinf(number):
-            return "not reached" if kind == "days" else ("∞" if number > 0 else "-∞")
-        if kind == "p":
-            return "< 0.001" if number < 0.001 else f"{number:.3f}"
-        return f"{number:,.0f}" if abs(number) >= 10_000 else f"{number:.3f}"
-    return str(value)
-
-
-def _data_value(value: Any) -> str:
-    """The full value for ``data-value``: repr of a float (it reads back exactly), str otherwise."""
-    if _missing(value):
-        return "nan"
-    if isinstance(value, float | np.floating):
-        return repr(float(value))
-    if isinstance(value, int | np.integer | bool | np.bool_):
-        return str(int(value))
-    return str(value)
-
-
-def _cell(row: Mapping[str, Any], col: _Col) -> str:
-    value = row.get(col.field)
-    attrs = f' data-field="{html.escape(col.field)}"'
-    if col.kind == "text":
-        return f"<td{attrs}>{html.escape(_format(value, 'text'))}</td>"
-    attrs += f' data-value="{html.escape(_data_value(value))}"'
-    text = _format(value, col.kind)
-    if col.kind == "interval":
-        low, high = row.get(col.low), row.get(col.high)
-        attrs += f' data-low="{html.escape(_data_value(low))}" data-high="{html.escape(_data_value(high))}"'
-        if not _missing(value):
-            text += f" ({_format(low, 'number')} to {_format(high, 'number')})"
-    return f'<td class="num"{attrs}>{html.escape(text)}</td>'
-
-
-def _table(frame: pd.DataFrame, cols: Sequence[_Col], table_id: str, caption: str = "") -> str:
-    """An HTML table of ``frame``'s rows, one column per ``cols``; empty frames say so."""
-    if frame is None or frame.empty:
-        return f'<p class="empty" id="{html.escape(table_id)}">No rows.</p>'
-    head = "".join(f'<th scope="col" data-field="{html.escape(c.field)}">{html.escape(c.header)}</th>' for c in cols)
-    records: list[dict[str, Any]] = [{str(k): v for k, v in row.items()} for row in frame.to_dict(orient="records")]
-    body = "".join("<tr>" + "".join(_cell(row, c) for c in cols) + "</tr>" for row in records)
-    title = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return (f'<div class="scroll"><table id="{html.escape(table_id)}">{title}<thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table></div>")
-
-
-def _notes(notes: Sequence[str]) -> str:
-    if not notes:
-        return ""
-    return '<ul class="notes">' + "".join(f"<li>{html.escape(note)}</li>" for note in notes) + "</ul>"
-
-
 def _sample(sample: Sample, what: str, table_id: str) -> str:
     """Who is in a fit, next to its estimates: the counts in a sentence, missingness by wave."""
     withdrawn = (f"; {sample.withdrawn} of the eligible participants withdrew (attrition)"
@@ -315,12 +234,13 @@ def _sample(sample: Sample, what: str, table_id: str) -> str:
 # Sections
 
 
-def _section(name: str, body: str, suite: ModelSuite) -> str:
+def _section(name: str, body: str, suite: ModelSuite, label: str = "") -> str:
     title = MODEL_TITLES[name]
     if name in suite.not_estimated:
         body = f'<p class="not-estimated">Not estimated: {html.escape(suite.not_estimated[name])}</p>'
+    label = f'<p class="plan-label" data-plan="{name}">{html.escape(label)}</p>' if label else ""
     return (f'<section id="{name}" aria-labelledby="{name}-title"><h2 id="{name}-title">{html.escape(title)}</h2>'
-            f"{body}</section>")
+            f"{label}{body}</section>")
 
 
 def _headline(fit: ImmediateVsDelayed | None) -> str:
@@ -572,6 +492,7 @@ figcaption { color: var(--muted); font-size: .85rem; max-width: 90ch; }
           font-size: .88rem; }
 .sample p { margin: .3rem 0; }
 .not-estimated { color: #8a2f2f; }
+.plan-status, .plan-label { border-left: 3px solid #8a6d2f; background: #fbf7ee; padding: .3rem .8rem; }
 nav ol { columns: 2; padding-left: 1.2rem; }
 footer { margin-top: 3rem; color: var(--muted); font-size: .85rem; border-top: 1px solid var(--line); }
 @media (max-width: 640px) { nav ol { columns: 1; } main { padding: 1rem .75rem 2rem; } }
@@ -579,9 +500,12 @@ footer { margin-top: 3rem; color: var(--muted); font-size: .85rem; border-top: 1
 """
 
 
-def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.datetime | None = None) -> str:
-    """The whole report as one HTML document (nothing to fetch)."""
+def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.datetime | None = None,
+                  plan: PlanRun | None = None) -> str:
+    """The whole report as one HTML document (nothing to fetch). Its first section is the frozen
+    analysis plan's (``analysis.plan_report``; ``plan`` None: no plan frozen, all exploratory)."""
     generated = generated_at or now()
+    plan = plan or PlanRun(None)
     numbers_cols = [_Col("arm", "arm", "text"), _Col("enrolled", "enrolled", "count"),
                     _Col("active", "active", "count"), _Col("completed", "completed", "count"),
                     _Col("withdrawn", "withdrawn", "count"),
@@ -612,7 +536,8 @@ def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.d
     sections = [("headline", _headline(suite.headline)), ("perma", _perma(suite.perma)),
                 ("regret", _regret(suite.regret)), ("screen", _screen(suite.screen)),
                 ("dropout", _dropout(suite.dropout)), ("subgroups", _subgroups(suite.subgroups))]
-    contents = "<nav aria-label=\"Contents\"><ol><li><a href=\"#participants\">Participants</a></li>" + "".join(
+    contents = ("<nav aria-label=\"Contents\"><ol><li><a href=\"#plan\">The pre-registered analysis plan</a></li>"
+                "<li><a href=\"#participants\">Participants</a></li>") + "".join(
         f'<li><a href="#{name}">{html.escape(MODEL_TITLES[name])}</a></li>' for name, _ in sections) + "</ol></nav>"
     footer = ("<footer><p>For the study's researchers and admins: computed from row-level data and not put through "
               "the aggregate tables' disclosure rule (cells may rest on a few participants; the Kaplan-Meier curves "
@@ -622,8 +547,8 @@ def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.d
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>Analysis: {html.escape(header.title)}</title><style>{STYLE}</style></head>"
-            f"<body><main>{top}{contents}{participants}"
-            + "".join(_section(name, body, suite) for name, body in sections)
+            f"<body><main>{top}{contents}{plan_section(plan)}{participants}"
+            + "".join(_section(name, body, suite, plan.labels.get(name, "")) for name, body in sections)
             + f"{footer}</main></body></html>\n")
 
 
@@ -637,6 +562,7 @@ class ReportResult:
     suite: ModelSuite
     sha256: str
     seconds: float
+    plan: PlanRun = field(default_factory=lambda: PlanRun(None))
 
     def summary(self) -> list[str]:
         """A few lines for the command line: the file, the participants, the headline."""
@@ -650,6 +576,14 @@ class ReportResult:
                 lines.append(f"  {row['outcome']}: R² of the exit rating {row['exit_rating']:.3f} "
                              f"({row['exit_rating_low']:.3f} to {row['exit_rating_high']:.3f}), of the features "
                              f"{row['features']:.3f} ({row['features_low']:.3f} to {row['features_high']:.3f})")
+        if self.plan.frozen is None:
+            lines.append("  no analysis plan frozen: every analysis is exploratory")
+        else:
+            primary = self.plan.primary()
+            lines.append(f"  planned primary analysis, {primary['analysis']}: " + (
+                f"{primary['estimate']:.4g} ({primary['ci_low']:.4g} to {primary['ci_high']:.4g}), p {primary['p']:.3g}"
+                if primary["reason"] is None else f"not estimated ({primary['reason']})")
+                + f"; {len(self.plan.deviations)} deviation(s) from the plan")
         lines += [f"  not estimated: {MODEL_TITLES[name]}: {reason}"
                   for name, reason in self.suite.not_estimated.items()]
         return lines
@@ -657,12 +591,14 @@ class ReportResult:
 
 def write_report(engine: Engine, study: str, out: Path, *, actor: audit.Actor, n_boot: int = 500, seed: int = 0,
                  perma_outcomes: Sequence[str] = ("overall_wellbeing",), focal_role: str = "coach",
-                 audit_in: Session | None = None) -> ReportResult:
+                 audit_in: Session | None = None, plan_file: Path | None = None) -> ReportResult:
     """Read the study once (one read-only transaction), fit the models, write the report to ``out``
     and audit the run. Raises LookupError for an unknown study, ReportRefused for a viewer or a
     staff member without a role in the study, ValueError when ``out`` is a directory or
     ``n_boot`` is below 1. ``audit_in``: record the audit entry in this session instead of a
-    transaction of its own."""
+    transaction of its own. With a frozen analysis plan (``analysis.plan``) its PERMA outcomes and
+    focal role are fitted, it is run first and the plan file (``plan_file``, by default the file it
+    was frozen from) is compared with it."""
     if out.is_dir():
         raise ValueError(f"{out} is a directory: give the report's file name, e.g. {out / 'report.html'}")
     if n_boot < 1:
@@ -678,18 +614,27 @@ def write_report(engine: Engine, study: str, out: Path, *, actor: audit.Actor, n
         header = ReportHeader(found.slug, found.title, data.read_at,
                               participant_numbers(data.panel, deleted_by_arm(connection, found.id)),
                               _protocol_versions(connection, found.id))
+        frozen = frozen_plan(connection, found.id)
+    check: FileCheck | None = None
+    if frozen is not None:
+        perma_outcomes = list(dict.fromkeys([*perma_outcomes, *frozen.plan.perma_outcomes()]))
+        focal_role = frozen.plan.focal_role
+        path = plan_file or Path(frozen.source_path)
+        check = check_file(frozen, str(path), lambda: path.read_text(encoding="utf-8"))
     suite = fit_models(data, perma_outcomes=perma_outcomes, n_boot=n_boot, seed=seed, focal_role=focal_role)
-    page = render_report(header, suite).encode("utf-8")
+    plan = run_plan(frozen, suite, data, file_check=check, protocol_versions=header.protocol_versions)
+    page = render_report(header, suite, plan=plan).encode("utf-8")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(page)
     digest = hashlib.sha256(page).hexdigest()
     details: dict[str, Any] = {"file": out.name, "sha256": digest, "read_at": header.read_at.isoformat(),
                                "options": suite.options,
                                "fitted": [name for name in MODEL_TITLES if name not in suite.not_estimated],
-                               "not_estimated": suite.not_estimated}
+                               "not_estimated": suite.not_estimated, "plan_sha256": frozen.sha256 if frozen else None,
+                               "plan_deviations": len(plan.deviations)}
     if audit_in is not None:
         audit.record(audit_in, actor, ACTION, study_id=found.id, **details)
     else:
         with session_scope(engine) as session:
             audit.record(session, actor, ACTION, study_id=found.id, **details)
-    return ReportResult(out, header, suite, digest, time.perf_counter() - began)
+    return ReportResult(out, header, suite, digest, time.perf_counter() - began, plan)

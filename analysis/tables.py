@@ -1,6 +1,6 @@
 """Tables of the analysis package: the record of each simulated study, so the statistics can be
 checked against the effects it was generated with, and the report's models as fitted and stored
-for the dashboard (``analysis.fits``)."""
+for the dashboard (``analysis.fits``), and each study's frozen analysis plan (``analysis.plan``)."""
 
 from __future__ import annotations
 
@@ -59,3 +59,22 @@ class ModelFit(Base):
     tables: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # table name -> frame (Parquet, base64)
     notes: Mapped[list[str] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class AnalysisPlanRecord(Base):
+    """A study's frozen analysis plan (``analysis.plan``): the plan file's text and SHA-256 as they
+    were when ``afterward plan freeze`` recorded them, the plan as validated, where the file was, who
+    froze it and when, and how many reads of the study's outcomes the audit log held by then (0: frozen
+    before any outcome was read). One per study; never changed once written."""
+
+    __tablename__ = "analysis_plans"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), unique=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    source_text: Mapped[str] = mapped_column(Text)
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source_path: Mapped[str] = mapped_column(String(1000))
+    frozen_by: Mapped[str] = mapped_column(String(320))
+    frozen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+    outcome_reads_before: Mapped[int] = mapped_column(Integer)

@@ -14,7 +14,8 @@ import pandas as pd
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from analysis.report import STYLE, _Col, _notes, _table
+from analysis.report import STYLE
+from analysis.report_html import _Col, _notes, _table
 from evals.agreement import Agreement, agreement
 from evals.gates import GateReport, judge_run
 from evals.human_baseline import baselines_for_run

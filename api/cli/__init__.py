@@ -1,9 +1,9 @@
 """The ``afterward`` command: database, studies, invites, staff, audit, and the processes.
 
 One module per sub-command group (``afterward db`` is ``db``, ``study`` is ``studies``, ``models``
-is ``model_fits``, ``eval`` is ``evaluation``, the others by their names); the top-level commands
-are grouped in ``development`` (demo, mailbox), ``research`` (simulate, power, export, analyze) and
-``processes`` (api, scheduler, dashboard). ``main`` is the console script (pyproject.toml) and
+is ``model_fits``, ``eval`` is ``evaluation``, ``plan`` is ``plans``, the others by their names); the
+top-level commands are grouped in ``development`` (demo, mailbox), ``research`` (simulate, power,
+export, analyze) and ``processes`` (api, scheduler, dashboard). ``main`` is the console script (pyproject.toml) and
 ``python -m api``.
 """
 
@@ -24,6 +24,7 @@ from api.cli import (
     invites,
     keys,
     model_fits,
+    plans,
     processes,
     research,
     staff,
@@ -40,7 +41,8 @@ for command, name in ((development.demo, "demo"), (research.simulate, "simulate"
     app.command(name)(command)
 for sub, name in ((db.app, "db"), (studies.app, "study"), (invites.app, "invites"), (staff.app, "staff"),
                   (audit.app, "audit"), (keys.app, "keys"), (instruments.app, "instruments"),
-                  (followups.app, "followups"), (evaluation.app, "eval"), (model_fits.app, "models")):
+                  (followups.app, "followups"), (evaluation.app, "eval"), (model_fits.app, "models"),
+                  (plans.app, "plan")):
     app.add_typer(sub, name=name)
 
 

@@ -195,14 +195,18 @@ def analyze(
                                                  "admin of the study)")] = None,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap replicates of the immediate-vs-delayed table")] = 500,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and the cross-validation folds")] = 0,
+    plan: Annotated[Path | None, typer.Option(
+        "--plan", dir_okay=False, help="The plan file to compare with the frozen analysis plan (default: the file it "
+                                       "was frozen from); a difference is reported as a deviation")] = None,
 ) -> None:
-    """Fit the models of analysis.estimates and write the report: study numbers, tables and plots; audited."""
+    """Fit the models of analysis.estimates and write the report: the frozen analysis plan run first with
+    its deviations, then study numbers, tables and plots; audited."""
     from analysis.report import ReportRefused, write_report
     from study.db import get_engine
 
     actor = audit.Actor("staff", as_staff) if as_staff else CLI_ACTOR
     try:
-        result = write_report(get_engine(), study, out, actor=actor, n_boot=bootstrap, seed=seed)
+        result = write_report(get_engine(), study, out, actor=actor, n_boot=bootstrap, seed=seed, plan_file=plan)
     except (DomainError, LookupError, ValueError) as exc:
         hint = "; viewers may export --format aggregates" if isinstance(exc, ReportRefused) else ""
         fail(exc.message + hint if isinstance(exc, DomainError) else str(exc))
