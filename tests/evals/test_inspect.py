@@ -86,17 +86,18 @@ def test_the_inspect_log_holds_what_the_database_holds(engine: Engine, tmp_path:
 def test_inspect_eval_runs_a_created_run_and_inspect_view_serves_its_log(engine: Engine, tmp_path: Path,
                                                                          cli: Cli) -> None:
     """``inspect eval evals/inspect_tasks.py@afterward_run`` (no Afterward command) does the cells of
-    one model of a created run into the database, then of the other; ``afterward eval cards`` makes
+    one model of a created run into the database, then ``inspect eval-set`` those of the other;
+    ``afterward eval cards`` makes
     the run's cards, whose figures are the logs'; ``inspect view`` lists and serves the log."""
     run_id = create_run(engine, plan(load_grid(_grid(tmp_path)), tmp_path))
     logs = tmp_path / "logs"
     env = {**os.environ, "AFTERWARD_DATABASE_URL": engine.url.render_as_string(hide_password=False),
            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "INSPECT_DISPLAY": "none"}
 
-    def inspect_eval(model: str) -> None:
+    def inspect_eval(model: str, command: str = "eval", folder: Path = logs) -> None:
         done = subprocess.run(
-            [sys.executable, "-m", "inspect_ai", "eval", "evals/inspect_tasks.py@afterward_run", "-T",
-             f"run={run_id}", "-T", f"model={model}", "--log-dir", str(logs)],
+            [sys.executable, "-m", "inspect_ai", command, "evals/inspect_tasks.py@afterward_run", "-T",
+             f"run={run_id}", "-T", f"model={model}", "--log-dir", str(folder)],
             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
 
@@ -110,13 +111,14 @@ def test_inspect_eval_runs_a_created_run_and_inspect_view_serves_its_log(engine:
     written = sorted(logs.glob("*.eval"))
     assert len(written) == 1
     assert len(frame_from_logs(written)) == 2 * 4
-    inspect_eval("offline/sycophant")
+    inspect_eval("offline/sycophant", "eval-set", tmp_path / "set")  # Inspect's eval-set, in a folder of its own
     assert statuses() == {"offline/simulated": "done", "offline/sycophant": "done"}
 
     made = cli("eval", "cards", "--run", run_id)
     assert made.exit_code == 0, made.output
     assert "wrote 4 card(s)" in made.output
-    from_logs = frame_from_logs(sorted(logs.glob("*.eval")))
+    from_logs = frame_from_logs(sorted(logs.glob("*.eval")) + sorted((tmp_path / "set").glob("*.eval")))
+    assert len(from_logs) == 2 * 2 * 4
     with session_scope(engine, read_only=True) as session:
         cards = [c.card for c in session.scalars(select(EvalModelCard).where(EvalModelCard.run_id == run_id))]
     assert len(cards) == 4
