@@ -87,8 +87,8 @@ def test_inspect_eval_runs_a_created_run_and_inspect_view_serves_its_log(engine:
                                                                          cli: Cli) -> None:
     """``inspect eval evals/inspect_tasks.py@afterward_run`` (no Afterward command) does the cells of
     one model of a created run into the database, then ``inspect eval-set`` those of the other;
-    ``afterward eval cards`` makes
-    the run's cards, whose figures are the logs'; ``inspect view`` lists and serves the log."""
+    ``afterward eval cards`` makes the run's cards, whose figures are the logs'; ``inspect view``
+    lists and serves the log."""
     run_id = create_run(engine, plan(load_grid(_grid(tmp_path)), tmp_path))
     logs = tmp_path / "logs"
     env = {**os.environ, "AFTERWARD_DATABASE_URL": engine.url.render_as_string(hide_password=False),
