@@ -60,6 +60,7 @@ from analysis.estimates import (
 )
 from analysis.estimates.dropout import COMPETING, ESTIMAND
 from analysis.exports import ExportRefused, open_study
+from analysis.flow import flow_table, participant_flow
 from analysis.panel import participant_states
 from analysis.plan import FileCheck, check_file, frozen_plan
 from analysis.plan_report import PlanRun, plan_section, run_plan
@@ -147,6 +148,7 @@ class ReportHeader:
     protocol_versions: pd.DataFrame
     software: str = field(default_factory=software_version)
     packages: str = field(default_factory=packages_line)
+    flow: pd.DataFrame | None = None  # analysis.flow.participant_flow: the CONSORT-style flow
 
 
 def deleted_by_arm(connection: Connection, study_id: int) -> dict[str, int]:
@@ -500,6 +502,20 @@ footer { margin-top: 3rem; color: var(--muted); font-size: .85rem; border-top: 1
 """
 
 
+def _flow(flow: pd.DataFrame | None) -> str:
+    """The participant flow, a row per stage and a column per arm (``analysis.flow``)."""
+    if flow is None:
+        return ""
+    wide = flow_table(flow)
+    cols = [_Col("stage", "stage", "text"), *(_Col(str(c), str(c), "count") for c in wide.columns if c != "stage")]
+    return (_table(wide, cols, "participant-flow", "Participant flow (CONSORT-style), by arm")
+            + _notes(["Each wave counted from enrollment, by arm: answered, missed (its window closed unanswered), "
+                      "withdrawn before it, or still to come when the data were read. Participants whose data were "
+                      "deleted at their request are in no wave, so a wave's counts add up to the randomized minus "
+                      "them. Follow-ups counted from a decision (several per participant) are in the dropout "
+                      "analysis, not here."]))
+
+
 def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.datetime | None = None,
                   plan: PlanRun | None = None) -> str:
     """The whole report as one HTML document (nothing to fetch). Its first section is the frozen
@@ -532,7 +548,8 @@ def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.d
         + _notes(["Enrolled: assigned to the arm. Active: taking part with a survey still to come (open, not yet "
                   "due or overdue). Completed: taking part, nothing left to come. Withdrawn: withdrew, including "
                   "those whose research data were deleted at their request (they are in no model). People who "
-                  "redeemed an invite but were never assigned an arm are not counted."]) + "</section>")
+                  "redeemed an invite but were never assigned an arm are not counted."])
+        + _flow(header.flow) + "</section>")
     sections = [("headline", _headline(suite.headline)), ("perma", _perma(suite.perma)),
                 ("regret", _regret(suite.regret)), ("screen", _screen(suite.screen)),
                 ("dropout", _dropout(suite.dropout)), ("subgroups", _subgroups(suite.subgroups))]
@@ -613,7 +630,8 @@ def write_report(engine: Engine, study: str, out: Path, *, actor: audit.Actor, n
         assert data.read_at is not None
         header = ReportHeader(found.slug, found.title, data.read_at,
                               participant_numbers(data.panel, deleted_by_arm(connection, found.id)),
-                              _protocol_versions(connection, found.id))
+                              _protocol_versions(connection, found.id),
+                              flow=participant_flow(connection, found.id, data.panel))
         frozen = frozen_plan(connection, found.id)
     check: FileCheck | None = None
     if frozen is not None:

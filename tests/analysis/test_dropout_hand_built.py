@@ -325,3 +325,35 @@ def test_on_the_example_study_with_no_dropout_effect_the_curves_stay_at_the_comp
     assert (fit.cox["hr_low"] < 1).all()
     assert (fit.cox["hr_high"] > 1).all()
     assert np.isinf(fit.groups["median_days"]).all()  # not reached: never below one half
+
+
+def test_the_participant_flow_by_hand(engine: Engine, built: Built) -> None:
+    """The CONSORT-style flow of the hand-built study read on day 40: seven joined, consented and were
+    randomized (wellbeing A, C, E, F; control B, D, G); every wave by arm as the docstring's table
+    says, D counted as withdrawn before weeks 2 and 4."""
+    from analysis.flow import flow_table, participant_flow
+
+    flow = flow_table(participant_flow(engine, built.slug)).set_index("stage")
+    assert list(flow.columns) == ["control", "wellbeing", "all"]
+
+    def row(stage: str) -> tuple[int, int, int]:
+        return tuple(int(v) for v in flow.loc[stage, ["control", "wellbeing", "all"]])  # type: ignore[return-value]
+
+    for stage in ("joined through an invite", "signed consent"):  # before randomization: no arm yet
+        assert flow.loc[stage, "all"] == 7
+        assert flow.loc[stage, ["control", "wellbeing"]].isna().all()
+    assert row("randomized") == (3, 4, 7)
+    assert row("baseline: answered") == (3, 4, 7)
+    expected = {  # (control, wellbeing) per outcome
+        "perma-week-1": {"answered": (2, 4), "missed": (1, 0), "withdrawn before it": (0, 0)},
+        "perma-week-2": {"answered": (1, 3), "missed": (1, 1), "withdrawn before it": (1, 0)},
+        "perma-week-4": {"answered": (1, 3), "missed": (1, 1), "withdrawn before it": (1, 0)},
+    }
+    for wave, outcomes in expected.items():
+        for outcome, (control, wellbeing) in outcomes.items():
+            assert row(f"{wave}: {outcome}") == (control, wellbeing, control + wellbeing), (wave, outcome)
+        assert row(f"{wave}: still to come") == (0, 0, 0)
+    weeks = [stage for stage in flow.index if stage.startswith("perma-week")]
+    assert [w.split(":")[0] for w in weeks[::4]] == ["perma-week-1", "perma-week-2", "perma-week-4"]  # in time order
+    assert row("withdrew (at any time)") == (1, 0, 1)
+    assert row("of whom data deleted at their request") == (0, 0, 0)
