@@ -33,6 +33,9 @@ class ClusterRobustFit:
     covariance: pd.DataFrame
     ols: object
     clusters: int
+    # Columns not identified on these data (constant, or a combination of the columns before them):
+    # left out of the fit, their estimates NaN (``not_identified``, said in a sentence by the models).
+    not_identified: tuple[str, ...] = ()
 
     @property
     def tvalues(self) -> pd.Series:
@@ -109,14 +112,50 @@ def cr2(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray) -> tuple[np.nd
     return covariance, df
 
 
+def not_identified(design: pd.DataFrame) -> tuple[str, ...]:
+    """The columns of ``design`` that add nothing to the ones before them (a constant zero, a copy,
+    a sum of others: a role nobody used in a small study, a wave everyone answered alike), found in
+    column order from the Gram matrix, so the earlier columns (the intercept first) are kept."""
+    x = design.to_numpy(dtype=float)
+    gram = x.T @ x
+    scale = np.sqrt(np.maximum(np.diag(gram), 0.0))
+    kept: list[int] = []
+    out: list[str] = []
+    for j, name in enumerate(design.columns):
+        trial = [*kept, j]
+        if scale[j] == 0.0:
+            out.append(str(name))
+            continue
+        block = gram[np.ix_(trial, trial)] / np.outer(scale[trial], scale[trial])  # correlation-like, unit diagonal
+        if np.linalg.matrix_rank(block, tol=1e-10) > len(kept):
+            kept.append(j)
+        else:
+            out.append(str(name))
+    return tuple(out)
+
+
 def cluster_ols(y: pd.Series, design: pd.DataFrame, clusters: pd.Series) -> ClusterRobustFit:
     """OLS of ``y`` on ``design`` with CR2 standard errors by ``clusters`` and Bell-McCaffrey
-    degrees of freedom."""
-    ols = sm.OLS(y.astype(float), design.astype(float), hasconst=True).fit()
+    degrees of freedom. Columns not identified on these data (``not_identified``) are left out of
+    the fit and get NaN estimates, instead of the arbitrary ones a pseudo-inverse would give them."""
+    dropped = not_identified(design)
+    fitted = design.drop(columns=list(dropped))
+    ols = sm.OLS(y.astype(float), fitted.astype(float), hasconst=True).fit()
     groups = pd.factorize(clusters)[0]
     covariance, df = cr2(np.asarray(ols.model.exog), np.asarray(ols.resid, dtype=float), groups)
-    names = design.columns
-    return ClusterRobustFit(params=ols.params, bse=pd.Series(np.sqrt(np.diag(covariance)), index=names),
-                            df=pd.Series(df, index=names),
-                            covariance=pd.DataFrame(covariance, index=names, columns=names),
-                            ols=ols, clusters=int(groups.max()) + 1 if len(groups) else 0)
+    names, every = fitted.columns, design.columns
+    return ClusterRobustFit(params=ols.params.reindex(every),
+                            bse=pd.Series(np.sqrt(np.diag(covariance)), index=names).reindex(every),
+                            df=pd.Series(df, index=names).reindex(every),
+                            covariance=pd.DataFrame(covariance, index=names, columns=names).reindex(
+                                index=every, columns=every),
+                            ols=ols, clusters=int(groups.max()) + 1 if len(groups) else 0, not_identified=dropped)
+
+
+def not_identified_note(fit: ClusterRobustFit) -> str | None:
+    """The sentence a report shows when a model left columns out (``None`` when it left none)."""
+    if not fit.not_identified:
+        return None
+    return (f"Not estimable on these data: {', '.join(fit.not_identified)} (constant, or a combination of the "
+            "model's other columns, e.g. a role or a wave that no participant's data tell apart); left out of the "
+            "model, shown empty.")

@@ -22,7 +22,7 @@ from analysis.estimates.common import (
     wave_dummies,
 )
 from analysis.panel import REGRET
-from analysis.robust import cluster_ols
+from analysis.robust import cluster_ols, not_identified_note
 
 
 def conversation_table(conversations: pd.DataFrame, focal_role: str) -> pd.DataFrame:
@@ -108,5 +108,7 @@ def regret_model(data: StudyData, *, features: Sequence[str] = REGRET_FEATURES, 
     notes = [COMPLETE_CASE, CLUSTER_ROBUST,
              "agree_share = agree turns / assistant turns of the conversation; the pushback rate is its complement "
              "(with no escalations), so the two are never in the model together."]
+    if (said := not_identified_note(result)) is not None:
+        notes.append(said)
     return RegretModel(coefficients_table(result, focal_role), sample_of(rows, used, rows["regret"].notna()), notes,
                        result, frame.assign(**{c: design[c] for c in design.columns if c.startswith("wave ")}))

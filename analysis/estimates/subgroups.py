@@ -190,7 +190,8 @@ def subgroup_effects(data: StudyData, *, by: Sequence[str] = ("baseline_tercile"
                 numbers = ["estimate", "se", "ci_low", "ci_high", "p"]
                 values = table.loc[[term], numbers].to_numpy(float)[0].tolist()
                 effects.append({**row, **dict(zip(numbers, values, strict=True)), "df": float(result.df[term]),
-                                "note": ""})
+                                "note": "" if term not in result.not_identified else
+                                "not estimable in this subgroup: its data do not tell the arms' courses apart"})
         for name, values in variables.items():
             heterogeneity += _heterogeneity(frame, values, name, outcome, y_column, design_of, terms, focal_role)
     table = pd.DataFrame(effects)

@@ -52,3 +52,29 @@ def test_a_cluster_fitted_exactly_gets_a_generalised_inverse_not_an_error() -> N
     design["only_first"] = (groups == groups.iloc[0]).astype(float)  # a dummy for one cluster
     fit = cluster_ols(y, design, groups)
     assert np.isfinite(fit.bse.drop("only_first")).all()
+
+
+def test_a_column_not_estimable_is_left_out_with_a_sentence_not_a_warning() -> None:
+    """A role nobody used (all zeros) and a copy of another column: both left out, in column order
+    (the first of two equal columns kept), their estimates NaN; the others are the fit without them;
+    no warning reaches the reader, the note says which columns and why."""
+    import warnings
+
+    from analysis.robust import not_identified_note
+
+    y, design, groups = clustered(4, 40, 4)
+    wider = design.assign(nobody=0.0, x_again=design["x"] * 2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit = cluster_ols(y, wider, groups)
+    assert fit.not_identified == ("nobody", "x_again")
+    assert fit.params[["nobody", "x_again"]].isna().all()
+    assert fit.bse[["nobody", "x_again"]].isna().all()
+    plain = cluster_ols(y, design, groups)
+    np.testing.assert_allclose(fit.params[design.columns], plain.params, rtol=1e-12)
+    np.testing.assert_allclose(fit.bse[design.columns], plain.bse, rtol=1e-12)
+    np.testing.assert_allclose(fit.df[design.columns], plain.df, rtol=1e-12)
+    assert not_identified_note(plain) is None
+    note = not_identified_note(fit)
+    assert note is not None
+    assert note.startswith("Not estimable on these data: nobody, x_again (constant, or a combination")
