@@ -314,7 +314,8 @@ def _perma(fit: PermaTrajectories | None) -> str:
                  _Col("observed mean", "observed_mean"), _Col("observed n", "observed_n", "count")]
     contrast_cols = [_Col("outcome", "outcome", "text"), _Col("group", "group", "text"),
                      _Col("vs", "reference", "text"), _Col("wave", "wave", "text"),
-                     _Col("difference (95% CI)", "estimate", "interval", "ci_low", "ci_high"), _Col("p", "p", "p")]
+                     _Col("difference (95% CI)", "estimate", "interval", "ci_low", "ci_high"), _Col("p", "p", "p"),
+                     _Col("standardized (baseline SD)", "d", "interval", "d_low", "d_high")]
     fixed_cols = [_Col("outcome", "outcome", "text"), _Col("term", "term", "text"),
                   _Col("estimate (95% CI)", "estimate", "interval", "ci_low", "ci_high"), _Col("SE", "se"),
                   _Col("df", "df"), _Col("p", "p", "p")]

@@ -373,11 +373,17 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
         means.append(grid_means.rename(columns={"estimate": "mean", "baseline": "at_baseline"})
                      .assign(outcome=outcome))
         by_wave = weights.to_numpy().reshape(len(contrasts) + 1, len(fitted), -1)
+        # Standardized: in units of the baseline score's standard deviation over the participants
+        # in the model (one baseline each), a fixed scale: the interval is the raw one divided by it.
+        spread = float(frame[used].drop_duplicates("participant_code")["baseline"].std(ddof=1))
         for i, group in enumerate(contrasts, start=1):
             difference = estimates.combine(by_wave[i] - by_wave[0])
             difference.insert(0, "wave", list(fitted.values()))
             difference.insert(0, "wave_number", list(fitted))
-            differences.append(difference.assign(outcome=outcome, group=group, reference=reference))
+            scaled = {f"d{suffix}": difference[column] / spread if spread > 0 else np.nan
+                      for suffix, column in (("", "estimate"), ("_low", "ci_low"), ("_high", "ci_high"))}
+            differences.append(difference.assign(outcome=outcome, group=group, reference=reference,
+                                                 baseline_sd=spread, **scaled))
 
     fixed_effects = pd.concat(fixed, ignore_index=True)
     fixed_effects.insert(2, "label", fixed_effects["term"])
@@ -387,7 +393,10 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
     contrast_table = pd.concat(differences, ignore_index=True) if differences else pd.DataFrame()
     if not contrast_table.empty:
         contrast_table = contrast_table[["outcome", "group", "reference", "wave", "wave_number", "estimate", "se",
-                                         "ci_low", "ci_high", "p"]]
+                                         "ci_low", "ci_high", "p", "baseline_sd", "d", "d_low", "d_high"]]
+        notes.append("Standardized differences (d): the difference at a wave divided by the standard deviation of "
+                     "the baseline score over the participants in the model, its interval divided likewise (the "
+                     "standard deviation taken as a fixed scale).")
     return PermaTrajectories(fixed_effects, marginal, contrast_table,
                              pd.concat(random, ignore_index=True)[["outcome", "structure", "parameter", "value"]],
                              samples, notes, fits, reference, "complete-case" if impute == "none" else "mice")

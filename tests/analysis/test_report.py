@@ -117,7 +117,7 @@ INTERVALS = {"estimate": ("ci_low", "ci_high"), "mean": ("ci_low", "ci_high"),
              "exit_rating": ("exit_rating_low", "exit_rating_high"), "features": ("features_low", "features_high"),
              "difference": ("difference_low", "difference_high"), "arm": ("arm_low", "arm_high"),
              "hazard_ratio": ("hr_low", "hr_high"),
-             "estimate_per_sd": ("ci_low_per_sd", "ci_high_per_sd"),
+             "estimate_per_sd": ("ci_low_per_sd", "ci_high_per_sd"), "d": ("d_low", "d_high"),
              "cumulative_incidence": ("ci_low", "ci_high")}
 
 

@@ -149,6 +149,13 @@ def test_early_in_a_study_a_wave_without_data_is_left_out(early: int) -> None:
     same(fit.fixed_effects["se"], direct.bse)
     assert set(fit.marginal_means["wave"]) == {"perma-week-1"}
     assert list(fit.contrasts["estimate"]) == pytest.approx([direct.params["wellbeing"]], rel=1e-10)
+    # Standardized: the difference over the standard deviation of the model's participants' baselines.
+    spread = float(table["baseline"].std(ddof=1))
+    contrast = fit.contrasts.iloc[0]
+    assert contrast["baseline_sd"] == pytest.approx(spread, rel=1e-12)
+    assert contrast["d"] == pytest.approx(direct.params["wellbeing"] / spread, rel=1e-10)
+    assert (contrast["d_low"], contrast["d_high"]) == pytest.approx(
+        (contrast["ci_low"] / spread, contrast["ci_high"] / spread), rel=1e-12)
     left_out = ("observed in only some groups so far" if early else "no observed values yet") + " at perma-week-4"
     assert any(left_out in note for note in fit.notes)
     sample = fit.samples["overall_wellbeing"]
