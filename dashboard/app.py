@@ -107,12 +107,15 @@ def main() -> None:
     if not studies:
         st.error("your account has no role in any open study; ask an admin to grant you one")
         return
-    labels = {m.slug: f"{m.title} ({m.role})" for m in studies}
+    labels = {m.slug: f"{m.title} ({m.role})" + (" · SIMULATED" if m.simulated else "") for m in studies}
     with st.sidebar:
         chosen = st.selectbox("Study", list(labels), format_func=labels.__getitem__, key=auth.STUDY_KEY)
         refresh = st.button("Refresh figures", key="refresh",
                             help="read this study's figures again now, not from the cache")
     membership = next(m for m in studies if m.slug == chosen)
+    if membership.simulated:
+        st.sidebar.warning("A simulated study: synthetic participants made by `afterward simulate`, not research "
+                           "data. Its figures show what the analyses find, not how anyone is doing.")
     try:
         context = auth.set_context(held, membership)
     except Forbidden as exc:

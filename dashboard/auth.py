@@ -58,6 +58,7 @@ class Membership:
     slug: str
     title: str
     role: StaffRole
+    simulated: bool = False  # a study made for simulations (``afterward simulate``): no real participants
 
     @property
     def participant_level(self) -> bool:
@@ -179,8 +180,8 @@ def memberships(email: str) -> list[Membership]:
         account = session.scalar(select(StaffAccount).where(StaffAccount.email == email))
         if account is None:
             return []
-        return [Membership(a.study.slug, a.study.title, a.role) for a in staff_service.memberships(session, account)
-                if a.study.status != StudyStatus.ARCHIVED]
+        return [Membership(a.study.slug, a.study.title, a.role, bool(a.study.simulated))
+                for a in staff_service.memberships(session, account) if a.study.status != StudyStatus.ARCHIVED]
 
 
 def set_context(held: StaffSession, membership: Membership) -> Context:

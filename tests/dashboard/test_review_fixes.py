@@ -408,3 +408,20 @@ def test_a_page_left_open_signs_out_after_the_idle_limit(
         revoked = session.scalars(select(StaffToken.revoked_at).where(
             StaffToken.token_sha256 == token_digest(held.token))).one()
     assert revoked is not None
+
+
+def test_a_simulated_study_is_labelled_in_the_study_list_and_says_so(simulated: Simulated, second_study: str) -> None:
+    """Of the two studies, the one made by ``afterward simulate`` is marked in the list, and choosing
+    it shows that its participants are synthetic; the live one has neither."""
+    with session_scope(simulated.engine, read_only=True) as session:
+        assert studies.get_study(session, simulated.slug).simulated
+        assert not studies.get_study(session, "second-pilot").simulated
+    app = sign_in(second_study)
+    chooser = app.sidebar.selectbox(key=auth.STUDY_KEY)
+    marked = [label for label in chooser.options if "SIMULATED" in label]
+    assert len(marked) == 1
+    assert len(chooser.options) == 2
+    chooser.set_value(simulated.slug).run()
+    assert any("A simulated study" in w.value for w in app.sidebar.warning)
+    app.sidebar.selectbox(key=auth.STUDY_KEY).set_value("second-pilot").run()
+    assert not any("A simulated study" in w.value for w in app.sidebar.warning)
