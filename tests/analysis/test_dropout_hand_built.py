@@ -22,6 +22,7 @@ import datetime as dt
 import math
 import warnings
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -336,8 +337,9 @@ def test_the_participant_flow_by_hand(engine: Engine, built: Built) -> None:
     flow = flow_table(participant_flow(engine, built.slug)).set_index("stage")
     assert list(flow.columns) == ["control", "wellbeing", "all"]
 
-    def row(stage: str) -> tuple[int, int, int]:
-        return tuple(int(v) for v in flow.loc[stage, ["control", "wellbeing", "all"]])  # type: ignore[return-value]
+    def row(stage: str) -> tuple[int, ...]:
+        counts = cast(pd.Series, flow.loc[stage, ["control", "wellbeing", "all"]])
+        return tuple(counts.astype(int).tolist())
 
     for stage in ("joined through an invite", "signed consent"):  # before randomization: no arm yet
         assert flow.loc[stage, "all"] == 7

@@ -316,7 +316,7 @@ def test_afterward_analyze_writes_an_audited_report(analyzed: Analyzed, monkeypa
         assert {field: number(rows[arm][field]["value"]) for field in counts} == counts
     assert number(rows["all"]["enrolled"]["value"]) == 60
     # The flow: the randomized are the enrolled, and every wave accounts for each of them whose data remain.
-    flow = {row["stage"]["text"]: row for row in tables["participant-flow"]}
+    flow = {str(row["stage"]["text"]): row for row in tables["participant-flow"]}
     waves = {stage.split(": ")[0] for stage in flow if ": " in stage}
     assert "baseline" in waves
     assert len(waves) >= 2
@@ -324,7 +324,7 @@ def test_afterward_analyze_writes_an_audited_report(analyzed: Analyzed, monkeypa
         randomized = number(flow["randomized"][arm]["value"])
         assert randomized == number(rows[arm]["enrolled"]["value"])
         for wave in waves:
-            total = sum(number(flow[stage][arm]["value"]) for stage in flow if stage.startswith(wave + ": "))
+            total = sum(float(number(flow[stage][arm]["value"])) for stage in flow if stage.startswith(wave + ": "))
             assert total == randomized - number(rows[arm]["data_deleted"]["value"]), (arm, wave)
     assert number(flow["joined through an invite"]["all"]["value"]) >= 60
     assert 'id="software">afterward ' in page
