@@ -101,7 +101,9 @@ def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock
     assert (first.stance, first.concern) == ("challenge", "unsupported_framing")
     build.override(codes["alice"], a1, first.id, "Then here is the plan.")
     build.switch(codes["alice"], a1, "collaborator")
-    build.say(codes["alice"], a1, "Write to alice.private@example.org for me", "Noted.")
+    # (With the fit round 13 scored, "Write to alice.private@example.org for me" alone is declined as harm to
+    # others: READING.md, "What it misses".)
+    build.say(codes["alice"], a1, "Write to alice.private@example.org about the meeting for me", "Noted.")
     for name, role, opening in (("bob", "coach", "Should I move to another city next spring"),
                                 ("gina", "coach", "Should I want to move"),
                                 ("frank", "coach", "This is a terrible, awful, horrible situation"),
@@ -203,7 +205,7 @@ def test_messages_and_labels_equal_the_values_worked_out_by_hand(engine: Engine,
         (4, "participant", "collaborator"), (5, "assistant", "collaborator")]
     assert [m["text"] for m in messages] == [
         "I am deciding whether to change teams at work", "Is that wise?", "Then here is the plan.",
-        "Write to [email] for me", "Noted."]
+        "Write to [email] about the meeting for me", "Noted."]
     assert (messages[1]["stance"], messages[1]["concern"]) == ("challenge", "unsupported_framing")
     assert messages[1]["rationale"] == "The test's model thinks so."
     assert messages[1]["response"]["action"] == "override"
