@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pandas as pd
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -41,7 +39,7 @@ from analysis.tables import AnalysisPlanRecord
 from study import audit, staff, studies
 from study.errors import Conflict, Forbidden
 from study.models import AuditEntry, StaffRole
-from study.protocol import ROLES, SLUG_PATTERN, Protocol, Role, _format_loc, _line_of
+from study.protocol import ROLES, SLUG_PATTERN, Protocol, Role, validated_yaml
 
 ACTION = "analysis_plan.frozen"  # the audit log's action for a freeze
 # The audit log's actions that read a study's outcomes: a plan frozen after one of them is reported so.
@@ -174,44 +172,11 @@ class PlanError(ValueError):
         super().__init__("invalid analysis plan:\n  " + "\n  ".join(problems))
 
 
-_PATH = re.compile(r"^(?P<path>[a-z_]+(?:\[\d+\])?(?:\.[a-z_]+)?)(?::| \()")
-
-
-def _loc(path: str) -> tuple[int | str, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.\[\]]+", path) if p)
-
-
 def parse_plan(text: str) -> AnalysisPlan:
     """The plan in ``text``, or PlanError whose messages name the field and its line, e.g.
     ``primary.outcome (line 9): 'wellbeing' is not an outcome the report fits; write one of ...``."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        document: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise PlanError([f"not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
-    if not isinstance(document, dict):
-        raise PlanError(["the plan must be a YAML mapping with study, arm, reference_arm, alpha, multiplicity, "
-                         "primary and secondary"])
-    try:
-        return AnalysisPlan.model_validate(document)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            message = str(error["msg"]).removeprefix("Value error, ")
-            if loc:
-                problems.append(f"{_format_loc(loc)} (line {_line_of(root, loc)}): {message}")
-                continue
-            for line in message.splitlines():  # the validator's problems, each starting with its path
-                found = _PATH.match(line)
-                if found is None:
-                    problems.append(line)
-                    continue
-                path = found["path"]
-                problems.append(f"{path} (line {_line_of(root, _loc(path))}){line[len(path):]}")
-        raise PlanError(problems) from None
+    return validated_yaml(text, AnalysisPlan, PlanError, "the plan must be a YAML mapping with study, arm, "
+                          "reference_arm, alpha, multiplicity, primary and secondary")
 
 
 def plan_sha256(text: str) -> str:

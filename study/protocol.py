@@ -10,8 +10,9 @@ import datetime as dt
 import functools
 import ipaddress
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
@@ -482,25 +483,54 @@ def _line_of(root: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
     return line
 
 
-def parse_protocol(text: str) -> Protocol:
+_PATH = re.compile(r"^(?P<path>[a-z_]+(?:\[\d+\])?(?:\.[a-z_]+)?)(?::| \()")
+
+
+def _loc(path: str) -> tuple[int | str, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.\[\]]+", path) if p)
+
+
+Validated = TypeVar("Validated", bound=BaseModel)
+
+
+def validated_yaml(text: str, model: type[Validated], problems: Callable[[list[str]], Exception],
+                   shape: str) -> Validated:
+    """``text`` (a YAML file a person wrote) as ``model``, or ``problems(messages)`` raised with one
+    message per error, each naming the field and its line (``arms[1].mode (line 17): ...``): invalid
+    YAML, a document that is not a mapping (``shape`` says what it should hold), or a field the model
+    refuses. A model-level validator's message names its fields at the start of each line
+    (``primary.outcome: ...``), which get their lines too. The protocol and the analysis plan
+    (``analysis.plan``) are read by it."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         document: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ProtocolError([f"not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
+        raise problems([f"not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
     if not isinstance(document, dict):
-        raise ProtocolError(["the file must be a YAML mapping with study, arms, consent, ..."])
+        raise problems([shape])
     try:
-        return Protocol.model_validate(document)
+        return model.model_validate(document)
     except ValidationError as exc:
-        problems = []
+        found = []
         for error in exc.errors():
-            loc = tuple(error["loc"])
             # pydantic appends the tag of a failing union member; it is noise to a researcher.
-            loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
-            line = _line_of(root, loc)
-            message = error["msg"].removeprefix("Value error, ")
-            problems.append(f"{_format_loc(loc)} (line {line}): {message}")
-        raise ProtocolError(problems) from None
+            loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            message = str(error["msg"]).removeprefix("Value error, ")
+            if loc:
+                found.append(f"{_format_loc(loc)} (line {_line_of(root, loc)}): {message}")
+                continue
+            for line in message.splitlines():
+                named = _PATH.match(line)
+                if named is None:
+                    found.append(line)
+                    continue
+                path = named["path"]
+                found.append(f"{path} (line {_line_of(root, _loc(path))}){line[len(path):]}")
+        raise problems(found) from None
+
+
+def parse_protocol(text: str) -> Protocol:
+    return validated_yaml(text, Protocol, ProtocolError,
+                          "the file must be a YAML mapping with study, arms, consent, ...")
