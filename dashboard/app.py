@@ -114,7 +114,7 @@ def main() -> None:
                             help="read this study's figures again now, not from the cache")
     membership = next(m for m in studies if m.slug == chosen)
     if membership.simulated:
-        st.sidebar.warning("A simulated study: synthetic participants made by `afterward simulate`, not research "
+        st.sidebar.info("A simulated study: synthetic participants made by `afterward simulate`, not research "
                            "data. Its figures show what the analyses find, not how anyone is doing.")
     try:
         context = auth.set_context(held, membership)

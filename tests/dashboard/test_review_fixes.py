@@ -422,6 +422,6 @@ def test_a_simulated_study_is_labelled_in_the_study_list_and_says_so(simulated: 
     assert len(marked) == 1
     assert len(chooser.options) == 2
     chooser.set_value(simulated.slug).run()
-    assert any("A simulated study" in w.value for w in app.sidebar.warning)
+    assert any("A simulated study" in w.value for w in app.sidebar.info)
     app.sidebar.selectbox(key=auth.STUDY_KEY).set_value("second-pilot").run()
-    assert not any("A simulated study" in w.value for w in app.sidebar.warning)
+    assert not any("A simulated study" in w.value for w in app.sidebar.info)
