@@ -43,6 +43,7 @@ from analysis.disclosure import BELOW, SHOWN, SUPPRESSED, THRESHOLD, CellKey, Co
 from analysis.exports import open_study, record_export
 from analysis.features import conversation_cells
 from analysis.panel import PERMA, REGRET, survey_cells
+from analysis.plan import blinding, outcome_view
 from analysis.reading import Source, concurrently, connect, read_frame, resolve_study_id
 from analysis.software import packages_line
 from analysis.spreadsheet import CSV_TEXT_NOTE, csv_text
@@ -504,7 +505,13 @@ class _Aggregates:
     hidden: dict[str, int]  # table -> hidden cells (counts and derived)
 
 
-def _aggregate(connection: Connection, study_id: int, threshold: int) -> _Aggregates:
+# The outcome tables and the column that splits them by arm (roles split by arm too: each arm offers its own).
+OUTCOME_SPLITS = {"wellbeing": "arm", "regret": "starting_role"}
+POOLED_NOTE = (" Pooled over the arms: the study is blinded until its analysis plan is frozen (analysis.plan), so "
+               "only the 'all' rows are given.")
+
+
+def _aggregate(connection: Connection, study_id: int, threshold: int, pooled: bool | None = None) -> _Aggregates:
     build = _Builder(connection, study_id, threshold)
     followups = build.followups()
     tables = [build.enrollment(), followups, build.wellbeing(followups), build.regret(followups),
@@ -512,18 +519,29 @@ def _aggregate(connection: Connection, study_id: int, threshold: int) -> _Aggreg
     tables.append(build.safety_reviews(tables[-1]))
     status = build.disclosure.protect()
     frames = {table.name: _render(table, build.disclosure, status) for table in tables}
+    if blinding(connection, study_id).blinded if pooled is None else pooled:
+        # Only rows are dropped, after the suppression rule: what is left shows nothing it did not before.
+        for table in tables:
+            if table.name in OUTCOME_SPLITS:
+                frame = frames[table.name]
+                frames[table.name] = frame[frame[OUTCOME_SPLITS[table.name]] == ALL].reset_index(drop=True)
+                table.spec = replace(table.spec, description=table.spec.description + POOLED_NOTE)
     markers = (below(threshold), SUPPRESSED)
     hidden = {name: int(frame.isin(markers).to_numpy().sum()) for name, frame in frames.items()}
     return _Aggregates(frames, [table.spec for table in tables], hidden)
 
 
-def aggregate_tables(source: Source, study: int | str, *, threshold: int = THRESHOLD) -> dict[str, pd.DataFrame]:
+def aggregate_tables(source: Source, study: int | str, *, threshold: int = THRESHOLD,
+                     pooled: bool | None = None) -> dict[str, pd.DataFrame]:
     """The study's aggregate tables (``enrollment``, ``followups``, ``wellbeing``, ``regret``,
     ``conversations``, ``safety_events``) with the suppression rule applied: each cell is a
     number, ``"< 5"`` or ``"suppressed"``. ``threshold=0`` gives the tables unsuppressed (for
-    staff with participant-level access; never show that to a viewer)."""
+    staff with participant-level access; never show that to a viewer). While the study is blinded
+    (``analysis.plan.blinding``) the outcome tables (``OUTCOME_SPLITS``) keep their ``all`` rows
+    only; ``pooled`` overrides that decision (False only for a read ``analysis.plan.outcome_access``
+    unblinded)."""
     with connect(source) as connection:
-        return _aggregate(connection, resolve_study_id(connection, study), threshold).frames
+        return _aggregate(connection, resolve_study_id(connection, study), threshold, pooled).frames
 
 
 @dataclass
@@ -533,19 +551,23 @@ class AggregateExport:
     row_counts: dict[str, int]
     files: list[Path]
     tables: list[TableSpec]
+    pooled: bool = False  # the outcome tables pooled over the arms: the study is blinded
 
 
 def export_aggregates(engine: Engine, study_slug: str, out_dir: Path, *, actor: audit.Actor,
-                      audit_in: Session | None = None) -> AggregateExport:
+                      audit_in: Session | None = None, unblind: str | None = None) -> AggregateExport:
     """Write the suppressed aggregate tables as CSV files with ``datapackage.json``,
     ``CODEBOOK.md`` and a README stating the suppression rule, and audit the export (action
-    ``study.export``, format ``aggregates``). Open to every staff role of the study.
-    ``audit_in``: record the audit entry in this session instead of a transaction of its own."""
+    ``study.export``, format ``aggregates``). Open to every staff role of the study. While the
+    study is blinded its outcome tables are pooled over the arms, unless an admin gives the reason to
+    ``unblind`` (``analysis.plan.outcome_access``, audited). ``audit_in``: record the audit entry in
+    this session instead of a transaction of its own."""
     out_dir.mkdir(parents=True, exist_ok=True)
     exported_at = now()
     with engine.execution_options(**{READ_ONLY: True}).connect() as connection:
         found = open_study(connection, study_slug, actor, row_level=False)
-        built = _aggregate(connection, found.id, THRESHOLD)
+        blind = outcome_view(engine, found.id, actor, "the aggregates export", unblind=unblind, refuse=False)
+        built = _aggregate(connection, found.id, THRESHOLD, pooled=blind.blinded)
     files = []
     for name, frame in built.frames.items():
         (out_dir / f"{name}.csv").write_text(csv_text(frame), encoding="utf-8")
@@ -565,16 +587,18 @@ def export_aggregates(engine: Engine, study_slug: str, out_dir: Path, *, actor: 
     with codebook.open("a", encoding="utf-8") as handle:
         handle.write(f"\n## Hidden cells\n\n`{below()}` and `{SUPPRESSED}` mark hidden values (missing values in "
                      f"`datapackage.json`).\n\n{SUPPRESSION_RULE}")
-    _write_readme(out_dir / "README.md", title, exported_at, counts, built.hidden)
+    _write_readme(out_dir / "README.md", title, exported_at, counts, built.hidden, pooled=blind.blinded)
     files += [package, codebook, out_dir / "README.md"]
 
     record_export(engine, actor, found.id, audit_in, format=AGGREGATES, options={"threshold": THRESHOLD},
-                  row_counts=counts, tables=list(counts), hidden_cells=built.hidden)
-    return AggregateExport(out_dir, exported_at, counts, files, built.specs)
+                  row_counts=counts, tables=list(counts), hidden_cells=built.hidden,
+                  **({"pooled_over_arms": True} if blind.blinded else {}),
+                  **({"unblinded": blind.reason} if blind.unblinded_by else {}))
+    return AggregateExport(out_dir, exported_at, counts, files, built.specs, pooled=blind.blinded)
 
 
 def _write_readme(path: Path, title: str, exported_at: dt.datetime, counts: dict[str, int],
-                  hidden: dict[str, int]) -> None:
+                  hidden: dict[str, int], *, pooled: bool = False) -> None:
     try:
         version = metadata.version("afterward")
     except metadata.PackageNotFoundError:
@@ -584,7 +608,9 @@ def _write_readme(path: Path, title: str, exported_at: dt.datetime, counts: dict
              f"- software: afterward {version}",
              f"- packages: {packages_line()}",
              f"- format: {AGGREGATES} (CSV, one file per table)",
-             f"- threshold: {THRESHOLD} participants", "",
+             f"- threshold: {THRESHOLD} participants",
+             *([f"- blinded: {', '.join(OUTCOME_SPLITS)} are pooled over the arms (their 'all' rows only) until "
+                "the study's analysis plan is frozen"] if pooled else []), "",
              "## Tables", "", "| table | rows | hidden cells |", "|---|---|---|",
              *(f"| {name} | {n} | {hidden[name]} |" for name, n in counts.items()), "",
              "Every column is described in `CODEBOOK.md` and `datapackage.json` (Frictionless Data Package). "

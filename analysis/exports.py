@@ -47,6 +47,7 @@ from analysis.deidentify import ID_SPACES, PSEUDONYM, SHIFT_MAX_DAYS, Deidentifi
 from analysis.export_formats import TableWriter, normalize, stata_names
 from analysis.features import FEATURES
 from analysis.panel import PANEL_COLUMNS, SURVIVAL_COLUMNS, iter_conversations_and_panel, survival
+from analysis.plan import outcome_view
 from analysis.reading import stream_frames
 from analysis.software import packages_line
 from analysis.spreadsheet import CSV_TEXT_NOTE
@@ -576,14 +577,15 @@ def _software_version() -> str:
 def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Format, turns: bool = False,
                  shift_dates: bool = False, drop_free_text: bool = False, actor: audit.Actor,
                  chunk_rows: int = CHUNK_ROWS, chunk_participants: int = CHUNK_PARTICIPANTS,
-                 shift_seed: int | None = None,
-                 audit_in: Session | None = None) -> ExportResult:
+                 shift_seed: int | None = None, audit_in: Session | None = None,
+                 unblind: str | None = None) -> ExportResult:
     """Write every table of the study in ``format`` to ``out_dir`` with its codebook and README,
     and audit it. ``shift_dates`` makes it a de-identified export: dates shifted per participant,
     participants and ids renamed for this export, rows in a random order. ``shift_seed`` fixes
     the random draws (tests); by default they come from the operating system and are kept only
     in memory. ``audit_in``: record the audit entry in this session instead of a transaction of
-    its own."""
+    its own. While the study is blinded (``analysis.plan.blinding``) it is refused (``Blinded``)
+    unless an admin gives the reason to ``unblind`` (audited)."""
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; one of {', '.join(FORMATS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -599,6 +601,7 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
     with (engine.execution_options(**{READ_ONLY: True}).connect() as connection,
           tempfile.TemporaryDirectory(prefix="afterward-deidentified-") as scratch):
         study = open_study(connection, study_slug, actor)
+        blind = outcome_view(engine, study.id, actor, f"the {format} export", unblind=unblind)  # arm by outcomes
         build = _Builder(connection, study, chunk_rows, chunk_participants)
         names = Deidentified(connection, study.id, rng) if shift_dates else None
         instruments = connection.scalars(build.scoped(select(SurveyResponse.instrument_id).distinct(),
@@ -641,7 +644,7 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
     _write_readme(out_dir / "README.md", title, protocols, exported_at, counts, format, options)
     files += [out_dir / "datapackage.json", out_dir / "CODEBOOK.md", out_dir / "README.md"]
     record_export(engine, actor, study.id, audit_in, format=format, options=options, row_counts=counts,
-                  tables=list(counts))
+                  tables=list(counts), **({"unblinded": blind.reason} if blind.unblinded_by else {}))
     return ExportResult(out_dir, format, exported_at, counts, files, options, specs)
 
 

@@ -128,7 +128,8 @@ def run_fit(engine: Engine, fit_id: int) -> StoredFit:
     began = time.perf_counter()
     try:
         data = StudyData.load(engine, study_id)
-        suite = fit_models(data, n_boot=int(options["n_boot"]), seed=int(options["seed"]))
+        # The tables pages show: without the report's diagnostics and sensitivity analyses (minutes more).
+        suite = fit_models(data, n_boot=int(options["n_boot"]), seed=int(options["seed"]), checks=False)
         tables = {name: _stored(frame) for name, frame in suite_tables(suite).items()}
     except Exception as exc:
         with session_scope(engine) as session:

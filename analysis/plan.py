@@ -18,32 +18,43 @@ and how many reads of the study's outcomes the audit log held by then (``OUTCOME
 as ``analysis_plan.frozen``. Freezing the same file again changes nothing; a changed file is refused
 (``PlanChanged``, with what changed): a frozen plan is never replaced, and the report lists a later
 change of the file as a deviation.
+
+Blinding: whether a study's staff views hide the arm in outcomes now is decided here alone
+(``blinding``): when any protocol version asks for it (``blinding.outcomes_until_plan_frozen``) and
+no plan is frozen. Every outcome view asks ``outcome_access`` (or ``outcome_view``) and masks (the
+aggregate outcome tables pooled over the arms) or refuses (``Blinded``, 409); an admin may lift it for
+one read with a reason, audited as ``blinding.unblinded_read`` (``UNBLINDED_READ``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import func, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from analysis.estimates.common import REGRET_FEATURES, pick_reference_arm
 from analysis.panel import PERMA_SCORES
+from analysis.reading import resolve_study_id
 from analysis.tables import AnalysisPlanRecord
 from study import audit, staff, studies
-from study.errors import Conflict, Forbidden
-from study.models import AuditEntry, StaffRole
+from study.db import session_scope
+from study.errors import Conflict, Forbidden, Invalid
+from study.models import AuditEntry, ProtocolVersion, StaffRole, Study
 from study.protocol import ROLES, SLUG_PATTERN, Protocol, Role, validated_yaml
 
 ACTION = "analysis_plan.frozen"  # the audit log's action for a freeze
 # The audit log's actions that read a study's outcomes: a plan frozen after one of them is reported so.
 OUTCOME_READS = ("study.analyze", "study.export", "analysis.models_fitted", "responses.read")
+# An admin's read of outcomes by arm while the study is blinded: recorded before the read, which is one of
+# OUTCOME_READS itself (a report, an export; a dashboard page shows model fits, each counted when fitted).
+UNBLINDED_READ = "blinding.unblinded_read"
 REGRET = "regret"
 OUTCOMES = (*PERMA_SCORES, REGRET)
 PERMA_COVARIATES = ("baseline",)  # what the PERMA mixed model adjusts for (time and arm are the estimand's)
@@ -369,3 +380,92 @@ def check_file(frozen: FrozenPlan, path: str, read: Any) -> FileCheck:
     except PlanError as exc:
         return FileCheck(path, "changed", digest, problems=tuple(exc.problems))
     return FileCheck(path, "changed", digest, changes=tuple(changes(frozen.plan, current)))
+
+
+# Blinding: whether staff views of outcomes show the arm
+
+
+BLINDED = "blinded_until_plan_frozen"  # the code of a refusal while blinded
+UNBLIND_ROLES = (StaffRole.ADMIN,)  # who may lift blinding for one audited read (and the system actor)
+
+
+class Blinded(Conflict):
+    """An outcome view refused while the study is blinded: 409, code ``blinded_until_plan_frozen``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=BLINDED)
+
+
+@dataclass(frozen=True)
+class OutcomeBlinding:
+    """A study's blinding as one view reads it: ``required`` when a protocol version asks for it,
+    ``plan_frozen`` once the analysis plan is frozen; ``unblinded_by`` (and ``reason``) when an admin
+    lifted it for this read. ``blinded``: the view must hide the arm in outcomes now."""
+
+    study_id: int
+    slug: str
+    required: bool
+    plan_frozen: bool
+    unblinded_by: str | None = None
+    reason: str | None = None
+
+    @property
+    def blinded(self) -> bool:
+        return self.required and not self.plan_frozen and self.unblinded_by is None
+
+    def message(self, view: str) -> str:
+        return (f"'{self.slug}' is blinded until its analysis plan is frozen (protocol: blinding."
+                f"outcomes_until_plan_frozen), so {view} cannot show outcomes by arm yet. Freeze the plan first: "
+                f"`afterward plan freeze {self.slug} PLAN.yaml` (researchers and admins). An admin of the study "
+                "may unblind one read, giving the reason (recorded in the audit log): --unblind REASON on the "
+                "command line, unblind_reason in the staff API, the unblind form in the dashboard. Enrollment, "
+                "follow-up completion and safety events stay visible meanwhile.")
+
+
+def blinding(source: Session | Connection, study_id: int) -> OutcomeBlinding:
+    """The one decision: are the study's outcome views blinded now? Yes when any of its protocol
+    versions asks for it (a later version cannot drop it before the freeze) and no plan is frozen."""
+    slug = source.execute(select(Study.slug).where(Study.id == study_id)).scalar_one()
+    documents = source.execute(select(ProtocolVersion.protocol).where(ProtocolVersion.study_id == study_id)).scalars()
+    required = any(((document or {}).get("blinding") or {}).get("outcomes_until_plan_frozen") is True
+                   for document in documents)
+    frozen = source.execute(select(AnalysisPlanRecord.id).where(AnalysisPlanRecord.study_id == study_id)).first()
+    return OutcomeBlinding(study_id, slug, required, frozen is not None)
+
+
+def outcome_access(session: Session, actor: audit.Actor, study_id: int, view: str, *,
+                   unblind: str | None = None) -> OutcomeBlinding:
+    """The study's blinding for ``view`` read by ``actor`` (the caller masks or refuses while
+    ``blinded``). ``unblind``, a reason, lifts it for this read when the actor may: an admin of the
+    study, or the system actor (the command line without --as, which holds the database anyway);
+    audited as ``UNBLINDED_READ`` with the view and the reason, in the caller's transaction. Anyone
+    else asking is refused (Forbidden, ``unblind_forbidden``). Not blinded: ``unblind`` is ignored."""
+    found = blinding(session, study_id)
+    if not found.blinded or unblind is None:
+        return found
+    reason = unblind.strip()
+    if not reason:
+        raise Invalid("say why this read must be unblinded (the reason is recorded in the audit log)",
+                      code="unblind_reason_missing")
+    role = staff.staff_access(session, actor, study_id).role if actor.type == "staff" else None
+    if actor.type != "system" and role not in UNBLIND_ROLES:
+        raise Forbidden(f"only an admin of '{found.slug}' may unblind outcomes before its analysis plan is frozen "
+                        f"(your role: {role or actor.type}); freeze the plan, or ask an admin",
+                        code="unblind_forbidden")
+    audit.record(session, actor, UNBLINDED_READ, study_id=study_id, view=view, reason=reason)
+    return replace(found, unblinded_by=f"{actor.type}:{actor.name}", reason=reason)
+
+
+def outcome_view(engine: Engine, study: int | str, actor: audit.Actor, view: str, *, unblind: str | None = None,
+                 refuse: bool = True) -> OutcomeBlinding:
+    """``outcome_access`` in a unit of work of its own, before the view reads (a read-only one unless
+    unblinding). ``refuse``: raise ``Blinded`` while blinded, after the actor's own access (a viewer or
+    staff of another study is refused for that first, as without blinding). LookupError: no study."""
+    with session_scope(engine, read_only=unblind is None) as session:
+        study_id = resolve_study_id(session.connection(), study)
+        found = outcome_access(session, actor, study_id, view, unblind=unblind)
+        if refuse and found.blinded and actor.type == "staff":
+            staff.reader_access(session, actor, study_id)
+    if refuse and found.blinded:
+        raise Blinded(found.message(view))
+    return found

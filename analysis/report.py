@@ -42,6 +42,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
+from analysis.diagnostics import DIAGNOSTICS_TITLE, Diagnostics, diagnose, diagnostics_section
 from analysis.estimates import (
     DropoutSurvival,
     FeatureScreen,
@@ -61,12 +62,14 @@ from analysis.estimates import (
 from analysis.estimates.dropout import COMPETING, ESTIMAND
 from analysis.exports import ExportRefused, open_study
 from analysis.flow import flow_table, participant_flow
+from analysis.methods import METHODS_TITLE, methods_section
 from analysis.panel import participant_states
 from analysis.plan import FileCheck, check_file, frozen_plan
 from analysis.plan_report import PlanRun, plan_section, run_plan
 from analysis.reading import Source, connect, resolve_study_id
 from analysis.report_html import _Col, _format, _notes, _table
 from analysis.report_plots import Forest, figure_html, forest_plot, km_plot, trajectory_plot
+from analysis.sensitivity import IMPUTATIONS, SENSITIVITY_TITLE, Sensitivity, sensitivity_analyses, sensitivity_section
 from analysis.software import packages_line
 from study import audit
 from study.clock import now
@@ -171,7 +174,8 @@ def _protocol_versions(connection: Connection, study_id: int) -> pd.DataFrame:
 class ModelSuite:
     """Every model of the report, fitted to one ``StudyData``. A model the data cannot support
     (too few participants, no follow-up yet) is ``None`` with its reason in ``not_estimated``;
-    ``seconds``: each model's fitting time."""
+    ``seconds``: each model's fitting time. The checks on them (``diagnostics``, ``sensitivity``)
+    are ``None`` when not asked for or, with the reason in ``unchecked``, not possible."""
 
     perma: PermaTrajectories | None
     headline: ImmediateVsDelayed | None
@@ -182,16 +186,20 @@ class ModelSuite:
     not_estimated: dict[str, str]
     seconds: dict[str, float]
     options: dict[str, Any]
+    diagnostics: tuple[Diagnostics, ...] | None = None  # analysis.diagnostics, per model
+    sensitivity: Sensitivity | None = None  # analysis.sensitivity: the primary estimate under missing-data assumptions
+    unchecked: dict[str, str] = field(default_factory=dict)
 
 
 def fit_models(data: StudyData, *, perma_outcomes: Sequence[str] = ("overall_wellbeing",), n_boot: int = 500,
-               seed: int = 0, focal_role: str = "coach",
-               progress: Callable[[str, float], None] | None = None) -> ModelSuite:
+               seed: int = 0, focal_role: str = "coach", checks: bool = True, imputations: int = IMPUTATIONS,
+               primary_outcome: str | None = None, progress: Callable[[str, float], None] | None = None) -> ModelSuite:
     """Fit the report's models with their defaults (``analysis.estimates``): PERMA trajectories of
     ``perma_outcomes`` (each a mixed model; ``analysis.panel.PERMA_SCORES`` for every domain), the
     immediate-vs-delayed table (``n_boot`` bootstrap replicates, seeded by ``seed``), the regret
-    model, the feature screen, dropout survival and the subgroup effects. ``progress(model,
-    seconds)`` is called after each."""
+    model, the feature screen, dropout survival and the subgroup effects; with ``checks`` their
+    diagnostics and the sensitivity analyses of the primary PERMA estimate (of ``primary_outcome``,
+    by default the first; ``imputations`` imputed data sets). ``progress(model, seconds)`` is called after each."""
     fits: dict[str, Callable[[], Any]] = {
         "perma": lambda: perma_trajectories(data, outcomes=perma_outcomes),
         "headline": lambda: immediate_vs_delayed(data, focal_role=focal_role, n_boot=n_boot, seed=seed),
@@ -200,22 +208,27 @@ def fit_models(data: StudyData, *, perma_outcomes: Sequence[str] = ("overall_wel
         "dropout": lambda: dropout_survival(data),
         "subgroups": lambda: subgroup_effects(data, focal_role=focal_role),
     }
+    checked: dict[str, Callable[[], Any]] = {
+        "diagnostics": lambda: diagnose(results["perma"], results["regret"]),
+        "sensitivity": lambda: sensitivity_analyses(data, results["perma"], outcome=primary_outcome,
+                                                    imputations=imputations, seed=seed)} if checks else {}
     results: dict[str, Any] = {}
     not_estimated: dict[str, str] = {}
+    unchecked: dict[str, str] = {}
     seconds: dict[str, float] = {}
-    for name, fit in fits.items():
+    for name, fit in {**fits, **checked}.items():
         began = time.perf_counter()
         try:
             results[name] = fit()
         except ValueError as exc:  # the models' way of saying the data cannot support them
             results[name] = None
-            not_estimated[name] = str(exc)
+            (not_estimated if name in fits else unchecked)[name] = str(exc)
         seconds[name] = time.perf_counter() - began
         if progress is not None:
             progress(name, seconds[name])
-    return ModelSuite(**results, not_estimated=not_estimated, seconds=seconds,
+    return ModelSuite(**results, not_estimated=not_estimated, seconds=seconds, unchecked=unchecked,
                       options={"perma_outcomes": list(perma_outcomes), "n_boot": n_boot, "seed": seed,
-                               "focal_role": focal_role})
+                               "focal_role": focal_role, **({"imputations": imputations} if checks else {})})
 
 
 def _sample(sample: Sample, what: str, table_id: str) -> str:
@@ -556,7 +569,9 @@ def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.d
                 ("dropout", _dropout(suite.dropout)), ("subgroups", _subgroups(suite.subgroups))]
     contents = ("<nav aria-label=\"Contents\"><ol><li><a href=\"#plan\">The pre-registered analysis plan</a></li>"
                 "<li><a href=\"#participants\">Participants</a></li>") + "".join(
-        f'<li><a href="#{name}">{html.escape(MODEL_TITLES[name])}</a></li>' for name, _ in sections) + "</ol></nav>"
+        f'<li><a href="#{name}">{html.escape(title)}</a></li>' for name, title in [
+            *((name, MODEL_TITLES[name]) for name, _ in sections), ("diagnostics", DIAGNOSTICS_TITLE),
+            ("sensitivity", SENSITIVITY_TITLE), ("methods", METHODS_TITLE)]) + "</ol></nav>"
     footer = ("<footer><p>For the study's researchers and admins: computed from row-level data and not put through "
               "the aggregate tables' disclosure rule (cells may rest on a few participants; the Kaplan-Meier curves "
               "step at single dropouts). Do not pass it to viewers; they have the aggregates export.</p>"
@@ -567,6 +582,9 @@ def render_report(header: ReportHeader, suite: ModelSuite, *, generated_at: dt.d
             f"<title>Analysis: {html.escape(header.title)}</title><style>{STYLE}</style></head>"
             f"<body><main>{top}{contents}{plan_section(plan)}{participants}"
             + "".join(_section(name, body, suite, plan.labels.get(name, "")) for name, body in sections)
+            + diagnostics_section(suite.diagnostics, suite.unchecked.get("diagnostics"))
+            + sensitivity_section(suite.sensitivity, suite.unchecked.get("sensitivity"))
+            + methods_section(suite, plan, header.software)
             + f"{footer}</main></body></html>\n")
 
 
@@ -609,18 +627,23 @@ class ReportResult:
 
 def write_report(engine: Engine, study: str, out: Path, *, actor: audit.Actor, n_boot: int = 500, seed: int = 0,
                  perma_outcomes: Sequence[str] = ("overall_wellbeing",), focal_role: str = "coach",
-                 audit_in: Session | None = None, plan_file: Path | None = None) -> ReportResult:
+                 audit_in: Session | None = None, plan_file: Path | None = None,
+                 unblind: str | None = None, imputations: int = IMPUTATIONS) -> ReportResult:
     """Read the study once (one read-only transaction), fit the models, write the report to ``out``
     and audit the run. Raises LookupError for an unknown study, ReportRefused for a viewer or a
     staff member without a role in the study, ValueError when ``out`` is a directory or
     ``n_boot`` is below 1. ``audit_in``: record the audit entry in this session instead of a
     transaction of its own. With a frozen analysis plan (``analysis.plan``) its PERMA outcomes and
     focal role are fitted, it is run first and the plan file (``plan_file``, by default the file it
-    was frozen from) is compared with it."""
+    was frozen from) is compared with it. While the study is blinded until that plan is frozen it is
+    refused (``analysis.plan.Blinded``) unless an admin gives the reason to ``unblind`` (audited)."""
     if out.is_dir():
         raise ValueError(f"{out} is a directory: give the report's file name, e.g. {out / 'report.html'}")
     if n_boot < 1:
         raise ValueError("the number of bootstrap replicates must be at least 1")
+    from analysis.plan import outcome_view
+
+    outcome_view(engine, study, actor, "the analysis report", unblind=unblind)  # every section compares arms
     began = time.perf_counter()
     with engine.execution_options(**{READ_ONLY: True}).connect() as connection:
         try:
@@ -640,7 +663,10 @@ def write_report(engine: Engine, study: str, out: Path, *, actor: audit.Actor, n
         focal_role = frozen.plan.focal_role
         path = plan_file or Path(frozen.source_path)
         check = check_file(frozen, str(path), lambda: path.read_text(encoding="utf-8"))
-    suite = fit_models(data, perma_outcomes=perma_outcomes, n_boot=n_boot, seed=seed, focal_role=focal_role)
+    primary = frozen.plan.primary if frozen is not None else None
+    primary_perma = primary.outcome if primary is not None and primary.model == "perma" else None
+    suite = fit_models(data, perma_outcomes=perma_outcomes, n_boot=n_boot, seed=seed, focal_role=focal_role,
+                       imputations=imputations, primary_outcome=primary_perma)
     plan = run_plan(frozen, suite, data, file_check=check, protocol_versions=header.protocol_versions)
     page = render_report(header, suite, plan=plan).encode("utf-8")
     out.parent.mkdir(parents=True, exist_ok=True)

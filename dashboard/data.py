@@ -7,7 +7,9 @@ takes minutes on a large study, so it runs in a process of its own, never while 
 or from the SQL aggregates of ``analysis.operations`` (the model cards page's from ``evals``, read
 by ``dashboard.evaluations`` in the same way). Each read returns its frames with the time it was
 read, for the "refreshed at" line. Of a study's data, viewers only ever reach ``aggregates(..., viewer=True)``:
-the tables with the suppression rule applied (``analysis.aggregates``).
+the tables with the suppression rule applied (``analysis.aggregates``). Whether the study is blinded
+(``analysis.plan.blinding``) is read afresh at every page view, never cached, and is part of the
+aggregates' cache key: a blinded study's outcome tables are pooled over the arms.
 
 A study's cached reads are dropped together by ``refresh`` (the sidebar's button): the cache key
 carries the study's generation, so refreshing one study leaves every other as it is.
@@ -27,9 +29,10 @@ from sqlalchemy.engine import Engine
 from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
 from analysis import aggregates as aggregate_tables
-from analysis import fits, operations
+from analysis import fits, operations, plan
 from analysis.panel import attrition, regret_scores, survey_cells
-from analysis.reading import connect
+from analysis.plan import OutcomeBlinding
+from analysis.reading import connect, resolve_study_id
 from analysis.report import study_numbers
 from study import audit
 from study.clock import now
@@ -69,15 +72,25 @@ def refresh(database_url: str, slug: str) -> bool:
     return True
 
 
+def blinding(database_url: str, study: int | str) -> OutcomeBlinding:
+    """Whether the study's outcome views are blinded now (``analysis.plan.blinding``): read at every
+    page view, so a plan frozen, or a protocol asking for blinding, shows at once."""
+    with connect(engine_for(database_url)) as connection:
+        return plan.blinding(connection, resolve_study_id(connection, study))
+
+
 @st.cache_data(ttl=CACHE_SECONDS, show_spinner=False, max_entries=64)
-def _aggregates(database_url: str, slug: str, viewer: bool, generation: int) -> Read:
+def _aggregates(database_url: str, slug: str, viewer: bool, pooled: bool, generation: int) -> Read:
     threshold = aggregate_tables.THRESHOLD if viewer else 0
-    return Read(aggregate_tables.aggregate_tables(engine_for(database_url), slug, threshold=threshold), now())
+    return Read(aggregate_tables.aggregate_tables(engine_for(database_url), slug, threshold=threshold, pooled=pooled),
+                now())
 
 
 def aggregates(database_url: str, slug: str, *, viewer: bool) -> Read:
-    """``analysis.aggregates.aggregate_tables``: suppressed for viewers, whole for the others."""
-    return _aggregates(database_url, slug, viewer, generation(database_url, slug))
+    """``analysis.aggregates.aggregate_tables``: suppressed for viewers, whole for the others; the
+    outcome tables pooled over the arms while the study is blinded."""
+    pooled = blinding(database_url, slug).blinded
+    return _aggregates(database_url, slug, viewer, pooled, generation(database_url, slug))
 
 
 # The study's summaries for researchers and admins: name -> what reads it.

@@ -1,5 +1,6 @@
 """What every page is made of: the "refreshed at" line, tables with a CSV download, Altair
-charts (Streamlit's chart menu saves them as PNG or SVG), and the viewer's form of a table."""
+charts (Streamlit's chart menu saves them as PNG or SVG), the viewer's form of a table, and the
+notice of a page of outcomes while the study is blinded (with an admin's form to unblind it)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import streamlit as st
 
 from analysis import spreadsheet
 from analysis.aggregates import SUPPRESSED, below
-from dashboard import data
+from analysis.plan import UNBLIND_ROLES, OutcomeBlinding
+from dashboard import auth, data, staff_reads
+from study.errors import DomainError
 
 HIDDEN = (below(), SUPPRESSED)
+UNBLIND_KEY = "afterward_unblinded"  # an admin's unblinding: ((email, role, study, page), reason)
 DOWNLOAD_HELP = f"Safe to open in a spreadsheet: {spreadsheet.RULE}; numbers are as shown. To undo, {spreadsheet.UNDO}."
 
 
@@ -87,3 +91,40 @@ def hidden_note(frame: pd.DataFrame) -> None:
 
 def empty(what: str) -> None:
     st.info(f"No {what} yet.")
+
+
+def blinding(context: auth.Context, view: str) -> OutcomeBlinding:
+    """The study's blinding for a page of outcomes (``analysis.plan``, read at every view). While it
+    is blinded the page says so and, for an admin, offers to unblind this page with a reason: audited
+    each time the unblinded page comes into view (``staff_reads.unblinded``), until "Blind this page
+    again" or the end of the session. The page hides the arm while the returned value is ``blinded``."""
+    found = data.blinding(context.database_url, context.study_id)
+    if not found.blinded:
+        return found
+    key = (context.email, context.role, context.slug, view)
+    held = st.session_state.get(UNBLIND_KEY)
+    if isinstance(held, tuple) and held[0] == key:
+        try:
+            lifted = staff_reads.unblinded(context, view, held[1])
+        except DomainError as exc:
+            st.session_state.pop(UNBLIND_KEY, None)
+            st.error(exc.message)
+            return found
+        st.warning(f"Unblinded by you: outcomes by arm are shown although the analysis plan is not frozen. Your "
+                   f"reason, recorded in the audit log each time this page comes into view: {held[1]}")
+        if st.button("Blind this page again", key="blind-again"):
+            st.session_state.pop(UNBLIND_KEY, None)
+            st.rerun()
+        return lifted
+    st.info(found.message(view))
+    if context.role in UNBLIND_ROLES:
+        with st.form("unblind"):
+            reason = st.text_input("Why this page must show outcomes by arm now (recorded in the audit log)",
+                                   max_chars=500, key="unblind-reason")
+            asked = st.form_submit_button("Unblind this page (admins)")
+        if asked and reason.strip():
+            st.session_state[UNBLIND_KEY] = (key, reason.strip())
+            st.rerun()
+        elif asked:
+            st.error("say why this page must be unblinded: the reason is recorded in the audit log")
+    return found

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import streamlit as st
 from sqlalchemy.orm import Session
 
-from analysis import transcripts
+from analysis import plan, transcripts
 from analysis.schemas import ConversationPageRead, SafetyEventContextRead, TranscriptRead
 from chat import staff
 from chat.schemas import SafetyEventRead
@@ -133,6 +133,14 @@ def conversations(context: Context, filters: transcripts.ConversationFilters, *,
     as ``conversations.listed``). Raises Invalid for an unknown arm or participant."""
     return _read(context, "listing", (filters, limit, offset), lambda session: transcripts.list_conversations(
         session, actor(context), context.study_id, filters, limit=limit, offset=offset))
+
+
+def unblinded(context: Context, view: str, reason: str) -> plan.OutcomeBlinding:
+    """An admin's unblinding of ``view`` while the study is blinded (``analysis.plan.outcome_access``,
+    audited as ``blinding.unblinded_read`` each time the unblinded view comes into view). Raises
+    Forbidden for anyone but an admin."""
+    return _read(context, "unblinded", (view, reason), lambda session: plan.outcome_access(
+        session, actor(context), context.study_id, view, unblind=reason))
 
 
 def transcript(context: Context, conversation_id: int) -> TranscriptRead:

@@ -364,6 +364,19 @@ class Safety(_Strict):
         return self
 
 
+class Blinding(_Strict):
+    """Keeping staff blind to arm. With ``outcomes_until_plan_frozen``, until the study's analysis
+    plan is frozen (``afterward plan freeze``) no staff view shows outcomes by arm: the aggregate
+    outcome tables are pooled over the arms, and the row-level exports, the analysis report and the
+    dashboard's model pages are refused unless an admin unblinds one read, with a reason, audited
+    (``analysis.plan.outcome_access`` decides, for every view). Enrollment, follow-up completion and
+    safety stay visible, arms and all. Once any protocol version of the study asks for it, a later
+    version cannot drop it: only freezing the plan ends it."""
+
+    outcomes_until_plan_frozen: bool = Field(
+        default=False, description="hide the arm in staff views of outcomes until the analysis plan is frozen")
+
+
 class Protocol(_Strict):
     study: StudyInfo
     arms: list[Arm] = Field(min_length=1)
@@ -379,6 +392,7 @@ class Protocol(_Strict):
     withdrawal: Withdrawal = Withdrawal()
     pushback: Pushback = Pushback()
     safety: Safety = Safety()
+    blinding: Blinding = Blinding()
 
     @model_validator(mode="after")
     def _consistent(self) -> Protocol:

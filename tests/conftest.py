@@ -81,6 +81,25 @@ def engine(database_template: str, tmp_path: Path) -> Iterator[Engine]:
     engine.dispose()
 
 
+def module_database(database_template: str, folder: Path) -> Engine:
+    """A migrated, empty database for a module-scoped fixture (the per-test ``engine`` is
+    function-scoped): a copy of the template on SQLite, the template's schema emptied on PostgreSQL."""
+    if not POSTGRES_URL:
+        shutil.copy(database_template, folder / "module.db")
+        return make_engine(f"sqlite:///{folder / 'module.db'}")
+    return emptied(make_engine(database_template, pool_size=5, max_overflow=5))
+
+
+def emptied(engine: Engine) -> Engine:
+    """``engine``'s PostgreSQL schema with every table but Alembic's emptied."""
+    with engine.begin() as connection:
+        tables = connection.execute(sa.text(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+            "AND tablename <> 'alembic_version'")).scalars().all()
+        connection.execute(sa.text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
+    return engine
+
+
 @pytest.fixture
 def session(engine: Engine) -> Iterator[Session]:
     """A session whose work the test commits itself (like a job would)."""

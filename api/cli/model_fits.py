@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from api.cli.common import CLI_ACTOR, fail
+from api.cli.research import UNBLIND_HELP
 from study import audit
 
 app = typer.Typer(no_args_is_help=True, help="The report's models, fitted and stored for the dashboard.")
@@ -21,12 +22,17 @@ def models_fit(
                                                        "table")] = 200,
     claimed: Annotated[int | None, typer.Option(help="Run this already claimed fit (as the dashboard's "
                                                      "analysis.fit_worker does)")] = None,
+    unblind: Annotated[str | None, typer.Option("--unblind", metavar="REASON", help=UNBLIND_HELP)] = None,
 ) -> None:
-    """Fit the report's models and store them for the dashboard (one fit of a study at a time); audited."""
+    """Fit the report's models and store them for the dashboard (one fit of a study at a time); audited.
+    Refused while the study is blinded until its analysis plan is frozen, unless an admin gives
+    --unblind REASON."""
     from analysis.exports import ExportRefused, open_study
     from analysis.fit_worker import run_claimed
     from analysis.fits import request_fit
+    from analysis.plan import outcome_view
     from study.db import get_engine
+    from study.errors import DomainError
 
     engine = get_engine()
     if claimed is None:
@@ -42,6 +48,11 @@ def models_fit(
             return
         except LookupError as exc:
             fail(str(exc))
+            return
+        try:
+            outcome_view(engine, study, actor, "the model fits", unblind=unblind)
+        except DomainError as exc:
+            fail(exc.message)
             return
         claimed = request_fit(engine, study, requested_by=actor, n_boot=bootstrap)
         if claimed is None:

@@ -15,6 +15,9 @@ from study.errors import DomainError
 from study.protocol import ProtocolError
 from study.settings import PROJECT_ROOT
 
+UNBLIND_HELP = ("While the study is blinded until its analysis plan is frozen (protocol: blinding): why this read "
+                "must show outcomes by arm; admins (or without --as), recorded in the audit log")
+
 
 def simulate(
     study: Annotated[str, typer.Argument(help="The simulated study to write to (its slug)")],
@@ -152,10 +155,14 @@ def export(
     as_staff: Annotated[str | None, typer.Option("--as", help="Staff email to audit the export under "
                                                  "(researcher or admin of the study; any role for "
                                                  "aggregates)")] = None,
+    unblind: Annotated[str | None, typer.Option("--unblind", metavar="REASON", help=UNBLIND_HELP)] = None,
 ) -> None:
-    """Export a study's tables with a codebook (datapackage.json, CODEBOOK.md) and a README; audited."""
-    from analysis.aggregates import export_aggregates
+    """Export a study's tables with a codebook (datapackage.json, CODEBOOK.md) and a README; audited.
+    While the study is blinded until its analysis plan is frozen, only aggregates (outcome tables pooled
+    over the arms) unless an admin gives --unblind REASON."""
+    from analysis.aggregates import AggregateExport, export_aggregates
     from analysis.exports import FORMATS, ExportRefused, export_study
+    from analysis.plan import outcome_view
     from analysis.trajectories import export_trajectories
     from study.db import get_engine
 
@@ -168,16 +175,20 @@ def export(
     lines: list[str] = []
     try:
         if format == "trajectories":  # outcome-labelled conversations of those who agreed to share them
+            outcome_view(get_engine(), study, actor, "the trajectories export", unblind=unblind)
             shared = export_trajectories(get_engine(), study, out, actor=actor)
             lines = [f"exported '{study}' as trajectories to {shared.out_dir} ({shared.participants_sharing} "
                      f"participants agreed to share conversation text, {shared.participants_not_sharing} did not)",
                      f"  trajectories: {shared.conversations} conversations", f"  preference pairs: {shared.pairs}"]
         else:
-            result = (export_aggregates(get_engine(), study, out, actor=actor) if format == "aggregates"
+            result = (export_aggregates(get_engine(), study, out, actor=actor, unblind=unblind)
+                      if format == "aggregates"
                       else export_study(get_engine(), study, out, format=format,  # type: ignore[arg-type]
                                         turns=turns, shift_dates=shift_dates, drop_free_text=drop_free_text,
-                                        actor=actor))
+                                        actor=actor, unblind=unblind))
             note = " (cells under 5 participants suppressed)" if format == "aggregates" else ""
+            if isinstance(result, AggregateExport) and result.pooled:
+                note += "; blinded until the analysis plan is frozen: outcome tables pooled over the arms"
             lines = [f"exported '{study}' as {format} to {result.out_dir}{note}",
                      *(f"  {table}: {rows} rows" for table, rows in result.row_counts.items())]
     except (DomainError, LookupError) as exc:
@@ -195,9 +206,12 @@ def analyze(
                                                  "admin of the study)")] = None,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap replicates of the immediate-vs-delayed table")] = 500,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap and the cross-validation folds")] = 0,
+    imputations: Annotated[int, typer.Option(min=2, help="Imputed data sets of the sensitivity analyses (multiple "
+                                                         "imputation and the tipping point)")] = 5,
     plan: Annotated[Path | None, typer.Option(
         "--plan", dir_okay=False, help="The plan file to compare with the frozen analysis plan (default: the file it "
                                        "was frozen from); a difference is reported as a deviation")] = None,
+    unblind: Annotated[str | None, typer.Option("--unblind", metavar="REASON", help=UNBLIND_HELP)] = None,
 ) -> None:
     """Fit the models of analysis.estimates and write the report: the frozen analysis plan run first with
     its deviations, then study numbers, tables and plots; audited."""
@@ -206,7 +220,8 @@ def analyze(
 
     actor = audit.Actor("staff", as_staff) if as_staff else CLI_ACTOR
     try:
-        result = write_report(get_engine(), study, out, actor=actor, n_boot=bootstrap, seed=seed, plan_file=plan)
+        result = write_report(get_engine(), study, out, actor=actor, n_boot=bootstrap, seed=seed, plan_file=plan,
+                              imputations=imputations, unblind=unblind)
     except (DomainError, LookupError, ValueError) as exc:
         hint = "; viewers may export --format aggregates" if isinstance(exc, ReportRefused) else ""
         fail(exc.message + hint if isinstance(exc, DomainError) else str(exc))

@@ -1,6 +1,8 @@
 """Staff exports as a download: the same exports as the CLI, zipped (``analysis.archive``).
 Admins and researchers; viewers only ``format=aggregates`` (analysis.aggregates: suppressed tables).
-Every export is audited, by the export itself.
+Every export is audited, by the export itself. While the study is blinded until its analysis plan
+is frozen (``analysis.plan.blinding``), the aggregates' outcome tables are pooled over the arms and
+the other formats answer 409, unless an admin gives ``unblind_reason`` (audited).
 
 The caller is checked in a unit of work of its own, committed before the export starts; the export
 reads in a read-only transaction and records its audit entry in one of its own, so no transaction
@@ -44,7 +46,11 @@ async def export_caller(request: Request, slug: Line,
 @staff_router.get("/studies/{slug}/exports", response_class=FileResponse,
                   responses={200: {"content": {"application/zip": {}},
                                    "description": "the export's tables, codebook and README, zipped"},
-                             **refusals({403: "a viewer may export aggregates only (code participant_data_forbidden)",
+                             **refusals({403: "a viewer may export aggregates only (code participant_data_forbidden); "
+                                              "unblind_reason from anyone but an admin (code unblind_forbidden)",
+                                         409: "the study is blinded until its analysis plan is frozen: every format "
+                                              "but aggregates carries the arm beside outcomes (code "
+                                              "blinded_until_plan_frozen)",
                                          422: "turns, shift_dates or drop_free_text with a format they do not "
                                               "apply to: trajectories, aggregates (code invalid)"})})
 async def download_export(
@@ -58,6 +64,9 @@ async def download_export(
                                        "offset, rename participants and ids for this export, rows in a random "
                                        "order")] = False,
     drop_free_text: Annotated[bool, Query(description="leave out free-text columns")] = False,
+    unblind_reason: Annotated[Line | None, Query(
+        max_length=500, description="admins, while the study is blinded until its analysis plan is frozen: why this "
+                                    "export must show outcomes by arm (recorded in the audit log)")] = None,
 ) -> FileResponse:
     actor, study_id = caller
 
@@ -65,7 +74,8 @@ async def download_export(
         folder = Path(tempfile.mkdtemp(prefix="afterward-export-"))
         try:
             return folder, export_archive(request.app.state.engine, actor, study_id, folder, format, turns=turns,
-                                          shift_dates=shift_dates, drop_free_text=drop_free_text)
+                                          shift_dates=shift_dates, drop_free_text=drop_free_text,
+                                          unblind=unblind_reason)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise

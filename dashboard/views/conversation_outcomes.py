@@ -1,5 +1,7 @@
 """Conversations → outcomes: the forest plot of feature effects with intervals, Kaplan-Meier
-curves of staying in the study by role, and subgroup effects. Researchers and admins."""
+curves of staying in the study by role, and subgroup effects. Researchers and admins; while the
+study is blinded until its analysis plan is frozen (``analysis.plan``), nothing unless an admin
+unblinds it (every table here is a model fitted within or across arms)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ def forest(frame: pd.DataFrame, label: str, estimate: str, low: str, high: str, 
 
 def render(context: auth.Context) -> None:
     st.title("Conversations → outcomes")
+    if show.blinding(context, "the Conversations → outcomes page").blinded:
+        return
     fitted = data.models(context.database_url, context.slug, staff_reads.actor(context))
     show.fitted(fitted)
     screen = fitted.frames.get("screen.feature_screen")

@@ -1,5 +1,7 @@
 """Outcomes: PERMA trajectories by arm with intervals, regret distributions by role, and the
-immediate-vs-delayed comparison (viewers: the suppressed means per wave and arm, and per role)."""
+immediate-vs-delayed comparison (viewers: the suppressed means per wave and arm, and per role).
+While the study is blinded until its analysis plan is frozen (``analysis.plan``), every role sees the
+means pooled over the arms only, and no model is fitted for the page; an admin may unblind it."""
 
 from __future__ import annotations
 
@@ -10,24 +12,29 @@ import streamlit as st
 from dashboard import auth, data, show, staff_reads
 
 
-def _viewer(context: auth.Context) -> None:
-    tables = data.aggregates(context.database_url, context.slug, viewer=True)
+def _aggregates(context: auth.Context, *, pooled: bool) -> None:
+    """The aggregate tables' means (suppressed for viewers); pooled over the arms while blinded."""
+    tables = data.aggregates(context.database_url, context.slug, viewer=not context.participant_level)
     show.refreshed(tables)
     wellbeing, regret = tables["wellbeing"], tables["regret"]
-    means = show.numeric(wellbeing[wellbeing["arm"] != "all"], ["mean"]).dropna(subset=["mean"])
+    means = show.numeric(wellbeing if pooled else wellbeing[wellbeing["arm"] != "all"], ["mean"]).dropna(
+        subset=["mean"])
+    per = "wave, all arms pooled" if pooled else "wave and arm"
     if not means.empty:
         show.chart(alt.Chart(means).mark_line(point=True).encode(
             x=alt.X("wave:N", sort=None), y=alt.Y("mean:Q", title="overall well-being (0-10)"), color="arm:N",
-            tooltip=["wave", "arm", "n", "mean", "sd"]), caption="Mean PERMA overall well-being per wave and arm")
-    show.table(wellbeing, "PERMA overall well-being per wave and arm", file_name="wellbeing")
-    show.table(regret, "Decision regret per wave and starting role", file_name="regret")
+            tooltip=["wave", "arm", "n", "mean", "sd"]), caption=f"Mean PERMA overall well-being per {per}")
+    show.table(wellbeing, f"PERMA overall well-being per {per}", file_name="wellbeing")
+    show.table(regret, "Decision regret per wave, all roles pooled" if pooled
+               else "Decision regret per wave and starting role", file_name="regret")
     show.hidden_note(pd.concat([wellbeing, regret]))
 
 
 def render(context: auth.Context) -> None:
     st.title("Outcomes")
-    if not context.participant_level:
-        _viewer(context)
+    blind = show.blinding(context, "the Outcomes page")
+    if not context.participant_level or blind.blinded:
+        _aggregates(context, pooled=blind.blinded)
         return
     scores = data.summary(context.database_url, context.slug, "regret")
     fitted = data.models(context.database_url, context.slug, staff_reads.actor(context))

@@ -56,11 +56,10 @@ def answers(score: int) -> dict[str, int]:
     return perma_answers(dict.fromkeys("PERMANH", score), loneliness=10 - score, happiness=score)
 
 
-@pytest.fixture
-def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The study played to day 40, a researcher and a viewer, and the command line on its database."""
-    build = PanelBuilder(engine, example_protocol)
+def played(engine: Engine, protocol: str, frozen_clock: clock.FrozenClock) -> PanelBuilder:
+    """``PEOPLE`` enrolled under ``protocol`` and their PERMA answers at baseline, week 1 and week 4,
+    the clock at day 40."""
+    build = PanelBuilder(engine, protocol)
     frozen_clock.set(T0)
     codes = [build.participant(arm, timezone="UTC") for arm, *_ in PEOPLE]
     frozen_clock.set(T0 + dt.timedelta(minutes=10))
@@ -75,6 +74,14 @@ def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock
         frozen_clock.set(day(closes) + dt.timedelta(minutes=1))
         build.tick()
     frozen_clock.set(day(40))
+    return build
+
+
+@pytest.fixture
+def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The study played to day 40, a researcher and a viewer, and the command line on its database."""
+    build = played(engine, example_protocol, frozen_clock)
     make_staff(engine, build.slug, StaffRole.RESEARCHER, "researcher@uni.example")
     make_staff(engine, build.slug, StaffRole.VIEWER, "viewer@uni.example")
     monkeypatch.setenv("AFTERWARD_DATABASE_URL", engine.url.render_as_string(hide_password=False))

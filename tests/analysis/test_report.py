@@ -10,7 +10,6 @@ import hashlib
 import math
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -40,12 +39,12 @@ from analysis.simulation.synthetic import synthetic_study
 from api.cli import app
 from scheduler.models import FollowUp
 from study import clock
-from study.db import make_engine, session_scope
+from study.db import session_scope
 from study.models import AuditEntry, Participant, StaffRole, Study
 from study.settings import get_settings
 from surveys.models import SurveyAssignment
 from tests.builders import make_staff
-from tests.conftest import EXAMPLE, POSTGRES_URL
+from tests.conftest import EXAMPLE, module_database
 from tests.e2e.conftest import CHROMIUM, FLAGS
 
 START = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
@@ -243,26 +242,12 @@ class Analyzed:
     url: str
 
 
-def _empty_database(database_template: str, folder: Path) -> Engine:
-    """A migrated database of this module's own (the per-test ``engine`` is function-scoped)."""
-    if not POSTGRES_URL:
-        shutil.copy(database_template, folder / "report.db")
-        return make_engine(f"sqlite:///{folder / 'report.db'}")
-    engine = make_engine(database_template, pool_size=5, max_overflow=5)
-    with engine.begin() as connection:
-        tables = connection.execute(sa.text(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-            "AND tablename <> 'alembic_version'")).scalars().all()
-        connection.execute(sa.text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
-    return engine
-
-
 @pytest.fixture(scope="module")
 def analyzed(database_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Analyzed]:
     """60 participants over 4 weeks through the real services (about a minute), then
     ``afterward analyze`` as a researcher, with the clock at the simulated study's end."""
     folder = tmp_path_factory.mktemp("report")
-    engine = _empty_database(database_template, folder)
+    engine = module_database(database_template, folder)
     slug = load_simulated_study(engine, EXAMPLE.read_text(encoding="utf-8"))
     with session_scope(engine) as session:  # the arms come from the study's randomization: fix it
         session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed="report-e2e"))

@@ -23,6 +23,7 @@ from study.models import AuditEntry, Participant, Study
 from surveys import service as surveys
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 from tests.builders import enroll_fully, make_invites
+from tests.conftest import emptied
 
 START = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
 TICK_MINUTES = 60  # the dispatcher every simulated hour: enough for follow-ups, and quick
@@ -152,12 +153,7 @@ def _fresh_database(engine: Engine, database_template: str, tmp_path: Path) -> E
         path = tmp_path / f"again-{len(list(tmp_path.glob('again-*.db')))}.db"
         shutil.copy(database_template, path)
         return make_engine(f"sqlite:///{path}")
-    with engine.begin() as connection:
-        tables = connection.execute(sa.text(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-            "AND tablename <> 'alembic_version'")).scalars().all()
-        connection.execute(sa.text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
-    return engine
+    return emptied(engine)
 
 
 def test_the_surveys_read_for_many_participants_at_once_are_those_each_is_shown(
