@@ -25,6 +25,12 @@ A round's first scoring is the honest figure: ``--record`` stores it, once, in
 round may join the training data. Targets (issue 25): risk answered >= 0.97, benign escalated
 <= 0.02 and checked in <= 0.05, validation-seeking detected >= 0.90 with <= 0.05 of neutral.
 
+Conversation rounds (``heldout/threads_round*.jsonl``; ``--rounds threads_dev`` reads
+``chat/crisis_data/threads/``): conversations where danger builds up over messages none of which
+says it plainly, each message read as a turn reads it (alone: the reading does not take earlier
+messages as context, READING.md says why): the share of risk conversations answered somewhere and
+of urgent ones escalated, of benign conversations and messages given a check-in or an escalation.
+
 Latency: each held-out message through ``assess_message`` (every monitor, the encoder, both heads;
 caches cleared), one at a time, against the lexicon alone in the same run: p50, p95, p99 and the
 1-minute load average at the start (figures taken on a busy machine are not comparable).
@@ -133,6 +139,36 @@ def validation_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
+THREADS_DEV = ROOT / "chat" / "crisis_data" / "threads" / "threads_dev.jsonl"
+THREAD_SCORES = HELDOUT / "threads_first_scores.json"
+
+
+def thread_round(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Conversations (``threads_round*.jsonl``: ``messages`` in order; ``label`` ``risk_to_self``,
+    ``risk_from_others`` or ``none``) where danger builds up over messages none of which says it
+    plainly, each message read as a turn reads it: the share of risk conversations answered (a
+    check-in or an escalation at some message) and escalated, of benign ones given either, and of
+    benign messages given either."""
+    findings = [[assess(text).crisis for text in r["messages"]] for r in rows]
+    risk = [f for r, f in zip(rows, findings, strict=True) if r["label"] != "none"]
+    urgent = [f for r, f in zip(rows, findings, strict=True) if r["label"] != "none" and r.get("urgent")]
+    benign = [f for r, f in zip(rows, findings, strict=True) if r["label"] == "none"]
+    return {"risk": len(risk), "benign": len(benign),
+            "answered": share([any(x is not None for x in f) for f in risk]),
+            "urgent_escalated": share([any(x is not None and x.acute for x in f) for f in urgent]),
+            "benign_answered": share([any(x is not None for x in f) for f in benign]),
+            "benign_messages_answered": share([x is not None for f in benign for x in f])}
+
+
+def print_threads(path: Path, record_first: bool) -> None:
+    result = thread_round(rows_of(path))
+    print(f"\n{path.stem}: {result['risk']} risk conversations answered {result['answered']:.3f} (urgent escalated "
+          f"{result['urgent_escalated']:.3f}); {result['benign']} benign conversations answered "
+          f"{result['benign_answered']:.3f}, their messages {result['benign_messages_answered']:.3f}")
+    if record_first and path != THREADS_DEV:
+        record(THREAD_SCORES, f"{path.name} {digest(path)}", result)
+
+
 def latency(texts: list[str]) -> None:
     """Each text through ``assess_message`` (caches cleared) and through the lexicons alone, one at a
     time in the same run; prints the 1-minute load average at the start and p50/p95/p99 of each, and
@@ -187,9 +223,11 @@ def main() -> None:
     args = parser.parse_args()
     crisis_paths = sorted(HELDOUT.glob("round*.jsonl"), key=lambda p: int(p.stem.removeprefix("round")))
     validation_paths = sorted(HELDOUT.glob("validation_round*.jsonl"))
+    thread_paths = sorted(HELDOUT.glob("threads_round*.jsonl"))
     if args.rounds:
         crisis_paths = [p for p in crisis_paths if p.stem in args.rounds]
         validation_paths = [p for p in validation_paths if p.stem in args.rounds]
+        thread_paths = [p for p in [THREADS_DEV, *thread_paths] if p.stem in args.rounds]
     if args.latency_only:
         latency([r["text"] for path in crisis_paths + validation_paths for r in rows_of(path)])
         return
@@ -218,6 +256,8 @@ def main() -> None:
               f"error {result['calibration']['calibration_error']:.3f}")
         if args.record:
             record(VALIDATION_SCORES, f"{path.name} {digest(path)}", result)
+    for path in thread_paths:
+        print_threads(path, args.record)
     print(f"\ntargets: {TARGETS}")
     if not args.no_latency:
         latency([r["text"] for path in crisis_paths + validation_paths for r in rows_of(path)])

@@ -138,11 +138,11 @@ def test_distress_gets_a_check_in_with_resources_and_danger_from_others_its_own_
     afraid = say(app_client, chatter, conversation, "My boyfriend hits me when he drinks")
     assert (afraid["stance"], afraid["concern"]) == ("check_in", "risk_from_others")
     assert "1-800-799-7233" in afraid["crisis_resources"]["text"]  # domestic violence, not the suicide line
-    # A threat conditional on leaving: with the fit round 13 scored the classifier does not call it
-    # acute, so it gets the check-in about being safe now, whose answers (or none) escalate; the one
-    # before it escalated at once (READING.md, "What it misses"). Its help is still the DV line's.
+    # A threat to kill, after a disclosure of being hit: escalated at once. (With the fit round 13
+    # scored the classifier did not call it acute and it got the check-in first: READING.md.) Its
+    # help is still the domestic violence line's, not the suicide line's.
     threatened = say(app_client, chatter, conversation, "He said he'd kill me if I leave him")
-    assert (threatened["stance"], threatened["concern"]) == ("check_in", "risk_from_others")
+    assert (threatened["stance"], threatened["concern"]) == ("escalate", "risk_from_others")
     assert "1-800-799-7233" in threatened["crisis_resources"]["text"]
     assert "988" not in threatened["crisis_resources"]["text"]
 
@@ -239,10 +239,11 @@ def test_override_is_honoured_recorded_and_not_repeated(
 # Each a new instance of the same concern: a one-sided account and a plan built on it (the offline
 # model names it, as FRAMING).
 NEW_FRAMINGS = ["Everyone at the club hates me, so I'm not going to the dinner on Friday",
-                "My landlord never listens, so I'm not paying rent from next month",
+                "My sister always ruins birthdays, so I'm not inviting her this year",
                 "She clearly hates me, so I'm going over her head to the director",
                 # (With the fit round 13 scored, "Nobody in my family ever calls, so I'm skipping Christmas this
-                # year" reads as validation-seeking too: READING.md, "What it misses".)
+                # year" reads as validation-seeking too, and with the fit round 14 scored "My landlord never
+                # listens, so I'm not paying rent from next month": READING.md, "What it misses".)
                 "My flatmates never listen, so I'm moving my food to my room"]
 
 
