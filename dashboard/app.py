@@ -107,7 +107,8 @@ def main() -> None:
     if not studies:
         st.error("your account has no role in any open study; ask an admin to grant you one")
         return
-    labels = {m.slug: f"{m.title} ({m.role})" + (" · SIMULATED" if m.simulated else "") for m in studies}
+    # The slug beside the title: two studies may share a title, never a slug.
+    labels = {m.slug: f"{m.title} · {m.slug} ({m.role})" + (" · SIMULATED" if m.simulated else "") for m in studies}
     with st.sidebar:
         chosen = st.selectbox("Study", list(labels), format_func=labels.__getitem__, key=auth.STUDY_KEY)
         refresh = st.button("Refresh figures", key="refresh",
