@@ -151,12 +151,20 @@ def refused(session: Session, request: Request, exc: DomainError | ValidationErr
 
 
 def problem(exc: DomainError | ValidationError) -> str:
-    """What to tell the participant: the domain error's message, or the first invalid field's."""
+    """What to tell the participant, as a sentence on a page (the API's messages start in lower
+    case): the domain error's message, or the first invalid field's."""
     if isinstance(exc, DomainError):
-        return exc.message
-    first = exc.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "this form"
-    return f"{field.replace('_', ' ')}: {str(first['msg']).removeprefix('Value error, ')}"
+        text = exc.message
+    else:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "this form"
+        text = f"{field.replace('_', ' ')}: {str(first['msg']).removeprefix('Value error, ')}"
+    return as_sentence(text)
+
+
+def as_sentence(text: str) -> str:
+    """A service's message (in lower case, as the API gives it) as a sentence on a page."""
+    return text[:1].upper() + text[1:]
 
 
 def markdown(text: str) -> str:
@@ -461,7 +469,7 @@ def _survey_page(request: Request, session: Session, assignment: SurveyAssignmen
     step = max(0, min(step, len(screens) - 1))
     closed = survey_service.closed_reason(assignment)
     return page(request, "survey.html", status_code=status_code, rendered=rendered, screen=screens[step], step=step,
-                steps=len(screens), action=action, closed=closed, errors=errors or {},
+                steps=len(screens), action=action, closed=closed and as_sentence(closed), errors=errors or {},
                 saved=rendered.saved_answers, submission_id=secrets.token_hex(8))
 
 
@@ -525,7 +533,8 @@ def _step(request: Request) -> int:
 
 
 def _link_refused(request: Request, exc: DomainError) -> Response:
-    return page(request, "message.html", status_code=404, title="This link can't be used", body=exc.message, back="/")
+    return page(request, "message.html", status_code=404, title="This link can't be used",
+                body=as_sentence(exc.message), back="/")
 
 
 @router.get("/s/{token}", response_class=HTMLResponse)
@@ -621,7 +630,8 @@ def install(app: Any) -> None:
     async def _not_found(request: Request, exc: NotFound) -> Response:
         if not is_page(request):
             return JSONResponse(error_body(exc.code, exc.message), status_code=404)
-        return page(request, "message.html", status_code=404, title="Not found", body=exc.message, back="/")
+        return page(request, "message.html", status_code=404, title="Not found", body=as_sentence(exc.message),
+                    back="/")
 
     # A browser gets a page, not the API's JSON, when a page's address or form is refused.
     json_validation = app.exception_handlers[RequestValidationError]

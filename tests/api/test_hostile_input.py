@@ -211,7 +211,7 @@ def test_page_routes_apply_the_apis_length_checks(engine: Engine, app_client: Te
         "csrf": csrf_of(html), "version": "1.1", "typed_signature": "A" * 5000,
         "confirmations": ["read-and-understood", "adult", "voluntary"]})
     assert long_signature.status_code == 422
-    assert "typed signature" in long_signature.text
+    assert "Typed signature" in long_signature.text
     sign(app_client, html)
     csrf = csrf_of(app_client.get("/onboarding").text)
     app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Paris"})

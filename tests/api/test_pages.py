@@ -116,7 +116,7 @@ def test_a_closed_or_finished_survey_says_so(engine: Engine, app_client: TestCli
     done = app_client.post(f"/surveys/{survey}", data={"csrf": csrf_of(page.text), "step": "0",
                                                        "progress": "6", "go": "submit"}, follow_redirects=False)
     assert done.headers["location"] == "/done"
-    assert "already completed" in app_client.get(f"/surveys/{survey}").text
+    assert "You have already completed this survey" in app_client.get(f"/surveys/{survey}").text  # a sentence
     frozen_clock.advance(dt.timedelta(days=2))
     late = assign_survey(engine, code.group(1), "goal-progress", closes_at=frozen_clock.now() - dt.timedelta(hours=1))
     assert "closed" in app_client.get(f"/surveys/{late}").text
