@@ -7,10 +7,11 @@ the field path and the line in the file, e.g. ``arms[1].mode (line 14): Input sh
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import functools
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -18,11 +19,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -165,9 +168,29 @@ class Consent(_Strict):
         return self
 
 
+def unknown_instrument(name: str, known: Collection[str]) -> str:
+    """What a person is told about an instrument id not among ``known``: the nearest known id, if one
+    is near, and all of them."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return (f"unknown instrument '{name}'" + (f"; did you mean '{close[0]}'?" if close else "")
+            + f" (known: {', '.join(sorted(known))}; a custom one is loaded with `afterward instruments load FILE`)")
+
+
+def known_instrument(name: str, info: ValidationInfo) -> str:
+    """``name`` when the validation context's ``instruments`` (the ids a study may use: the built-in
+    ones and those loaded with ``afterward instruments load``) has it; without that context, any name."""
+    known: Collection[str] | None = (info.context or {}).get("instruments")
+    if known is None or name in known:
+        return name
+    raise ValueError(unknown_instrument(name, known))
+
+
+InstrumentId = Annotated[str, AfterValidator(known_instrument)]
+
+
 class FollowUp(_Strict):
     id: str = Slug
-    instrument: str
+    instrument: InstrumentId
     anchor: Literal["enrollment", "decision"]
     offset: Duration
     window: Duration = dt.timedelta(days=3)
@@ -381,7 +404,7 @@ class Protocol(_Strict):
     study: StudyInfo
     arms: list[Arm] = Field(min_length=1)
     consent: Consent
-    baseline: list[str] = Field(default_factory=list)
+    baseline: list[InstrumentId] = Field(default_factory=list)
     followups: list[FollowUp] = Field(default_factory=list)
     quiet_hours: QuietHours = QuietHours()
     channels: list[Literal["email", "webhook", "in_app"]] = Field(default=["in_app"], min_length=1)
@@ -508,13 +531,13 @@ Validated = TypeVar("Validated", bound=BaseModel)
 
 
 def validated_yaml(text: str, model: type[Validated], problems: Callable[[list[str]], Exception],
-                   shape: str) -> Validated:
+                   shape: str, context: dict[str, Any] | None = None) -> Validated:
     """``text`` (a YAML file a person wrote) as ``model``, or ``problems(messages)`` raised with one
     message per error, each naming the field and its line (``arms[1].mode (line 17): ...``): invalid
     YAML, a document that is not a mapping (``shape`` says what it should hold), or a field the model
     refuses. A model-level validator's message names its fields at the start of each line
     (``primary.outcome: ...``), which get their lines too. The protocol and the analysis plan
-    (``analysis.plan``) are read by it."""
+    (``analysis.plan``) are read by it. ``context`` goes to the model's validators."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         document: Any = yaml.safe_load(text)
@@ -525,7 +548,7 @@ def validated_yaml(text: str, model: type[Validated], problems: Callable[[list[s
     if not isinstance(document, dict):
         raise problems([shape])
     try:
-        return model.model_validate(document)
+        return model.model_validate(document, context=context)
     except ValidationError as exc:
         found = []
         for error in exc.errors():
@@ -545,6 +568,9 @@ def validated_yaml(text: str, model: type[Validated], problems: Callable[[list[s
         raise problems(found) from None
 
 
-def parse_protocol(text: str) -> Protocol:
+def parse_protocol(text: str, instruments: Collection[str] | None = None) -> Protocol:
+    """The protocol file ``text``, refused (ProtocolError) with each problem's field and line; with
+    ``instruments``, an instrument not among them too (with the nearest known one as a suggestion)."""
     return validated_yaml(text, Protocol, ProtocolError,
-                          "the file must be a YAML mapping with study, arms, consent, ...")
+                          "the file must be a YAML mapping with study, arms, consent, ...",
+                          None if instruments is None else {"instruments": frozenset(instruments)})

@@ -225,7 +225,7 @@ class StaffParticipantRead(BaseModel):
 
     participant_code: str
     status: str
-    arm: str | None
+    arm: str | None = Field(description="null before randomization")
     consent_version: str | None
     enrolled_at: dt.datetime | None
     withdrawn_at: dt.datetime | None

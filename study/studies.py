@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy import func, or_, select
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from study import audit, recruitment
 from study.errors import Conflict, Invalid, NotFound
 from study.models import ConsentVersion, InviteCode, Participant, ProtocolVersion, Study
-from study.protocol import SLUG_PATTERN, Protocol, ProtocolError, parse_protocol
+from study.protocol import SLUG_PATTERN, Protocol, parse_protocol
 
 # The label of a simulation's invites is "simulation <run id>" (``analysis.simulation.simulate``):
 # in a simulated study, a participant who came through any other way is a real one.
@@ -42,21 +42,22 @@ class LoadResult:
 
 def load_protocol(
     session: Session, source_yaml: str, actor: audit.Actor,
-    instrument_exists: Callable[[str], bool] | None = None,
+    instruments: Collection[str] | None = None,
 ) -> LoadResult:
     """Create the study or add a protocol version; an unchanged file is a no-op.
 
-    Raises ProtocolError for an invalid file or an instrument ``instrument_exists`` does not
-    know, and Conflict when the consent text changed but its version did not (participants must
-    know which text they signed), or when the protocol's id is a simulated study's.
+    Raises ProtocolError for an invalid file or an instrument not among ``instruments`` (the ids the
+    study may use, ``surveys.registry.ids``; None: not checked), and Conflict when the consent text
+    changed but its version did not (participants must know which text they signed), or when the
+    protocol's id is a simulated study's.
     """
-    protocol = _parse(source_yaml, instrument_exists)
+    protocol = parse_protocol(source_yaml, instruments)
     return _load(session, protocol, source_yaml, actor, protocol.study.id, simulated=False)
 
 
 def load_simulated(
     session: Session, source_yaml: str, actor: audit.Actor, slug: str,
-    instrument_exists: Callable[[str], bool] | None = None,
+    instruments: Collection[str] | None = None,
 ) -> LoadResult:
     """Load the protocol as the simulated study ``slug`` (created, marked simulated, on first load;
     a new version on every change), whatever the protocol's own id: a simulation of a live study
@@ -64,18 +65,7 @@ def load_simulated(
     if not re.fullmatch(SLUG_PATTERN, slug):
         raise Invalid(f"'{slug}' cannot be a study's slug: lower-case letters, digits and '-', at most 63, "
                       "starting with a letter or a digit", code="invalid_slug")
-    return _load(session, _parse(source_yaml, instrument_exists), source_yaml, actor, slug, simulated=True)
-
-
-def _parse(source_yaml: str, instrument_exists: Callable[[str], bool] | None) -> Protocol:
-    protocol = parse_protocol(source_yaml)
-    if instrument_exists is not None:
-        unknown = sorted(i for i in protocol.instruments() if not instrument_exists(i))
-        if unknown:
-            raise ProtocolError([f"unknown instrument '{name}' (built in: perma-profiler, decision-regret, "
-                                 "immediate-rating, decision-clarity, goal-progress; or load a custom one "
-                                 "first with `afterward instruments load FILE`)" for name in unknown])
-    return protocol
+    return _load(session, parse_protocol(source_yaml, instruments), source_yaml, actor, slug, simulated=True)
 
 
 def _load(session: Session, protocol: Protocol, source_yaml: str, actor: audit.Actor, slug: str, *,

@@ -38,6 +38,11 @@ def get(session: Session, instrument_id: str, version: str | None = None) -> Ins
     return Instrument.model_validate(row.definition)
 
 
+def ids(session: Session) -> set[str]:
+    """Every instrument id a protocol may name: the built-in ones and the custom ones loaded."""
+    return set(builtin()) | set(session.scalars(select(CustomInstrument.instrument_id).distinct()))
+
+
 def exists(session: Session, instrument_id: str) -> bool:
     return instrument_id in builtin() or session.scalar(
         select(CustomInstrument.id).where(CustomInstrument.instrument_id == instrument_id).limit(1)) is not None

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from study import audit
 from study.errors import Invalid
 from study.models import Participant
+from study.protocol import unknown_instrument
 from study.staff import reader_access
 from surveys import registry
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
@@ -21,9 +22,8 @@ def responses(session: Session, actor: audit.Actor, study_id: int,
     """Every survey response of the study (only those to ``instrument``) with its answers and
     scores, in the order given; audited as ``responses.read``. Raises Invalid for an unknown instrument."""
     reader_access(session, actor, study_id)
-    if instrument is not None and not registry.exists(session, instrument):
-        raise Invalid(f"unknown instrument '{instrument}'; `afterward instruments list` shows the instruments",
-                      code="unknown_instrument")
+    if instrument is not None and instrument not in (known := registry.ids(session)):
+        raise Invalid(unknown_instrument(instrument, known), code="unknown_instrument")
     query = (select(SurveyResponse, SurveyAssignment, Participant.code)
              .join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id)
              .join(Participant, Participant.id == SurveyResponse.participant_id)

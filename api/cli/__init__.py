@@ -24,6 +24,7 @@ from api.cli import (
     invites,
     keys,
     model_fits,
+    participants,
     plans,
     processes,
     research,
@@ -41,7 +42,8 @@ for command, name in ((development.demo, "demo"), (research.simulate, "simulate"
     app.command(name)(command)
 for sub, name in ((db.app, "db"), (studies.app, "study"), (invites.app, "invites"), (staff.app, "staff"),
                   (audit.app, "audit"), (keys.app, "keys"), (instruments.app, "instruments"),
-                  (followups.app, "followups"), (evaluation.app, "eval"), (model_fits.app, "models"),
+                  (followups.app, "followups"),
+                  (participants.app, "participants"), (evaluation.app, "eval"), (model_fits.app, "models"),
                   (plans.app, "plan")):
     app.add_typer(sub, name=name)
 

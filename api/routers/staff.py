@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import pandas as pd
-from fastapi import APIRouter, Depends, Request, status
+from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, Field
 
 from analysis import operations
 from analysis.aggregates import ALL, aggregate_tables
@@ -18,7 +18,7 @@ from api.errors import DocumentedRoute, error_body, refusals, refuses
 from study import audit, reads
 from study import participants as participant_service
 from study import staff as service
-from study.models import StudyStatus
+from study.models import ParticipantStatus, StudyStatus
 from study.schemas import (
     InviteCreate,
     InvitesRead,
@@ -130,9 +130,22 @@ def study_summary(session: SessionDep, access: StudyAccess) -> StudySummaryRead 
 
 
 @router.get("/studies/{slug}/participants")
-def list_participants(session: SessionDep, access: ParticipantLevelAccess,
-                      staff: CurrentStaff) -> list[StaffParticipantRead]:
-    return reads.participants(session, staff_actor(staff), access.study.id)
+def list_participants(
+    session: SessionDep, access: ParticipantLevelAccess, staff: CurrentStaff,
+    status: Annotated[ParticipantStatus | None, Query(description="only participants in this state")] = None,
+    arm: Annotated[Line | None, Query(max_length=64, description="only participants randomized to this arm")] = None,
+    consent_version: Annotated[Line | None, Query(
+        max_length=64, description="only participants whose latest signature is of this consent version")] = None,
+    enrolled_since: Annotated[AwareDatetime | None, Query(
+        description="only participants enrolled at or after this time (with a time zone)")] = None,
+    enrolled_before: Annotated[AwareDatetime | None, Query(
+        description="only participants enrolled before this time (with a time zone)")] = None,
+) -> list[StaffParticipantRead]:
+    """The study's participants (pseudonymous: no contact details), narrowed by the filters given;
+    audited with the filters."""
+    where = reads.ParticipantFilter(status=status, arm=arm, consent_version=consent_version,
+                                    enrolled_since=enrolled_since, enrolled_before=enrolled_before)
+    return reads.participants(session, staff_actor(staff), access.study.id, where)
 
 
 @router.post("/studies/{slug}/invites", status_code=status.HTTP_201_CREATED, responses=refusals({

@@ -95,16 +95,16 @@ def test_live_and_simulated_studies_are_kept_apart_when_loading_and_inviting(eng
     simulated = load_simulated_study(engine, example_protocol)
     assert simulated == f"{live}-simulated"
     with session_scope(engine) as session:
-        exists = (lambda name: registry.exists(session, name))  # noqa: E731
+        known = registry.ids(session)
         with pytest.raises(Conflict, match=f"'{live}' is a live study: a simulation runs in a simulated study of "
                                            "its own"):
-            studies.load_simulated(session, example_protocol, TEST_ACTOR, live, instrument_exists=exists)
+            studies.load_simulated(session, example_protocol, TEST_ACTOR, live, instruments=known)
         with pytest.raises(Conflict, match=f"'{simulated}' is a simulated study: a live study's protocol needs an "
                                            "id of its own"):
             studies.load_protocol(session, example_protocol.replace(f"id: {live}", f"id: {simulated}", 1),
-                                  TEST_ACTOR, instrument_exists=exists)
+                                  TEST_ACTOR, instruments=known)
         with pytest.raises(Invalid, match="cannot be a study's slug"):
-            studies.load_simulated(session, example_protocol, TEST_ACTOR, "Not A Slug", instrument_exists=exists)
+            studies.load_simulated(session, example_protocol, TEST_ACTOR, "Not A Slug", instruments=known)
         with pytest.raises(Conflict, match=f"'{simulated}' is a simulated study: it takes no real participants"):
             participants.create_invites(session, studies.get_study(session, simulated), TEST_ACTOR)
         with pytest.raises(Conflict, match=f"'{live}' is not a simulated study: a simulation's invites go to a "

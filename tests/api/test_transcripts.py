@@ -163,7 +163,7 @@ def test_staff_filters_refuse_values_the_study_does_not_have(
         ("conversations", "role", "butler"): "role",
         ("conversations", "stance", "flatter"): "stance",
         ("followups", "status", "bogus"): "status",
-        ("responses", "instrument", "perma-profilr"): "unknown instrument 'perma-profilr'",
+        ("responses", "instrument", "perma-profilr"): "unknown instrument 'perma-profilr'; did you mean 'perma-",
     }
     for (path, name, value), message in refused.items():
         response = app_client.get(f"{base}/{path}", headers=researcher, params={name: value})

@@ -111,7 +111,7 @@ def prepare_database(url: str) -> tuple[str, str, list[str]]:
     try:
         with session_scope(engine) as session:
             study = studies.load_protocol(session, EXAMPLE.read_text(encoding="utf-8"), actor,
-                                          instrument_exists=lambda name: registry.exists(session, name)).study
+                                          instruments=registry.ids(session)).study
             account = staff.create_staff(session, email="contract-admin@example.org", name="Contract admin",
                                          password="contract tests password", actor=actor)
             staff.grant(session, account, study, StaffRole.ADMIN, actor)

@@ -45,7 +45,7 @@ def inbox() -> Iterator[tuple[Inbox, int]]:
 def simulated_study(engine: Engine, protocol: str) -> str:
     with session_scope(engine) as session:
         return studies.load_simulated(session, protocol, TEST_ACTOR, SIMULATED,
-                                      instrument_exists=lambda name: registry.exists(session, name)).study.slug
+                                      instruments=registry.ids(session)).study.slug
 
 
 def study_id(engine: Engine, slug: str) -> int:
@@ -181,11 +181,11 @@ def test_each_dispatcher_re_plans_only_its_own_studies_for_a_new_protocol_versio
         enroll_fully(app_client, invite)
         protocol = load_protocol_text(engine, slug).replace("offset: P28D", "offset: P21D", 1)
         with session_scope(engine) as session:
-            exists = (lambda name: registry.exists(session, name))  # noqa: E731
+            known = registry.ids(session)
             if simulation is None:
-                studies.load_protocol(session, protocol, TEST_ACTOR, instrument_exists=exists)
+                studies.load_protocol(session, protocol, TEST_ACTOR, instruments=known)
             else:
-                studies.load_simulated(session, protocol, TEST_ACTOR, slug, instrument_exists=exists)
+                studies.load_simulated(session, protocol, TEST_ACTOR, slug, instruments=known)
 
     def versions(slug: str) -> dict[str, tuple[int, dt.datetime]]:
         with session_scope(engine, read_only=True) as session:

@@ -10,6 +10,7 @@ from study import studies
 from study.db import session_scope
 from study.errors import Conflict
 from study.protocol import ProtocolError
+from study.settings import get_settings
 from surveys import registry
 from tests.builders import TEST_ACTOR, assign_survey, enroll_fully, load_study, make_invites
 
@@ -69,17 +70,32 @@ def test_changed_custom_instrument_needs_a_new_version(engine: Engine) -> None:
 def test_protocol_naming_an_unknown_instrument_fails_to_load(
     engine: Engine, example_protocol: str, monkeypatch: pytest.MonkeyPatch, tmp_path: object,
 ) -> None:
+    """Refused with the field, its line, the nearest known id and how to load a custom one (the API's
+    instrument filter of responses suggests the same way: tests/api/test_transcripts.py)."""
     broken = example_protocol.replace("baseline: [perma-profiler]", "baseline: [perma-profiller]")
-    with session_scope(engine) as session, pytest.raises(ProtocolError, match="unknown instrument 'perma-profiller'"):
-        studies.load_protocol(session, broken, TEST_ACTOR,
-                              instrument_exists=lambda name: registry.exists(session, name))
+    line = 1 + next(i for i, text in enumerate(broken.splitlines()) if "perma-profiller" in text)
+    with session_scope(engine) as session, pytest.raises(ProtocolError) as refused:
+        studies.load_protocol(session, broken, TEST_ACTOR, instruments=registry.ids(session))
+    assert refused.value.problems == [
+        f"baseline[0] (line {line}): unknown instrument 'perma-profiller'; did you mean 'perma-profiler'? (known: "
+        "decision-clarity, decision-regret, goal-progress, immediate-rating, perma-profiler; a custom one is loaded "
+        "with `afterward instruments load FILE`)"]
+    with session_scope(engine) as session, pytest.raises(ProtocolError) as far:
+        studies.load_protocol(session, broken.replace("perma-profiller", "wellbeing-index"), TEST_ACTOR,
+                              instruments=registry.ids(session))
+    assert "did you mean" not in far.value.problems[0]
+    with session_scope(engine) as session:
+        registry.load_custom(session, CUSTOM, TEST_ACTOR)
+    with session_scope(engine) as session, pytest.raises(ProtocolError, match="known: .*, sleep-quality;"):
+        studies.load_protocol(session, broken, TEST_ACTOR, instruments=registry.ids(session))
     monkeypatch.setenv("AFTERWARD_DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    get_settings.cache_clear()  # load_custom's audit entry read the settings before the URL was set
     path = f"{tmp_path}/protocol.yaml"
     with open(path, "w") as handle:
         handle.write(broken)
     result = CliRunner().invoke(app, ["study", "load", path])
     assert result.exit_code == 1
-    assert "unknown instrument 'perma-profiller'" in result.output
+    assert f"baseline[0] (line {line}): unknown instrument 'perma-profiller'; did you mean" in result.output
 
 
 def test_custom_instrument_answers_feed_a_followup(
