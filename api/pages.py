@@ -69,10 +69,20 @@ class Redirect(Exception):
         self.to = to
 
 
+# The navigation by the participant's status: the app's pages only once enrolled (consent signed,
+# profile complete), "My study" alone after withdrawal, nothing before consent or without a session.
+NAV: dict[str, tuple[tuple[str, str], ...]] = {
+    ParticipantStatus.ENROLLED: (("/chat", "Chat"), ("/surveys", "Surveys"), ("/me", "My study")),
+    ParticipantStatus.WITHDRAWN: (("/me", "My study"),),
+}
+
+
 def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     token = request.cookies.get(SESSION_COOKIE)
     context.setdefault("csrf", csrf_token_for(token) if token else "")
-    context.setdefault("signed_in", bool(token))
+    # The status of the participant this request looked up (``_signed_in``); a page that looked up
+    # nobody (an error page, say) shows no navigation.
+    context.setdefault("nav", NAV.get(getattr(request.state, "participant_status", ""), ()))
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 
@@ -94,9 +104,12 @@ def see_other(to: str) -> RedirectResponse:
 
 
 def _signed_in(session: Session, request: Request) -> Participant | None:
-    """The participant of the session cookie, if any (withdrawn or not, consented or not)."""
+    """The participant of the session cookie, if any (withdrawn or not, consented or not); their
+    status is kept for the page's navigation (``page``)."""
     token = request.cookies.get(SESSION_COOKIE)
-    return participant_service.participant_for_token(session, token) if token else None
+    participant = participant_service.participant_for_token(session, token) if token else None
+    request.state.participant_status = participant.status if participant is not None else ""
+    return participant
 
 
 def _participant(session: Session, request: Request) -> Participant:
@@ -599,6 +612,7 @@ def withdraw(request: Request, form: Form, session: SessionDep) -> Response:
                                                audit.Actor("participant", participant.code))
     except DomainError as exc:
         return refused(session, request, exc, status_code=409, title="Withdrawal", back="/me")
+    request.state.participant_status = ParticipantStatus.WITHDRAWN  # the navigation of the page saying so
     return page(request, "message.html", title="You have withdrawn", body=receipt.message, back="/help",
                 back_label="Crisis and support resources")
 

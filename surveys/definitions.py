@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 ItemType = Literal["likert", "slider", "number", "single_choice", "multiple_choice", "text"]
 NUMERIC_TYPES = {"likert", "slider", "number"}
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
+# A placeholder with the closing quotes or brackets and the full stop after it, in a template.
+_PIPED_SENTENCE = re.compile(r"\{(\w+)\}([\"'”’»)\]]*)(\.?)")
 TEXT_LIMIT = 5000
 
 
@@ -143,7 +145,17 @@ class Instrument(_Strict):
         raise KeyError(item_id)
 
     def pipe(self, text: str, context: dict[str, str]) -> str:
-        return _PLACEHOLDER.sub(lambda m: context.get(m.group(1), m.group(0)), text)
+        """``text`` with each ``{name}`` of ``context`` filled in; a value that ends a sentence of its own
+        (``I'll take the job.``) takes the place of the template's full stop after it, so the line
+        reads ``"I'll take the job."`` and not ``"I'll take the job.".``. Unknown names stay as they are."""
+        def fill(match: re.Match[str]) -> str:
+            value = context.get(match.group(1))
+            if value is None:
+                return match.group(0)
+            value = value.strip()
+            stop = "" if value.endswith((".", "!", "?", "…")) else match.group(3)
+            return value + match.group(2) + stop
+        return _PIPED_SENTENCE.sub(fill, text)
 
     def check_answers(self, answers: dict[str, Any], *, complete: bool) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """Canonical answers and a list of (item id, problem). ``complete`` also demands every

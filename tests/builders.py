@@ -63,7 +63,7 @@ def enroll(client: TestClient, invite: str) -> ParticipantHandle:
     return ParticipantHandle(body["participant_code"], body["token"])
 
 
-def sign_consent(client: TestClient, who: ParticipantHandle, version: str = "1.1") -> None:
+def sign_consent(client: TestClient, who: ParticipantHandle, version: str = "1.2") -> None:
     response = client.post("/api/v1/me/consent", headers=who.headers, json={
         "version": version, "confirmations": CONFIRMATIONS, "typed_signature": "A. Person"})
     assert response.status_code == 201, response.text

@@ -97,7 +97,7 @@ def test_links_and_mail_follow_the_ports_make_run_is_given(engine: Engine, platf
         enrolled = client.post("/api/v1/enrollment", json={"invite_code": invites[0]})
         assert enrolled.status_code == 201, enrolled.text
         client.headers["Authorization"] = f"Bearer {enrolled.json()['token']}"
-        assert client.post("/api/v1/me/consent", json={"version": "1.1", "confirmations": CONFIRMATIONS,
+        assert client.post("/api/v1/me/consent", json={"version": "1.2", "confirmations": CONFIRMATIONS,
                                                        "typed_signature": "A. Person"}).status_code == 201
         assert client.put("/api/v1/me/profile", json={"timezone": "Europe/Berlin",
                                                       "contact_email": "p@example.org"}).status_code == 200

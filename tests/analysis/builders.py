@@ -44,7 +44,7 @@ class StudyBuilder:
         with session_scope(self.engine) as session:
             [invite] = participants.create_invites(session, studies.get_study(session, self.slug), TEST_ACTOR)
             who = participants.enroll(session, invite).participant
-            participants.sign_consent(session, who, version="1.1", confirmations=CONFIRMATIONS,
+            participants.sign_consent(session, who, version="1.2", confirmations=CONFIRMATIONS,
                                       typed_signature="A. Person")
             save_profile(session, who, timezone=timezone, contact_email=None)
             who.arm = arm

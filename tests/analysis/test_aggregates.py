@@ -378,7 +378,7 @@ def test_no_hidden_count_of_a_random_small_study_can_be_worked_out(
     build = PanelBuilder(engine, example_protocol.replace("id: wellbeing-pilot", f"id: random-{next(STUDIES)}", 1))
     populate(build, people, frozen_clock)
     shown, whole = aggregate_tables(engine, build.slug), aggregate_tables(engine, build.slug, threshold=0)
-    versions = {"study": build.slug, "protocol_version": 1, "consent_version": "1.1", "channel_alerts_open": 0}
+    versions = {"study": build.slug, "protocol_version": 1, "consent_version": "1.2", "channel_alerts_open": 0}
     cells, sums, counts = viewer_view(shown, viewer_summary(versions, shown).model_dump())
     truth, _, _ = viewer_view(whole, viewer_summary(versions, whole).model_dump())
     assert attack(cells, truth, sums, counts) == ({}, [])

@@ -60,7 +60,7 @@ class Builder(PanelBuilder):
         with session_scope(self.engine) as session:
             [invite] = participants.create_invites(session, studies.get_study(session, self.slug), TEST_ACTOR)
             who = participants.enroll(session, invite).participant
-            participants.sign_consent(session, who, version="1.1", typed_signature="A",
+            participants.sign_consent(session, who, version="1.2", typed_signature="A",
                                       confirmations=SHARING if shares else CONFIRMATIONS)
             save_profile(session, who, timezone="Europe/Berlin", contact_email=None)
             who.arm = arm
@@ -148,7 +148,7 @@ def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock
 
     # Hank re-consents to a revised version without the sharing confirmation: his latest
     # signature decides, so he is left out although he agreed at first.
-    load_study(engine, example_protocol.replace('version: "1.1"', 'version: "2.0"').replace(
+    load_study(engine, example_protocol.replace('version: "1.2"', 'version: "2.0"').replace(
         "answer a few short questionnaires", "answer a few short questionnaires and one interview"))
     with session_scope(engine) as session:
         hank = session.scalars(select(Participant).where(Participant.code == codes["hank"])).one()
@@ -420,7 +420,7 @@ def _invited(engine: Engine, slug: str) -> str:
 def _sign(engine: Engine, code: str, confirmations: list[str]) -> list[str]:
     with session_scope(engine) as session:
         who = session.scalars(select(Participant).where(Participant.code == code)).one()
-        return list(participants.sign_consent(session, who, version="1.1", confirmations=confirmations,
+        return list(participants.sign_consent(session, who, version="1.2", confirmations=confirmations,
                                               typed_signature="A").confirmations)
 
 

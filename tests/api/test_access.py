@@ -39,7 +39,7 @@ from tests.builders import (
 PARTICIPANT_CALLS: dict[tuple[str, str], dict | None] = {
     ("GET", "/api/v1/me"): None,
     ("GET", "/api/v1/me/consent"): None,
-    ("POST", "/api/v1/me/consent"): {"version": "1.1", "confirmations": CONFIRMATIONS, "typed_signature": "B"},
+    ("POST", "/api/v1/me/consent"): {"version": "1.2", "confirmations": CONFIRMATIONS, "typed_signature": "B"},
     ("GET", "/api/v1/me/consent/signed"): None,
     ("PUT", "/api/v1/me/profile"): {"timezone": "Asia/Tokyo"},
     ("GET", "/api/v1/me/surveys"): None,
@@ -145,7 +145,7 @@ def test_cookie_sessions_need_the_csrf_token_for_changes(
 ) -> None:
     [invite] = make_invites(engine, load_study(engine, example_protocol))
     enrolled = app_client.post("/api/v1/enrollment", json={"invite_code": invite}).json()
-    consent = {"version": "1.1", "confirmations": CONFIRMATIONS, "typed_signature": "C"}
+    consent = {"version": "1.2", "confirmations": CONFIRMATIONS, "typed_signature": "C"}
     assert app_client.get("/api/v1/me").status_code == 200  # the cookie alone reads
     forged = app_client.post("/api/v1/me/consent", json=consent)
     assert forged.status_code == 403
@@ -190,7 +190,7 @@ def test_viewer_sees_aggregates_only_and_researcher_reads_are_audited(
     assert len(listed.json()) == 3
     assert "private@example.org" not in listed.text
     assert "contact" not in listed.text
-    assert {p["consent_version"] for p in listed.json()} == {"1.1", None}
+    assert {p["consent_version"] for p in listed.json()} == {"1.2", None}
     with engine.connect() as connection:
         entry = connection.execute(sa.text(
             "SELECT actor, detail FROM audit_log WHERE action = 'participants.listed'")).one()

@@ -63,7 +63,7 @@ def browser(url: str, invite: str, onboard: bool = True) -> tuple[httpx.Client, 
     assert joined.status_code == 201, joined.text
     csrf = joined.json()["csrf_token"]
     signed = client.post("/api/v1/me/consent", headers={"X-CSRF-Token": csrf}, json={
-        "version": "1.1", "confirmations": CONFIRMATIONS, "typed_signature": "A. Person"})
+        "version": "1.2", "confirmations": CONFIRMATIONS, "typed_signature": "A. Person"})
     assert signed.status_code == 201, signed.text
     if onboard:
         profile = client.put("/api/v1/me/profile", headers={"X-CSRF-Token": csrf},

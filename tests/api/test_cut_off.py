@@ -101,7 +101,7 @@ def test_a_streamed_reply_is_stored_after_the_client_disconnects(engine: Engine,
         client.cookies.clear()
         who = ParticipantHandle(response["participant_code"], response["token"])
         client.headers["Authorization"] = f"Bearer {who.token}"
-        assert client.post("/api/v1/me/consent", json={"version": "1.1", "typed_signature": "A",
+        assert client.post("/api/v1/me/consent", json={"version": "1.2", "typed_signature": "A",
                                                        "confirmations": ["read-and-understood", "adult", "voluntary"]},
                            ).status_code == 201
         assert client.put("/api/v1/me/profile", json={"timezone": "Europe/Berlin"}).status_code == 200

@@ -24,7 +24,7 @@ def test_invite_consent_profile_enrolls_and_assigns_an_arm(
     response = app_client.post("/api/v1/enrollment", json={"invite_code": invite.lower()})
     assert response.status_code == 201
     body = response.json()
-    assert body["consent"]["version"] == "1.1"
+    assert body["consent"]["version"] == "1.2"
     # The required ones, and the optional agreement to share conversation text (not ticked by tests).
     assert {c["id"]: c["required"] for c in body["consent"]["confirmations"]} == {
         **dict.fromkeys(CONFIRMATIONS, True), "share-conversation-text": False}
@@ -86,7 +86,7 @@ def test_consent_needs_every_confirmation_and_the_current_version(
     [invite] = make_invites(engine, load_study(engine, example_protocol))
     who = enroll(app_client, invite)
     partial = app_client.post("/api/v1/me/consent", headers=who.headers, json={
-        "version": "1.1", "confirmations": ["adult"], "typed_signature": "A"})
+        "version": "1.2", "confirmations": ["adult"], "typed_signature": "A"})
     assert partial.status_code == 422
     assert "read-and-understood" in partial.json()["error"]["message"]
     old = app_client.post("/api/v1/me/consent", headers=who.headers, json={
@@ -113,12 +113,12 @@ def test_consent_revision_requires_reconsent_and_keeps_what_was_signed(
     who = enroll_fully(app_client, invite)
     first = app_client.get("/api/v1/me/consent/signed", headers=who.headers).json()
 
-    revised = example_protocol.replace('version: "1.1"', 'version: "2.0"').replace(
+    revised = example_protocol.replace('version: "1.2"', 'version: "2.0"').replace(
         "answer a few short questionnaires", "answer a few short questionnaires and one interview")
     load_study(engine, revised)
     status = app_client.get("/api/v1/me/consent", headers=who.headers).json()
     assert status["needs_consent"] is True
-    assert status["signed_version"] == "1.1"
+    assert status["signed_version"] == "1.2"
     assert status["current"]["version"] == "2.0"
     blocked = app_client.put("/api/v1/me/profile", headers=who.headers, json={"timezone": "Europe/Paris"})
     assert blocked.status_code == 403
@@ -133,8 +133,8 @@ def test_consent_revision_requires_reconsent_and_keeps_what_was_signed(
         rows = connection.execute(sa.text(
             "SELECT cv.version, cs.signed_text_sha256 = cv.text_sha256 FROM consent_signatures cs "
             "JOIN consent_versions cv ON cv.id = cs.consent_version_id ORDER BY cs.id")).all()
-    assert [(v, bool(same)) for v, same in rows] == [("1.1", True), ("2.0", True)]
-    assert first["version"] == "1.1"
+    assert [(v, bool(same)) for v, same in rows] == [("1.2", True), ("2.0", True)]
+    assert first["version"] == "1.2"
     assert "one interview" not in first["text_markdown"]
     download = app_client.get("/api/v1/me/consent/signed?download=true", headers=who.headers)
     assert download.headers["content-type"].startswith("text/markdown")

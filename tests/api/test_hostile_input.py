@@ -121,7 +121,7 @@ def test_nul_in_every_text_input_is_refused(engine: Engine, app_client: TestClie
     refused(app_client.post("/api/v1/staff/login", json={"email": "a\x00@x.org", "password": "pw"}), 422, "NUL")
     newcomer = enroll(app_client, make_invites(engine, slug)[0])
     refused(app_client.post("/api/v1/me/consent", headers=newcomer.headers, json={
-        "version": "1.1", "confirmations": ["adult"], "typed_signature": "A\x00B"}), 422, "NUL")
+        "version": "1.2", "confirmations": ["adult"], "typed_signature": "A\x00B"}), 422, "NUL")
     refused(app_client.get(f"/api/v1/staff/studies/{slug}/responses?instrument=perma%00", headers=staff_headers),
             400, "NUL")
     refused(app_client.get("/api/v1/staff/studies/wellbeing%00pilot/participants", headers=staff_headers),
@@ -132,7 +132,7 @@ def test_nul_in_every_text_input_is_refused(engine: Engine, app_client: TestClie
 def test_nul_in_page_forms_is_refused(engine: Engine, app_client: TestClient, slug: str) -> None:
     [invite] = make_invites(engine, slug)
     html = join(app_client, invite)
-    response = app_client.post("/consent", data={"csrf": csrf_of(html), "version": "1.1", "typed_signature": "A\x00",
+    response = app_client.post("/consent", data={"csrf": csrf_of(html), "version": "1.2", "typed_signature": "A\x00",
                                                  "confirmations": ["read-and-understood", "adult", "voluntary"]})
     refused(response, 422, "NUL")
 
@@ -208,7 +208,7 @@ def test_page_routes_apply_the_apis_length_checks(engine: Engine, app_client: Te
     [invite] = make_invites(engine, slug)
     html = join(app_client, invite)
     long_signature = app_client.post("/consent", data={
-        "csrf": csrf_of(html), "version": "1.1", "typed_signature": "A" * 5000,
+        "csrf": csrf_of(html), "version": "1.2", "typed_signature": "A" * 5000,
         "confirmations": ["read-and-understood", "adult", "voluntary"]})
     assert long_signature.status_code == 422
     assert "Typed signature" in long_signature.text
@@ -269,7 +269,7 @@ def test_parallel_submits_and_first_autosaves_store_one_row(engine: Engine, slug
             token = client.post("/api/v1/enrollment", json={"invite_code": invite}).json()["token"]
             client.cookies.clear()
             client.headers["Authorization"] = f"Bearer {token}"
-            client.post("/api/v1/me/consent", json={"version": "1.1", "typed_signature": "A",
+            client.post("/api/v1/me/consent", json={"version": "1.2", "typed_signature": "A",
                                                     "confirmations": ["read-and-understood", "adult", "voluntary"]})
             client.put("/api/v1/me/profile", json={"timezone": "Europe/Paris"})
             clients.append(client)
@@ -538,7 +538,7 @@ def test_text_is_stored_and_shown_normalized(engine: Engine, app_client: TestCli
     participant's message, survey answer, signature and a staff member's review and invite label."""
     newcomer = enroll(app_client, make_invites(engine, slug)[0])
     signed = app_client.post("/api/v1/me/consent", headers=newcomer.headers, json={
-        "version": "1.1", "confirmations": ["read-and-understood", "adult", "voluntary"],
+        "version": "1.2", "confirmations": ["read-and-understood", "adult", "voluntary"],
         "typed_signature": "A. \u202eNosrep\u202c"})
     assert signed.json()["typed_signature"] == "A. Nosrep", signed.text
     app_client.put("/api/v1/me/profile", headers=newcomer.headers, json={"timezone": "Europe/Paris"})
@@ -569,7 +569,7 @@ def test_one_line_fields_refuse_line_breaks_and_passwords_are_not_rewritten(
 
     newcomer = enroll(app_client, make_invites(engine, slug)[0])
     refused(app_client.post("/api/v1/me/consent", headers=newcomer.headers, json={
-        "version": "1.1", "confirmations": ["adult"], "typed_signature": "A.\nPerson"}), 422,
+        "version": "1.2", "confirmations": ["adult"], "typed_signature": "A.\nPerson"}), 422,
         "typed_signature", "one line")
     refused(app_client.post(f"/api/v1/staff/studies/{slug}/invites", headers=staff_headers,
                             json={"label": "a\tb"}), 422, "label", "one line")
@@ -594,7 +594,7 @@ def audit_actor() -> Any:
 def test_page_forms_go_through_the_same_text_validator(engine: Engine, app_client: TestClient, slug: str) -> None:
     [invite] = make_invites(engine, slug)
     html = join(app_client, invite)
-    app_client.post("/consent", data={"csrf": csrf_of(html), "version": "1.1", "typed_signature": "A.\u202e B",
+    app_client.post("/consent", data={"csrf": csrf_of(html), "version": "1.2", "typed_signature": "A.\u202e B",
                                       "confirmations": ["read-and-understood", "adult", "voluntary"]})
     assert app_client.get("/api/v1/me/consent/signed").json()["typed_signature"] == "A. B"
     csrf = csrf_of(app_client.get("/onboarding").text)
@@ -644,7 +644,7 @@ def test_broken_text_over_a_live_keep_alive_connection_is_refused_and_the_connec
         assert status == 201, enrolled
         me = {"Authorization": f"Bearer {json.loads(enrolled)['token']}"}
         for method, path, body in (
-                ("POST", "/api/v1/me/consent", {"version": "1.1", "typed_signature": "A",
+                ("POST", "/api/v1/me/consent", {"version": "1.2", "typed_signature": "A",
                                                 "confirmations": ["read-and-understood", "adult", "voluntary"]}),
                 ("PUT", "/api/v1/me/profile", {"timezone": "Europe/Paris"})):
             status, text = _exchange(connection, method, path, json.dumps(body).encode(), me)

@@ -4,6 +4,7 @@ the chat page and /help show pushback and crisis resources."""
 from __future__ import annotations
 
 import datetime as dt
+import html
 import re
 import subprocess
 from pathlib import Path
@@ -25,7 +26,7 @@ from study.models import Participant
 from tests.builders import FRAMING, assign_survey, csrf_of, enroll_fully, join, load_study, make_invites, put_in_arm
 
 
-def sign(client: TestClient, html: str, version: str = "1.1") -> None:
+def sign(client: TestClient, html: str, version: str = "1.2") -> None:
     signed = client.post("/consent", data={
         "csrf": csrf_of(html), "version": version, "typed_signature": "A",
         "confirmations": ["read-and-understood", "adult", "voluntary"]}, follow_redirects=False)
@@ -52,7 +53,7 @@ def test_forms_without_the_csrf_token_are_refused(engine: Engine, app_client: Te
     forged = app_client.post("/join", data={"pre": "guess", "invite_code": invite}, follow_redirects=False)
     assert (forged.status_code, forged.headers["location"]) == (303, "/?expired=1")
     html = join(app_client, invite)
-    refused = app_client.post("/consent", data={"csrf": "0" * 64, "version": "1.1", "typed_signature": "A",
+    refused = app_client.post("/consent", data={"csrf": "0" * 64, "version": "1.2", "typed_signature": "A",
                                                 "confirmations": ["read-and-understood", "adult", "voluntary"]},
                               follow_redirects=False)
     assert refused.headers["location"] == "/?expired=1"
@@ -71,7 +72,7 @@ def test_an_optional_confirmation_is_shown_as_optional_and_may_be_ticked(
     assert 'id="confirm-adult" name="confirmations" value="adult" required' in html  # ... unlike these
     assert "(optional)" in html
     signed = app_client.post("/consent", data={
-        "csrf": csrf_of(html), "version": "1.1", "typed_signature": "A",
+        "csrf": csrf_of(html), "version": "1.2", "typed_signature": "A",
         "confirmations": ["read-and-understood", "adult", "voluntary", "share-conversation-text"]},
         follow_redirects=False)
     assert signed.status_code == 303, signed.text
@@ -86,7 +87,7 @@ def test_a_revised_consent_is_shown_and_signed_again(engine: Engine, app_client:
     sign(app_client, join(app_client, invite))
     onboarding = app_client.get("/onboarding")
     app_client.post("/onboarding", data={"csrf": csrf_of(onboarding.text), "timezone": "Europe/Paris"})
-    revised = example_protocol.replace('version: "1.1"', 'version: "2.0"').replace(
+    revised = example_protocol.replace('version: "1.2"', 'version: "2.0"').replace(
         "answer a few short questionnaires", "answer a few short questionnaires and one interview")
     load_study(engine, revised)
     assert app_client.get("/chat", follow_redirects=False).headers["location"] == "/consent"
@@ -209,7 +210,8 @@ def test_help_keeps_regional_resources_after_withdrawal_with_phone_numbers_and_s
     assert "You have withdrawn" in withdrawn.text
     after = app_client.get("/help")
     assert after.status_code == 200
-    assert after.text == before
+    nav = re.compile(r"<nav .*?</nav>", re.S)  # the navigation now offers My study alone
+    assert nav.sub("", after.text) == nav.sub("", before)
     for link in ('<a href="tel:08001110111">0800 111 0 111</a>', '<a href="tel:08001110222">0800 111 0 222</a>',
                  '<a href="tel:112">112</a>',  # the protocol's DE entry
                  '<a href="https://findahelpline.com">https://findahelpline.com</a>',  # and the default
@@ -308,3 +310,48 @@ def test_coming_back_shows_the_reply_still_being_written_or_offers_to_try_again(
     assert answered.text.count('class="msg assistant"') == 1
     assert "Try again" not in answered.text
     assert "could not answer" not in answered.text
+
+
+def navigation(html: str) -> list[str]:
+    nav = re.search(r'<nav aria-label="Main">(.*?)</nav>', html, re.S)
+    assert nav, html
+    return re.findall(r'<a (?:class="[^"]*" )?href="([^"]+)"', nav.group(1))
+
+
+def test_the_navigation_offers_the_app_only_once_enrolled(engine: Engine, app_client: TestClient,
+                                                          example_protocol: str) -> None:
+    """Chat, Surveys and My study appear once consent is signed and the profile complete; before
+    that only help; after withdrawal, My study alone (where the withdrawal is shown)."""
+    [invite] = make_invites(engine, load_study(engine, example_protocol))
+    assert navigation(app_client.get("/").text) == ["/help"]
+    consent_page = join(app_client, invite)
+    assert navigation(consent_page) == ["/help"]
+    assert navigation(app_client.get("/help").text) == ["/help"]
+    sign(app_client, consent_page)
+    onboarding = app_client.get("/onboarding")
+    assert navigation(onboarding.text) == ["/help"]
+    enrolled = app_client.post("/onboarding", data={"csrf": csrf_of(onboarding.text), "timezone": "Europe/Paris",
+                                                    "contact_email": ""})
+    assert enrolled.status_code == 200, enrolled.text
+    for path in ("/", "/chat", "/surveys", "/me", "/help"):
+        assert navigation(app_client.get(path).text) == ["/chat", "/surveys", "/me", "/help"], path
+    me = app_client.get("/me").text
+    withdrawn = app_client.post("/me/withdraw", data={"csrf": csrf_of(me), "confirm": "yes",
+                                                      "level": "stop_contact"})
+    assert withdrawn.status_code == 200, withdrawn.text
+    assert navigation(withdrawn.text) == ["/me", "/help"]
+    assert navigation(app_client.get("/me").text) == ["/me", "/help"]
+
+
+def test_the_example_consent_asks_for_initials_and_says_where_they_are_kept(
+        engine: Engine, app_client: TestClient, example_protocol: str) -> None:
+    """The example says it does not ask for a name, so the signature is initials, and the page says
+    where they are kept (the consents export holds no signature: tests/analysis/test_exports.py compares
+    it column by column with the database)."""
+    [invite] = make_invites(engine, load_study(engine, example_protocol))
+    text = " ".join(html.unescape(join(app_client, invite)).split())
+    assert "We do not ask for your name: you sign this form with your initials" in text
+    assert "Type your initials to sign" in text
+    assert "name or initials" not in text
+    assert "Your initials are kept with this consent record" in text
+    assert 'autocomplete="name"' not in text

@@ -30,7 +30,7 @@ PROTOCOL_NUMBER = "REB-2026-0142"
 
 def sign(client: TestClient, consent_page: str) -> None:
     signed = client.post("/consent", data={
-        "csrf": csrf_of(consent_page), "version": "1.1", "typed_signature": "A. Person",
+        "csrf": csrf_of(consent_page), "version": "1.2", "typed_signature": "A. Person",
         "confirmations": ["read-and-understood", "adult", "voluntary"]}, follow_redirects=False)
     assert signed.status_code == 303, signed.text
 

@@ -69,7 +69,7 @@ def test_sigterm_under_load_exits_without_waiting_for_the_replies(engine: Engine
             body = client.post("/api/v1/enrollment", json={"invite_code": invite}).json()
             client.cookies.clear()
             client.headers["Authorization"] = f"Bearer {body['token']}"
-            client.post("/api/v1/me/consent", json={"version": "1.1", "confirmations": CONFIRMATIONS,
+            client.post("/api/v1/me/consent", json={"version": "1.2", "confirmations": CONFIRMATIONS,
                                                     "typed_signature": "A"})
             assert client.put("/api/v1/me/profile", json={"timezone": "Europe/Berlin"}).status_code == 200
             put_in_arm(engine, body["participant_code"], "control")
@@ -125,7 +125,7 @@ def _chatter(engine: Engine, slug: str, url: str) -> tuple[httpx.Client, int]:
     body = client.post("/api/v1/enrollment", json={"invite_code": invite}).json()
     client.cookies.clear()
     client.headers["Authorization"] = f"Bearer {body['token']}"
-    assert client.post("/api/v1/me/consent", json={"version": "1.1", "confirmations": CONFIRMATIONS,
+    assert client.post("/api/v1/me/consent", json={"version": "1.2", "confirmations": CONFIRMATIONS,
                                                    "typed_signature": "A"}).status_code == 201
     assert client.put("/api/v1/me/profile", json={"timezone": "Europe/Berlin"}).status_code == 200
     put_in_arm(engine, body["participant_code"], "wellbeing")

@@ -310,7 +310,7 @@ def test_the_onboarding_page_shows_the_return_code_once_and_the_home_page_signs_
     app_client.post("/join", data={"pre": pre_of(app_client.get("/").text), "invite_code": invites[0]})
     consent = app_client.get("/consent").text
     csrf = re.search(r'name="csrf" value="([^"]+)"', consent).group(1)  # type: ignore[union-attr]
-    app_client.post("/consent", data={"csrf": csrf, "version": "1.1", "typed_signature": "A",
+    app_client.post("/consent", data={"csrf": csrf, "version": "1.2", "typed_signature": "A",
                                       "confirmations": ["read-and-understood", "adult", "voluntary"]})
     shown = app_client.post("/onboarding", data={"csrf": csrf, "timezone": "Europe/Berlin"}, follow_redirects=False)
     assert shown.status_code == 200

@@ -36,7 +36,7 @@ def conversation(engine: Engine, example_protocol: str) -> tuple[str, int]:
     [invite] = make_invites(engine, load_study(engine, example_protocol))
     with session_scope(engine) as session:
         who = participants.enroll(session, invite).participant
-        participants.sign_consent(session, who, version="1.1", confirmations=CONFIRMATIONS, typed_signature="T")
+        participants.sign_consent(session, who, version="1.2", confirmations=CONFIRMATIONS, typed_signature="T")
         participants.update_profile(session, who, timezone="Europe/Berlin", contact_email=None)
         who.arm = "wellbeing"
         session.flush()

@@ -163,7 +163,7 @@ def make_known(base_url: str, database_url: str, invites: list[str], staff_token
             client.cookies.clear()  # bearer tokens only: a cookie would ask for CSRF tokens
         enrolled = {"Authorization": f"Bearer {tokens[0]}"}
         expect(client.post("/api/v1/me/consent", headers=enrolled, json={
-            "version": "1.1", "confirmations": CONFIRMATIONS, "typed_signature": "Contract Tester",
+            "version": "1.2", "confirmations": CONFIRMATIONS, "typed_signature": "Contract Tester",
         }), 201)
         expect(client.put("/api/v1/me/profile", headers=enrolled, json={
             "timezone": "Europe/Berlin", "contact_email": "participant@example.org",

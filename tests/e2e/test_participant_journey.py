@@ -38,7 +38,7 @@ def join_and_consent(page: Page, base: str, invite: str, camera: Camera | None =
     expect(page.locator(".consent-text")).to_contain_text("voluntary")
     for box in page.get_by_role("checkbox").all():
         box.check()
-    page.get_by_label("Type your name or initials to sign").fill("A. Participant")
+    page.get_by_label("Type your initials to sign").fill("A. Participant")
     if camera:
         camera.shot("consent")
     page.get_by_role("button", name="I agree and sign").click()
@@ -297,7 +297,7 @@ def test_consent_chat_and_survey_pages_have_no_serious_accessibility_problems(
     problems = {"consent": axe_problems(page)}
     for box in page.get_by_role("checkbox").all():
         box.check()
-    page.get_by_label("Type your name or initials to sign").fill("B")
+    page.get_by_label("Type your initials to sign").fill("B")
     page.get_by_role("button", name="I agree and sign").click()
     page.get_by_role("button", name="Save and continue").click()
     page.get_by_role("link", name="I have saved it, continue").click()  # no email: a return code, shown once

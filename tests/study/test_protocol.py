@@ -52,7 +52,7 @@ def test_bad_duration_and_reminder_outside_window(example_protocol: str) -> None
 
 
 def test_missing_required_field_points_at_parent(example_protocol: str) -> None:
-    broken = example_protocol.replace("  version: \"1.1\"\n", "")
+    broken = example_protocol.replace("  version: \"1.2\"\n", "")
     with pytest.raises(ProtocolError) as error:
         parse_protocol(broken)
     consent_line = broken.splitlines().index("consent:") + 1
@@ -93,8 +93,8 @@ def test_consent_text_change_needs_new_version(engine: Engine, example_protocol:
     with session_scope(engine) as session, pytest.raises(Conflict, match="new version"):
         studies.load_protocol(session, sneaky, TEST_ACTOR)
     with session_scope(engine) as session:
-        studies.load_protocol(session, sneaky.replace('version: "1.1"', 'version: "1.2"'), TEST_ACTOR)
-        assert session.scalars(select(ConsentVersion.version).order_by(ConsentVersion.id)).all() == ["1.1", "1.2"]
+        studies.load_protocol(session, sneaky.replace('version: "1.2"', 'version: "1.3"'), TEST_ACTOR)
+        assert session.scalars(select(ConsentVersion.version).order_by(ConsentVersion.id)).all() == ["1.2", "1.3"]
 
 
 def test_durations_without_a_unit_are_refused_with_field_and_line(example_protocol: str) -> None:

@@ -63,7 +63,7 @@ def _enrolled_with_everything(engine: Engine, invite: str) -> str:
     and follow-ups planned. Returns the participant's code."""
     with session_scope(engine) as session:
         who = participants.enroll(session, invite).participant
-        participants.sign_consent(session, who, version="1.1", confirmations=CONFIRMATIONS, typed_signature="T")
+        participants.sign_consent(session, who, version="1.2", confirmations=CONFIRMATIONS, typed_signature="T")
         participants.update_profile(session, who, timezone="Europe/Berlin", contact_email="p@example.org")
         who.arm = "wellbeing"
         survey_service.assign_baseline(session, who, current_protocol(session, who.study_id).baseline)

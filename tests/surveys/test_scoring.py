@@ -56,7 +56,12 @@ def test_decision_regret_reference_vectors(answers: tuple[int, ...], regret: flo
 
 
 def test_decision_regret_pipes_the_decision_and_requires_all_items() -> None:
-    assert '"to move to Lisbon"' in DRS.pipe(DRS.instructions, {"decision": "to move to Lisbon"})
+    assert '"to move to Lisbon". Please' in DRS.pipe(DRS.instructions, {"decision": "to move to Lisbon"})
+    # A decision written as a sentence keeps its own punctuation, and the template's full stop goes.
+    for decision in ("I'll take the job in Lisbon.", "Quit!", "Should I stay?", "leave it… "):
+        piped = DRS.pipe(DRS.instructions, {"decision": decision})
+        assert f'"{decision.strip()}" Please' in piped, piped
+    assert DRS.pipe("({decision}). {other}", {"decision": "Move."}) == "(Move.) {other}"
     _, problems = DRS.check_answers({"drs1": 2, "drs2": 6, "drs9": 1}, complete=True)
     assert problems == [("drs2", "must be between 1 and 5"), ("drs9", "is not an item of decision-regret"),
                         ("drs3", "is required"), ("drs4", "is required"), ("drs5", "is required")]
