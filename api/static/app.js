@@ -48,13 +48,37 @@
     });
   }
 
-  // Chat: stream the reply as it is written, then show the page with the stored turn.
+  // Chat: a draft typed while a reply is written outlives the page being shown again (kept in this
+  // tab's sessionStorage for this conversation, put back in the empty message box, then forgotten).
   var composer = document.querySelector("form[data-stream]");
+  var box = composer ? composer.querySelector("textarea") : null;
+  var draftKey = "afterward-draft:" + window.location.pathname;
+  function keepDraft() {
+    try {
+      if (box && box.value.trim()) { window.sessionStorage.setItem(draftKey, box.value); }
+    } catch (e) { /* storage refused: the draft stays only in the box */ }
+  }
+  if (box) {
+    try {
+      var kept = window.sessionStorage.getItem(draftKey);
+      window.sessionStorage.removeItem(draftKey);
+      if (kept && !box.value) { box.value = kept; }
+    } catch (e) { /* storage refused */ }
+  }
+  function showLatest() {
+    keepDraft();
+    window.location.assign(window.location.pathname + "#latest");
+    window.location.reload();
+  }
+
+  // Chat: stream the reply as it is written, then show the page with the stored turn. The box is
+  // emptied once the message is on its way, so what is typed meanwhile is the next draft.
   if (composer && window.fetch && window.TextDecoder) {
     composer.addEventListener("submit", function (event) {
-      var text = composer.querySelector("textarea").value.trim();
+      var text = box.value.trim();
       if (!text) { return; }
       event.preventDefault();
+      box.value = "";
       var button = composer.querySelector('button[type="submit"]');
       button.disabled = true;
       var list = document.querySelector("[data-messages]");
@@ -93,11 +117,10 @@
           });
         }
         return pump();
-      }).then(function () {
-        window.location.assign(window.location.pathname + "#latest");
-        window.location.reload();
-      }).catch(function () {
+      }).then(showLatest).catch(function () {
         // Fall back to the plain form, as the same message: one already saved is not saved twice.
+        keepDraft();
+        box.value = text;
         var mid = composer.querySelector('input[name="mid"]');
         if (!mid) {
           mid = document.createElement("input");
@@ -122,8 +145,7 @@
         .then(function (response) { return response.ok ? response.json() : null; })
         .then(function (conversation) {
           if (conversation && !conversation.awaiting_reply) {
-            window.location.assign(window.location.pathname + "#latest");
-            window.location.reload();
+            showLatest();
           } else if (asked < 150) {
             window.setTimeout(ask, 1200);
           }

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Page, expect
 from sqlalchemy.engine import Engine
 
 from chat.offline import OfflineLLM
@@ -54,10 +54,8 @@ def answer(live_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[thread
     answer.set()
 
 
-def test_a_reply_written_after_the_tab_closed_is_there_when_the_chat_is_opened_again(
-    browser: Browser, live_server: str, engine: Engine, example_protocol: str, artifacts: Path,
-    answer: threading.Event,
-) -> None:
+def coach_chat(browser: Browser, live_server: str, engine: Engine, example_protocol: str) -> Page:
+    """A new participant of the well-being arm, in a new conversation with the coach."""
     [invite] = make_invites(engine, load_study(engine, example_protocol))
     page = new_page(browser, bypass_csp=True)  # axe runs on the page opened again
     join_and_consent(page, live_server, invite)
@@ -68,6 +66,37 @@ def test_a_reply_written_after_the_tab_closed_is_there_when_the_chat_is_opened_a
     page.goto(live_server + "/chat")
     page.get_by_role("button", name="Choose Coach").click()
     expect(page.get_by_label("Your message")).to_be_visible()
+    return page
+
+
+def test_a_draft_typed_while_the_reply_streams_is_kept_when_the_page_shows_the_reply(
+    browser: Browser, live_server: str, engine: Engine, example_protocol: str, answer: threading.Event,
+) -> None:
+    page = coach_chat(browser, live_server, engine, example_protocol)
+    box = page.get_by_label("Your message")
+    box.fill(MESSAGE)
+    page.get_by_role("button", name="Send").click()
+    until(lambda: stored_turns(engine) == ["participant"], "the message stored")
+    expect(box).to_have_value("")  # on its way: the box is free for the next message
+    draft = "and what if the salary is lower? 🤔"
+    box.fill(draft)
+    page.evaluate("window.typedOnThisDocument = true")
+    answer.set()
+    # The stream ends and the page is shown again (a new document, without the mark) with the stored reply.
+    page.wait_for_function("() => window.typedOnThisDocument === undefined", timeout=WAIT_SECONDS * 1000)
+    expect(page.locator(".msg.assistant .bubble")).to_have_count(1)
+    expect(page.locator(".msg.participant .bubble")).to_have_text(MESSAGE)
+    expect(box).to_have_value(draft)
+    # Put back once: the page shown again later starts empty.
+    page.reload()
+    expect(box).to_have_value("")
+
+
+def test_a_reply_written_after_the_tab_closed_is_there_when_the_chat_is_opened_again(
+    browser: Browser, live_server: str, engine: Engine, example_protocol: str, artifacts: Path,
+    answer: threading.Event,
+) -> None:
+    page = coach_chat(browser, live_server, engine, example_protocol)
     chat = page.url
 
     page.get_by_label("Your message").fill(MESSAGE)
