@@ -17,6 +17,9 @@ from dashboard import auth, data, links, staff_reads
 from study.errors import Forbidden
 
 VIEWS = Path(__file__).parent / "views"
+# The participant pages' icon, served by Streamlit itself: a ":material/...:" page icon is fetched from
+# a public font service by every staff browser (nothing the platform serves loads from outside).
+ICON = Path(__file__).resolve().parent.parent / "api" / "static" / "favicon.ico"
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def follow_link(email: str, studies: list[auth.Membership]) -> None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="Afterward · staff dashboard", page_icon=":material/monitoring:", layout="wide")
+    st.set_page_config(page_title="Afterward · staff dashboard", page_icon=str(ICON), layout="wide")
     held = auth.current()
     if held is None:
         # Each page's address signs in too, so a link to one (an on-call email's) opens it once signed in.

@@ -8,10 +8,12 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Request, expect, sync_playwright
 from sqlalchemy.engine import Engine
 
 from api.app import create_app
@@ -31,6 +33,39 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 
 
+# Nothing the platform serves loads from outside (a font service, a CDN): every request of every page
+# of every browser test, participant and staff, is recorded, and one to a host other than this
+# machine fails the test (``nothing_from_outside``), whether or not it would have been answered.
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+OUTSIDE: list[str] = []
+
+
+def _record_outside(request: Request) -> None:
+    url = urlsplit(request.url)
+    if url.scheme in ("http", "https", "ws", "wss") and url.hostname not in LOOPBACK:
+        OUTSIDE.append(f"{request.resource_type} {request.url} (from {request.frame.url if request.frame else '?'})")
+
+
+def _watched(launched: Browser) -> Browser:
+    """``launched``, each of whose new contexts records requests that leave this machine."""
+    new_context = launched.new_context
+
+    def watched_context(**options: Any) -> BrowserContext:
+        context = new_context(**options)
+        context.on("request", _record_outside)
+        return context
+
+    launched.new_context = watched_context  # type: ignore[method-assign]
+    return launched
+
+
+@pytest.fixture(autouse=True)
+def nothing_from_outside() -> Iterator[None]:
+    OUTSIDE.clear()
+    yield
+    assert OUTSIDE == [], f"pages requested {len(OUTSIDE)} resource(s) from outside this machine: {OUTSIDE[:10]}"
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     # Per module, not per session: Playwright's sync API keeps an event loop running in this thread
@@ -42,7 +77,7 @@ def browser() -> Iterator[Browser]:
             pytest.fail(message)
         pytest.skip(message)
     with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        launched = _watched(playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS))
         yield launched
         launched.close()
 
