@@ -23,7 +23,7 @@ from tests.e2e.test_participant_journey import join_and_consent, new_page
 
 def page_paths() -> set[str]:
     return {route.path for router in (pages.router, chat_pages.router) for route in router.routes
-            if isinstance(route, APIRoute) and "GET" in route.methods}
+            if isinstance(route, APIRoute) and "GET" in (route.methods or ())}
 
 
 def test_every_participant_page_loads_nothing_from_outside(browser: Browser, live_server: str, engine: Engine,
