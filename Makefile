@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-HOST ?= 127.0.0.1
-PORT ?= 8000
+# Where `make run` serves: given here (HOST=0.0.0.0 PORT=9000 make run), or else the settings
+# (AFTERWARD_API_HOST, AFTERWARD_API_PORT in the environment or the settings file .env), or else
+# 127.0.0.1:8000, and the dashboard on DASHBOARD_PORT (8501).
+HOST ?=
+PORT ?=
 DASHBOARD_PORT ?= 8501
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
@@ -29,16 +32,21 @@ lock: $(STAMP)
 # The whole platform on one machine: a development mailbox (var/mail) on AFTERWARD_SMTP_PORT, the
 # follow-up dispatcher, the staff dashboard on HOST:DASHBOARD_PORT and the API with the participant
 # pages on HOST:PORT, where every link points unless AFTERWARD_BASE_URL is set; Ctrl-C stops all four.
+# Each reads the settings file .env, as later commands in another shell do.
+ifneq ($(HOST),)
 run: export AFTERWARD_API_HOST := $(HOST)
+endif
+ifneq ($(PORT),)
 run: export AFTERWARD_API_PORT := $(PORT)
+endif
 run: $(STAMP)
 	$(BIN)/afterward mailbox --check >/dev/null
 	$(BIN)/afterward demo
 	$(BIN)/afterward mailbox & mailbox=$$!; \
 	$(BIN)/afterward scheduler & scheduler=$$!; \
-	$(BIN)/afterward dashboard --host $(HOST) --port $(DASHBOARD_PORT) & dashboard=$$!; \
+	$(BIN)/afterward dashboard $(if $(HOST),--host $(HOST)) --port $(DASHBOARD_PORT) & dashboard=$$!; \
 	trap 'kill $$mailbox $$scheduler $$dashboard 2>/dev/null' EXIT INT TERM; \
-	$(BIN)/afterward api --host $(HOST) --port $(PORT)
+	$(BIN)/afterward api
 
 # The browser tests use Debian's Chromium (installed here when missing) and axe-core from npm.
 $(AXE): tests/e2e/package.json tests/e2e/package-lock.json

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from aiosmtpd.controller import Controller
 
+from study.settings import SETTINGS_FILE
+
 HOST = "127.0.0.1"
 
 
@@ -53,7 +55,8 @@ def start(port: int, folder: Path, say: Callable[[str], object]) -> Controller:
         if exc.errno == errno.EADDRINUSE:
             raise MailboxUnavailable(
                 f"the development mailbox cannot listen on {HOST}:{port}: the port is taken (another mailbox "
-                "or mail server?); stop it, or set AFTERWARD_SMTP_PORT to a free port") from exc
+                "or mail server?); stop it, or put AFTERWARD_SMTP_PORT=<a free port> in the settings file "
+                f"({SETTINGS_FILE}), which `make run` and every later command read") from exc
         raise MailboxUnavailable(f"the development mailbox cannot listen on {HOST}:{port}: {exc.strerror or exc}") \
             from exc
     return controller

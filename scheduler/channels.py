@@ -259,7 +259,8 @@ class EmailChannel:
             permanent = 500 <= exc.smtp_code < 600
             raise DeliveryError("rejected", f"the mail server answered {exc.smtp_code}", permanent=permanent) from exc
         except (OSError, smtplib.SMTPException) as exc:
-            raise DeliveryError("unreachable", f"cannot reach the mail server: {type(exc).__name__}") from exc
+            raise DeliveryError("unreachable", f"cannot reach the mail server at {s.smtp_host}:{s.smtp_port}: "
+                                               f"{type(exc).__name__}") from exc
 
 
 class WebhookChannel:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -17,10 +18,13 @@ DEV_SECRET = "development-only-secret-do-not-use"  # noqa: S105 - refused outsid
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("afterward.study.settings")
 DASHBOARD_PORT = 8501  # `afterward dashboard`'s port unless --port is given (make run: DASHBOARD_PORT)
+# The one settings file: what `make run` and every later command read, from whatever folder and shell
+# (the environment's AFTERWARD_* variables win over it); AFTERWARD_SETTINGS_FILE names another.
+SETTINGS_FILE = Path(os.environ.get("AFTERWARD_SETTINGS_FILE") or PROJECT_ROOT / ".env")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AFTERWARD_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="AFTERWARD_", env_file=SETTINGS_FILE, extra="ignore")
 
     environment: Literal["development", "test", "production"] = "development"
     database_url: str = Field(

@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from contextlib import ExitStack
@@ -24,6 +25,7 @@ from study.security import verify_password
 from study.settings import get_settings
 from tests.builders import enroll_fully, make_invites
 from tests.conftest import POSTGRES_URL
+from tests.mail import free_port
 from tests.postgres import scratch_schema
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,3 +191,27 @@ def alembic_config() -> AlembicConfig:
     config = AlembicConfig()
     config.set_main_option("script_location", str(ROOT / "migrations"))
     return config
+
+
+def test_a_second_shell_reads_the_mailbox_port_from_the_settings_file(tmp_path: Path) -> None:
+    """`make run` and a command typed later in another shell and folder read one settings file, so
+    they agree on the mailbox port; a taken port says to set it there."""
+    port = free_port()
+    settings_file = tmp_path / "settings.env"
+    settings_file.write_text(f"AFTERWARD_SMTP_PORT={port}\n", encoding="utf-8")
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AFTERWARD_")}
+    env["AFTERWARD_SETTINGS_FILE"] = str(settings_file)
+    elsewhere = tmp_path / "another-folder"
+    elsewhere.mkdir()
+    command = [str(Path(sys.executable).parent / "afterward"), "mailbox", "--check"]
+    checked = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120,
+                             check=False)
+    assert checked.returncode == 0, checked.stderr
+    assert f"127.0.0.1:{port} is free" in checked.stdout
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        refused = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120,
+                                 check=False)
+    assert refused.returncode == 1
+    assert f"put AFTERWARD_SMTP_PORT=<a free port> in the settings file ({settings_file})" in refused.stderr
