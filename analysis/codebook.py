@@ -139,7 +139,8 @@ BY_TABLE: dict[str, dict[str, Codes]] = {
         "category": {c: c for c in CONCERNS if c != "none"},
         "source": {"lexicon": "the crisis lexicon", "semantic": "the semantic classifier (chat.semantic)",
                    "lexicon+semantic": "both the lexicon and the semantic classifier",
-                   "classifier": "the optional LLM reader (chat.llm_reader)", "model": "the chat model's own stance"},
+                   "classifier": "the optional LLM reader (chat.llm_reader)", "model": "the chat model's own stance",
+                   "survey": "a safety rule on survey answers (the protocol's safety.answer_rules)"},
         "level": {"check_in": "a sign of risk met by a check-in, for staff to review",
                   "escalation": "an escalation: pages the on-call contacts",
                   "unanswered": "its check-in was not answered by the protocol's deadline (or the participant "

@@ -463,7 +463,8 @@ class _Builder:
                          "is not exported).", [
             _c("safety_event_id", "integer", "Safety event id."),
             self.code(),
-            _c("conversation_id", "integer", "Conversation it was raised in."),
+            _c("conversation_id", "integer", "Conversation it was raised in; empty for a safety rule on survey "
+               "answers."),
             _c("turn_id", "integer", "Assistant turn that checked in or escalated."),
             _c("category", "string", "Category of risk."),
             _c("source", "string", "What detected it."),

@@ -94,10 +94,11 @@ class TranscriptRead(ConversationSummaryRead):
 
 
 class SafetyEventContextRead(BaseModel):
-    """A safety event with the turns around the one that triggered it."""
+    """A safety event with the turns around the one that triggered it (none for an event a safety
+    rule on survey answers raised: its ``event.cue`` names the response, the rule and the answer)."""
 
     event: SafetyEventRead
-    conversation_id: int
+    conversation_id: int | None
     transcript_path: str = Field(default="", description="where the full transcript is read")
-    trigger_turn_id: int
+    trigger_turn_id: int | None
     turns: list[TranscriptTurnRead] = Field(description="the triggering turn with up to `around` turns on each side")

@@ -39,6 +39,7 @@ from study.models import Participant, ProtocolVersion
 from study.safety import SafetyEvent, SafetyEventReview, event_in_study
 from study.staff import reader_access
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
+from surveys.safety_rules import SOURCE as SURVEY_RULE
 
 Ts = TypeVarTuple("Ts")
 EXIT_INSTRUMENT = "immediate-rating"  # what the chat exit check stores its rating as
@@ -255,10 +256,16 @@ def safety_event_context(session: Session, actor: audit.Actor, study_id: int, ev
                          around: int = 3) -> SafetyEventContextRead:
     """A study's safety event, its review history and the ``around`` turns before and after the
     turn that triggered it (the escalating reply), in order; audited as ``safety_event.read`` with
-    the turns shown. Raises NotFound, or Gone for a de-identified record (the participant withdrew
+    the turns shown (an event a safety rule on survey answers raised has none). Raises NotFound, or
+    Gone for a de-identified record (the participant withdrew
     and deleted their data: no turns are left)."""
     reader_access(session, actor, study_id)
     event, code = event_in_study(session, study_id, event_id)
+    if code is not None and event.source == SURVEY_RULE:  # no conversation: the answers that met the rule
+        reviews = chat_service.safety_reviews(session, event_id=event.id).get(event.id, [])
+        audit.record(session, actor, "safety_event.read", study_id=study_id, participant_code=code, event_id=event_id)
+        return SafetyEventContextRead(event=SafetyEventRead.of(event, code, reviews, None), conversation_id=None,
+                                      trigger_turn_id=None, turns=[])
     if code is None or event.conversation_id is None:
         raise Gone(f"safety event {event_id} is a de-identified record: the participant withdrew and deleted their "
                    "data, so no conversation is left to show. Its category, time and reviews are in the study's "

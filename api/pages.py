@@ -49,6 +49,7 @@ from study.schemas import (
 from study.security import csrf_token_for, csrf_token_valid
 from study.studies import current_protocol, protocol_for_consent
 from study.validation import form_int, line
+from surveys import safety_rules
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
 from surveys.schemas import SUBMISSION_ID_PATTERN
@@ -483,7 +484,9 @@ def _survey_page(request: Request, session: Session, assignment: SurveyAssignmen
     closed = survey_service.closed_reason(assignment)
     return page(request, "survey.html", status_code=status_code, rendered=rendered, screen=screens[step], step=step,
                 steps=len(screens), action=action, closed=closed and as_sentence(closed), errors=errors or {},
-                saved=rendered.saved_answers, submission_id=secrets.token_hex(8))
+                saved=rendered.saved_answers, submission_id=secrets.token_hex(8),
+                safety=safety_rules.notice(session, session.get_one(Participant, assignment.participant_id),
+                                           assignment.id))
 
 
 def _survey_post(request: Request, session: Session, form: FormData, assignment: SurveyAssignment,
@@ -510,6 +513,10 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
         return refused(session, request, exc, render=lambda: _survey_page(
             request, session, assignment, step, action, status_code=409 if errors is None else 422, errors=errors))
     if finishing:
+        safety = safety_rules.notice(session, participant, assignment.id)
+        if safety is not None:  # shown at once, not after a redirect that could be missed
+            return page(request, "message.html", title="Thank you", body="Your answers were saved.", back="/help",
+                        back_label="More help", safety=safety)
         return see_other(done)
     target = step - 1 if form.get("go") == "back" else step + 1
     return see_other(f"{action}?step={target}")

@@ -71,7 +71,7 @@ def _participant(url: str) -> tuple[str, int]:
     try:
         with session_scope(engine) as session:
             study = studies.load_protocol(session, PROTOCOL.read_text(encoding="utf-8"), ACTOR,
-                                          instruments=registry.ids(session)).study
+                                          instruments=registry.catalog(session)).study
             code, = participants.create_invites(session, study, ACTOR)
         with session_scope(engine) as session:
             enrollment = participants.enroll(session, code)

@@ -203,7 +203,7 @@ def generate(engine: sa.Engine, turns: int, seed: int = 7, *, conversations_each
     rng = random.Random(seed)
     with session_scope(engine) as session:
         study = studies.load_protocol(session, PROTOCOL.read_text(), audit.Actor.system("bench"),
-                                      instruments=registry.ids(session)).study
+                                      instruments=registry.catalog(session)).study
         slug, study_id = study.slug, study.id
         items = {i: [item.id for item in registry.get(session, i).items] for i in (PERMA, REGRET)}
     n_participants = max(1, turns // (turns_each * conversations_each))

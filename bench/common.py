@@ -32,7 +32,7 @@ def enrolled(engine: sa.Engine, n: int, *, arm: str | None = None,
     (token, what ``then`` returned for each, or 0)."""
     with session_scope(engine) as session:
         study = studies.load_protocol(session, PROTOCOL.read_text(), ACTOR,
-                                      instruments=registry.ids(session)).study
+                                      instruments=registry.catalog(session)).study
         codes = participants.create_invites(session, study, ACTOR, count=n)
     out = []
     for code in codes:

@@ -39,7 +39,7 @@ def participants(engine: sa.Engine, n: int) -> int:
     """n enrolled participants in four time zones, inserted directly (set-up, not measured)."""
     with session_scope(engine) as session:
         study = studies.load_protocol(session, IN_APP_ONLY, ACTOR,
-                                      instruments=registry.ids(session)).study
+                                      instruments=registry.catalog(session)).study
         study_id = study.id
     zones = ["Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sydney"]
     start = dt.datetime.now(dt.UTC)

@@ -80,6 +80,7 @@ class OnCallNotice:
     round: int  # 0: newly paging; n: still unreviewed n re-notify periods after it started to page
     link: str
     level: str = "escalation"  # study.safety.SafetyLevel
+    source: str = "chat"  # what raised it: a chat message, or "survey" (a safety rule on survey answers)
 
 
 # How each level is named to the on-call contacts, and what it means.
@@ -169,9 +170,13 @@ def notice_subject(notice: OnCallNotice) -> str:
     return f"Not yet reviewed: {what}" if notice.round else what
 
 
+# A safety rule on survey answers (surveys.safety_rules) opens its notice with what it is.
+SURVEY_OPENING = "A participant's answers to a questionnaire met one of the study's safety rules."
+
+
 def notice_text(notice: OnCallNotice) -> str:
-    opening = (LEVEL_OPENINGS[notice.level] if not notice.round else
-               f"A {LEVEL_NAMES[notice.level].lower()} has not been reviewed yet.")
+    first = SURVEY_OPENING if notice.source == "survey" else LEVEL_OPENINGS[notice.level]
+    opening = first if not notice.round else f"A {LEVEL_NAMES[notice.level].lower()} has not been reviewed yet."
     return (f"{opening}\n\nStudy: {notice.study_title} ({notice.study})\n"
             f"Level: {notice.level.replace('_', '-')}\nCategory: {notice.category.replace('_', ' ')}\n"
             f"Raised: {notice.raised_at.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC\nEvent: {notice.event_id}\n\n"
@@ -303,7 +308,8 @@ class OnCallWebhookChannel:
         return json.dumps({"kind": f"safety_{notice.level}", "level": notice.level, "study": notice.study,
                            "study_title": notice.study_title, "event_id": notice.event_id, "category": notice.category,
                            "raised_at": notice.raised_at.astimezone(dt.UTC).isoformat(),
-                           "round": notice.round, "link": notice.link}, sort_keys=True).encode()
+                           "round": notice.round, "link": notice.link, "source": notice.source},
+                          sort_keys=True).encode()
 
     def notify(self, notice: OnCallNotice) -> None:
         body = self.body(notice)

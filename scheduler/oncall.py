@@ -137,7 +137,8 @@ def compose(session: Session, settings: Settings, notification_id: int) -> tuple
     return OnCallNotice(
         idempotency_key=notification.idempotency_key, recipient=notification.recipient, study=study.slug,
         study_title=study.title, event_id=event.id, category=event.category, raised_at=event.created_at,
-        round=notification.round, link=event_link(settings, study.slug, event.id), level=event.level), None
+        round=notification.round, link=event_link(settings, study.slug, event.id), level=event.level,
+        source="survey" if event.source == "survey" else "chat"), None
 
 
 class OnCallNotices(OutboxKind[OnCallNotice]):

@@ -11,7 +11,7 @@ import difflib
 import functools
 import ipaddress
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -179,7 +179,7 @@ def unknown_instrument(name: str, known: Collection[str]) -> str:
 def known_instrument(name: str, info: ValidationInfo) -> str:
     """``name`` when the validation context's ``instruments`` (the ids a study may use: the built-in
     ones and those loaded with ``afterward instruments load``) has it; without that context, any name."""
-    known: Collection[str] | None = (info.context or {}).get("instruments")
+    known: Mapping[str, Collection[str]] | None = (info.context or {}).get("instruments")
     if known is None or name in known:
         return name
     raise ValueError(unknown_instrument(name, known))
@@ -363,14 +363,46 @@ class Triage(_Strict):
         return level in self.page
 
 
+class AnswerRule(_Strict):
+    """A safety rule on survey answers: when a participant's answer to ``item`` of ``instrument``
+    (or its score ``score``) is at least ``at_least``, a safety event of ``level`` and ``category``
+    is raised at once (``surveys.safety_rules``): the participant is shown the crisis resources, and
+    the on-call contacts are paged as for a chat escalation when ``triage.page`` lists the level. The
+    common case is the PHQ-9's ninth item: ``{id: phq9-item9, instrument: phq-9, item: phq9_9, at_least: 1}``."""
+
+    id: str = Slug
+    instrument: InstrumentId
+    item: str | None = None
+    score: str | None = None
+    at_least: float
+    level: Literal["check_in", "escalation"] = "escalation"
+    category: Literal["risk_to_self", "risk_from_others", "harm_to_others"] = "risk_to_self"
+
+    @model_validator(mode="after")
+    def _one_condition(self, info: ValidationInfo) -> AnswerRule:
+        if (self.item is None) == (self.score is None):
+            raise ValueError(f"answer rule {self.id}: give either item or score (the condition is on one of them)")
+        known: Mapping[str, Collection[str]] | None = (info.context or {}).get("instruments")
+        names = known.get(self.instrument) if isinstance(known, Mapping) else None
+        name = self.item if self.item is not None else self.score
+        if names is not None and name not in names:
+            kind = "an item" if self.item is not None else "a score"
+            close = difflib.get_close_matches(str(name), sorted(names), n=1, cutoff=0.6)
+            raise ValueError(f"answer rule {self.id}: '{name}' is not {kind} of {self.instrument}"
+                             + (f"; did you mean '{close[0]}'?" if close else "")
+                             + f" ({self.instrument} has: {', '.join(sorted(names))})")
+        return self
+
+
 class Safety(_Strict):
     """The on-call side of safety events: every one whose level pages (``triage``) notifies
     ``contacts`` within a minute, and an event nobody has reviewed is notified again every
-    ``renotify_after`` (a duration)."""
+    ``renotify_after`` (a duration). ``answer_rules`` raise safety events from survey answers."""
 
     contacts: list[SafetyContact] = Field(default_factory=list)
     renotify_after: Duration = dt.timedelta(hours=4)
     triage: Triage = Triage()
+    answer_rules: list[AnswerRule] = Field(default_factory=list)
 
     @field_validator("renotify_after")
     @classmethod
@@ -384,6 +416,9 @@ class Safety(_Strict):
         seen = [address for c in self.contacts for address in (c.email, c.webhook) if address is not None]
         if len(set(seen)) != len(seen):
             raise ValueError("a safety contact's email or webhook is listed more than once")
+        rules = [rule.id for rule in self.answer_rules]
+        if len(set(rules)) != len(rules):
+            raise ValueError("answer rule ids must be unique")
         return self
 
 
@@ -427,6 +462,11 @@ class Protocol(_Strict):
             raise ValueError("follow-up ids must be unique")
         if "default" not in self.crisis_resources:
             raise ValueError("crisis_resources needs a 'default' entry")
+        asked = self.instruments()
+        for rule in self.safety.answer_rules:
+            if rule.instrument not in asked:
+                raise ValueError(f"safety.answer_rules: rule {rule.id} is on {rule.instrument}, which the study does "
+                                 f"not ask (baseline or followups: {', '.join(sorted(asked))})")
         return self
 
     def arm(self, name: str) -> Arm:
@@ -568,9 +608,11 @@ def validated_yaml(text: str, model: type[Validated], problems: Callable[[list[s
         raise problems(found) from None
 
 
-def parse_protocol(text: str, instruments: Collection[str] | None = None) -> Protocol:
+def parse_protocol(text: str, instruments: Mapping[str, Collection[str]] | None = None) -> Protocol:
     """The protocol file ``text``, refused (ProtocolError) with each problem's field and line; with
-    ``instruments``, an instrument not among them too (with the nearest known one as a suggestion)."""
+    ``instruments`` (id -> its item ids and score names: ``surveys.registry.catalog``), an instrument
+    not among them, or an answer rule's item or score its instrument lacks, too (with the nearest
+    known name as a suggestion)."""
     return validated_yaml(text, Protocol, ProtocolError,
                           "the file must be a YAML mapping with study, arms, consent, ...",
-                          None if instruments is None else {"instruments": frozenset(instruments)})
+                          None if instruments is None else {"instruments": instruments})

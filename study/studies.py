@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import func, or_, select
@@ -42,12 +42,12 @@ class LoadResult:
 
 def load_protocol(
     session: Session, source_yaml: str, actor: audit.Actor,
-    instruments: Collection[str] | None = None,
+    instruments: Mapping[str, Collection[str]] | None = None,
 ) -> LoadResult:
     """Create the study or add a protocol version; an unchanged file is a no-op.
 
-    Raises ProtocolError for an invalid file or an instrument not among ``instruments`` (the ids the
-    study may use, ``surveys.registry.ids``; None: not checked), and Conflict when the consent text
+    Raises ProtocolError for an invalid file or an instrument not among ``instruments`` (the
+    instruments the study may use, ``surveys.registry.catalog``; None: not checked), and Conflict when the consent text
     changed but its version did not (participants must know which text they signed), or when the
     protocol's id is a simulated study's.
     """
@@ -57,7 +57,7 @@ def load_protocol(
 
 def load_simulated(
     session: Session, source_yaml: str, actor: audit.Actor, slug: str,
-    instruments: Collection[str] | None = None,
+    instruments: Mapping[str, Collection[str]] | None = None,
 ) -> LoadResult:
     """Load the protocol as the simulated study ``slug`` (created, marked simulated, on first load;
     a new version on every change), whatever the protocol's own id: a simulation of a live study

@@ -38,9 +38,14 @@ def get(session: Session, instrument_id: str, version: str | None = None) -> Ins
     return Instrument.model_validate(row.definition)
 
 
-def ids(session: Session) -> set[str]:
-    """Every instrument id a protocol may name: the built-in ones and the custom ones loaded."""
-    return set(builtin()) | set(session.scalars(select(CustomInstrument.instrument_id).distinct()))
+def catalog(session: Session) -> dict[str, frozenset[str]]:
+    """Every instrument a protocol may name (the built-in ones and the newest version of each custom
+    one loaded) with the names a protocol's answer rule may use: its item ids and score names."""
+    found = {instrument_id: get(session, instrument_id)
+             for instrument_id in session.scalars(select(CustomInstrument.instrument_id).distinct())}
+    found.update(builtin())
+    return {instrument_id: frozenset([*(item.id for item in instrument.items), *(s.name for s in instrument.scores)])
+            for instrument_id, instrument in found.items()}
 
 
 def exists(session: Session, instrument_id: str) -> bool:

@@ -55,18 +55,30 @@ class ScoreRead(BaseModel):
     n_expected: int
 
 
+class SafetyNoticeRead(BaseModel):
+    """Shown to the participant at once when their answers met one of the study's safety rules."""
+
+    message: str
+    region: str = Field(description="the region whose crisis resources these are ('default' when none matched)")
+    resources: str = Field(description="the protocol's crisis resources (Markdown)")
+
+
 class SubmittedRead(BaseModel):
     assignment_id: int
     instrument: str
     instrument_version: str
     submitted_at: dt.datetime
     scores: list[ScoreRead]
+    safety: SafetyNoticeRead | None = Field(
+        default=None, description="set when these answers met one of the study's safety rules: show it at once")
 
 
 class SavedRead(BaseModel):
     assignment_id: int
     saved_answers: dict[str, Any]
     updated_at: dt.datetime
+    safety: SafetyNoticeRead | None = Field(
+        default=None, description="set when these answers met one of the study's safety rules: show it at once")
 
 
 class StaffResponseRead(BaseModel):

@@ -19,7 +19,7 @@ from study.errors import Conflict, Forbidden, Gone, Invalid, NotFound
 from study.models import Participant
 from study.participants import require_current_consent
 from study.settings import get_settings
-from surveys import registry
+from surveys import registry, safety_rules
 from surveys.definitions import Instrument
 from surveys.models import SurveyAssignment, SurveyResponse, SurveyScore
 
@@ -154,12 +154,14 @@ def save_partial(session: Session, participant: Participant, assignment: SurveyA
     response.answers = {k: v for k, v in {**response.answers, **clean}.items() if k not in cleared}
     response.updated_at = now()
     session.flush()
+    safety_rules.apply(session, participant, response)
     return response
 
 
 def submit(session: Session, participant: Participant, assignment: SurveyAssignment,
            answers: dict[str, Any], submission_id: str) -> SurveyResponse:
-    """Validate the whole survey, score it and close the assignment. Submitting the same
+    """Validate the whole survey, score it, read it with the protocol's safety rules
+    (``surveys.safety_rules``) and close the assignment. Submitting the same
     ``submission_id`` again returns the stored response instead of storing another. The caller
     has checked consent."""
     response = _response_for_update(session, assignment)
@@ -177,11 +179,13 @@ def submit(session: Session, participant: Participant, assignment: SurveyAssignm
     assignment.status = "completed"
     assignment.completed_at = response.submitted_at
     session.flush()
-    for name, (value, n_items, n_expected) in instrument.score(clean).items():
+    scored = instrument.score(clean)
+    for name, (value, n_items, n_expected) in scored.items():
         session.add(SurveyScore(response_id=response.id, participant_id=participant.id,
                                 instrument_version=instrument.version, name=name, value=value,
                                 n_items=n_items, n_expected=n_expected))
     session.flush()
+    safety_rules.apply(session, participant, response, {name: value for name, (value, _, _) in scored.items()})
     run_completion_hooks(session, assignment)
     return response
 

@@ -22,7 +22,7 @@ def responses(session: Session, actor: audit.Actor, study_id: int,
     """Every survey response of the study (only those to ``instrument``) with its answers and
     scores, in the order given; audited as ``responses.read``. Raises Invalid for an unknown instrument."""
     reader_access(session, actor, study_id)
-    if instrument is not None and instrument not in (known := registry.ids(session)):
+    if instrument is not None and instrument not in (known := registry.catalog(session)):
         raise Invalid(unknown_instrument(instrument, known), code="unknown_instrument")
     query = (select(SurveyResponse, SurveyAssignment, Participant.code)
              .join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id)

@@ -27,7 +27,7 @@ FRAMING = "Nobody at work ever listens to me, so I'm quitting tomorrow without a
 def load_study(engine: Engine, protocol_yaml: str) -> str:
     with session_scope(engine) as session:
         return studies.load_protocol(session, protocol_yaml, TEST_ACTOR,
-                                     instruments=registry.ids(session)).study.slug
+                                     instruments=registry.catalog(session)).study.slug
 
 
 def make_invites(engine: Engine, slug: str, count: int = 1, max_uses: int = 1) -> list[str]:

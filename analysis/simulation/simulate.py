@@ -82,7 +82,7 @@ from surveys import registry
 from surveys import service as surveys
 from surveys.definitions import Instrument
 from surveys.models import SurveyAssignment
-from surveys.registry import ids as instrument_ids
+from surveys.registry import catalog as instrument_catalog
 
 ACTOR = audit.Actor.system("simulate")
 CONFIRM_SIGNATURE = "Simulated Participant"
@@ -171,7 +171,7 @@ def load_simulated_study(engine: Engine, protocol_yaml: str, slug: str | None = 
         if slug is None:
             slug = f"{parse_protocol(protocol_yaml).study.id}-simulated"[:63]
         return studies.load_simulated(session, protocol_yaml, ACTOR, slug,
-                                      instruments=instrument_ids(session)).study.slug
+                                      instruments=instrument_catalog(session)).study.slug
 
 
 class _Simulation:

@@ -24,7 +24,7 @@ def demo(protocol: Path = PROJECT_ROOT / "examples" / "wellbeing-pilot.yaml") ->
     migrate(settings.database_url)
     with session_scope() as session:
         result = studies.load_protocol(session, protocol.read_text(encoding="utf-8"), CLI_ACTOR,
-                                       instruments=registry.ids(session))
+                                       instruments=registry.catalog(session))
         study = result.study
         email = "demo@afterward.local"
         account = session.scalar(select(StaffAccount).where(StaffAccount.email == email))

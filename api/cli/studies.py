@@ -25,7 +25,7 @@ def study_load(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
     try:
         with session_scope() as session:
             result = studies.load_protocol(session, file.read_text(encoding="utf-8"), CLI_ACTOR,
-                                           instruments=registry.ids(session))
+                                           instruments=registry.catalog(session))
             slug = result.study.slug
             replanned = planner.replan_study(session, result.study.id) if result.changed else None
     except ProtocolError as exc:

@@ -23,12 +23,13 @@ from api.errors import DocumentedRoute, refusals, refuses
 from api.routers.staff import ParticipantLevelAccess, staff_actor
 from study.models import Participant
 from study.validation import Line
-from surveys import registry, service
+from surveys import registry, safety_rules, service
 from surveys import staff as surveys_staff
 from surveys.definitions import Instrument
 from surveys.models import SurveyAssignment, SurveyResponse
 from surveys.schemas import (
     AnswersUpdate,
+    SafetyNoticeRead,
     SavedRead,
     ScoreRead,
     StaffResponseRead,
@@ -66,17 +67,24 @@ def _survey_read(session: SessionDep, assignment: SurveyAssignment) -> SurveyRea
                       items=rendered.items, saved_answers=rendered.saved_answers, status=assignment.status)
 
 
-def _submitted(session: SessionDep, response: SurveyResponse) -> SubmittedRead:
+def _safety(session: SessionDep, participant: Participant, response: SurveyResponse) -> SafetyNoticeRead | None:
+    found = safety_rules.notice(session, participant, response.assignment_id)
+    return None if found is None else SafetyNoticeRead(message=found.message, region=found.region,
+                                                      resources=found.resources)
+
+
+def _submitted(session: SessionDep, participant: Participant, response: SurveyResponse) -> SubmittedRead:
     assert response.submitted_at is not None
     scores = service.scores(session, response)
     return SubmittedRead(assignment_id=response.assignment_id, instrument=response.instrument_id,
                          instrument_version=response.instrument_version, submitted_at=response.submitted_at,
                          scores=[ScoreRead(name=s.name, value=s.value, n_items=s.n_items, n_expected=s.n_expected)
-                                 for s in scores])
+                                 for s in scores], safety=_safety(session, participant, response))
 
 
-def _saved(response: SurveyResponse) -> SavedRead:
+def _saved(session: SessionDep, participant: Participant, response: SurveyResponse) -> SavedRead:
     return SavedRead(assignment_id=response.assignment_id, saved_answers=response.answers,
+                     safety=_safety(session, participant, response),
                      updated_at=response.updated_at)
 
 
@@ -97,14 +105,15 @@ def my_survey(assignment_id: RowId, session: SessionDep, participant: ConsentedP
 def save_my_answers(assignment_id: RowId, body: AnswersUpdate, session: SessionDep,
                     participant: ConsentedParticipant) -> SavedRead:
     assignment = service.owned_assignment(session, participant, assignment_id)
-    return _saved(service.save_partial(session, participant, assignment, body.answers))
+    return _saved(session, participant, service.save_partial(session, participant, assignment, body.answers))
 
 
 @router.post("/me/surveys/{assignment_id}/submit", responses=refusals(ANSWERABLE))
 def submit_my_survey(assignment_id: RowId, body: SurveySubmit, session: SessionDep,
                      participant: ConsentedParticipant) -> SubmittedRead:
     assignment = service.owned_assignment(session, participant, assignment_id)
-    return _submitted(session, service.submit(session, participant, assignment, body.answers, body.submission_id))
+    return _submitted(session, participant,
+                      service.submit(session, participant, assignment, body.answers, body.submission_id))
 
 
 # By signed link (from an email); refused if someone else is signed in
@@ -130,13 +139,14 @@ def linked_survey(token: str, session: SessionDep, caller: LinkCaller) -> Survey
 @router.put("/survey-links/{token}/answers", responses=refusals({**LINK, **ANSWERABLE}))
 def save_linked_answers(token: str, body: AnswersUpdate, session: SessionDep, caller: LinkCaller) -> SavedRead:
     assignment, participant = service.assignment_for_link(session, token, caller)
-    return _saved(service.save_partial(session, participant, assignment, body.answers))
+    return _saved(session, participant, service.save_partial(session, participant, assignment, body.answers))
 
 
 @router.post("/survey-links/{token}/submit", responses=refusals({**LINK, **ANSWERABLE}))
 def submit_linked_survey(token: str, body: SurveySubmit, session: SessionDep, caller: LinkCaller) -> SubmittedRead:
     assignment, participant = service.assignment_for_link(session, token, caller)
-    return _submitted(session, service.submit(session, participant, assignment, body.answers, body.submission_id))
+    return _submitted(session, participant,
+                      service.submit(session, participant, assignment, body.answers, body.submission_id))
 
 
 # Staff

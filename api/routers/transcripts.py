@@ -64,5 +64,7 @@ def read_safety_event(
     """A safety event with its review history and the turns around the one that triggered it,
     linking to the full transcript."""
     context = transcripts.safety_event_context(session, actor, access.study.id, event_id, around=around)
+    if context.conversation_id is None:  # raised by a safety rule on survey answers
+        return context
     path = request.app.url_path_for("staff_transcript", slug=slug, conversation_id=str(context.conversation_id))
     return context.model_copy(update={"transcript_path": str(path)})

@@ -50,7 +50,11 @@ def check_in(event: SafetyEventRead) -> None:
 
 
 def turns(found: SafetyEventContextRead) -> None:
-    """The turns around the event, the triggering reply marked."""
+    """The turns around the event, the triggering reply marked; for an event a safety rule on survey
+    answers raised, the rule and the answer."""
+    if found.conversation_id is None:
+        st.markdown(f"**Raised by the study's safety rule on survey answers:** {found.event.cue}")
+        return
     st.markdown(f"**Turns around the event** (conversation {found.conversation_id}; the triggering turn "
                 "is marked)")
     for turn in found.turns:

@@ -95,7 +95,7 @@ def test_live_and_simulated_studies_are_kept_apart_when_loading_and_inviting(eng
     simulated = load_simulated_study(engine, example_protocol)
     assert simulated == f"{live}-simulated"
     with session_scope(engine) as session:
-        known = registry.ids(session)
+        known = registry.catalog(session)
         with pytest.raises(Conflict, match=f"'{live}' is a live study: a simulation runs in a simulated study of "
                                            "its own"):
             studies.load_simulated(session, example_protocol, TEST_ACTOR, live, instruments=known)

@@ -111,7 +111,7 @@ def prepare_database(url: str) -> tuple[str, str, list[str]]:
     try:
         with session_scope(engine) as session:
             study = studies.load_protocol(session, EXAMPLE.read_text(encoding="utf-8"), actor,
-                                          instruments=registry.ids(session)).study
+                                          instruments=registry.catalog(session)).study
             account = staff.create_staff(session, email="contract-admin@example.org", name="Contract admin",
                                          password="contract tests password", actor=actor)
             staff.grant(session, account, study, StaffRole.ADMIN, actor)

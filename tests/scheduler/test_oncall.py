@@ -293,7 +293,7 @@ def test_a_webhook_contact_gets_one_signed_post_without_content(
                        "study_title": payload["study_title"],
                        "event_id": event_id(engine), "category": "risk_to_self",
                        "raised_at": "2026-03-02T09:00:00+00:00", "round": 0,
-                       "link": dashboard_link(slug, event_id(engine))}
+                       "link": dashboard_link(slug, event_id(engine)), "source": "chat"}
     assert who.code not in body.decode()
     assert "kill myself" not in body.decode()
 

@@ -45,7 +45,7 @@ def inbox() -> Iterator[tuple[Inbox, int]]:
 def simulated_study(engine: Engine, protocol: str) -> str:
     with session_scope(engine) as session:
         return studies.load_simulated(session, protocol, TEST_ACTOR, SIMULATED,
-                                      instruments=registry.ids(session)).study.slug
+                                      instruments=registry.catalog(session)).study.slug
 
 
 def study_id(engine: Engine, slug: str) -> int:
@@ -181,7 +181,7 @@ def test_each_dispatcher_re_plans_only_its_own_studies_for_a_new_protocol_versio
         enroll_fully(app_client, invite)
         protocol = load_protocol_text(engine, slug).replace("offset: P28D", "offset: P21D", 1)
         with session_scope(engine) as session:
-            known = registry.ids(session)
+            known = registry.catalog(session)
             if simulation is None:
                 studies.load_protocol(session, protocol, TEST_ACTOR, instruments=known)
             else:

@@ -75,19 +75,19 @@ def test_protocol_naming_an_unknown_instrument_fails_to_load(
     broken = example_protocol.replace("baseline: [perma-profiler]", "baseline: [perma-profiller]")
     line = 1 + next(i for i, text in enumerate(broken.splitlines()) if "perma-profiller" in text)
     with session_scope(engine) as session, pytest.raises(ProtocolError) as refused:
-        studies.load_protocol(session, broken, TEST_ACTOR, instruments=registry.ids(session))
+        studies.load_protocol(session, broken, TEST_ACTOR, instruments=registry.catalog(session))
     assert refused.value.problems == [
         f"baseline[0] (line {line}): unknown instrument 'perma-profiller'; did you mean 'perma-profiler'? (known: "
-        "decision-clarity, decision-regret, goal-progress, immediate-rating, perma-profiler; a custom one is loaded "
-        "with `afterward instruments load FILE`)"]
+        "decision-clarity, decision-regret, gad-7, goal-progress, immediate-rating, perma-profiler, phq-9; a custom one "
+        "is loaded with `afterward instruments load FILE`)"]
     with session_scope(engine) as session, pytest.raises(ProtocolError) as far:
         studies.load_protocol(session, broken.replace("perma-profiller", "wellbeing-index"), TEST_ACTOR,
-                              instruments=registry.ids(session))
+                              instruments=registry.catalog(session))
     assert "did you mean" not in far.value.problems[0]
     with session_scope(engine) as session:
         registry.load_custom(session, CUSTOM, TEST_ACTOR)
     with session_scope(engine) as session, pytest.raises(ProtocolError, match="known: .*, sleep-quality;"):
-        studies.load_protocol(session, broken, TEST_ACTOR, instruments=registry.ids(session))
+        studies.load_protocol(session, broken, TEST_ACTOR, instruments=registry.catalog(session))
     monkeypatch.setenv("AFTERWARD_DATABASE_URL", engine.url.render_as_string(hide_password=False))
     get_settings.cache_clear()  # load_custom's audit entry read the settings before the URL was set
     path = f"{tmp_path}/protocol.yaml"
