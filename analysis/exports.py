@@ -334,6 +334,7 @@ class _Builder:
             self.code(),
             _c("followup_key", "string", "The protocol's follow-up id (the wave)."),
             _c("anchor_key", "string", "What it is counted from: 'enrollment' or 'decision:<decision_id>'."),
+            _c("occurrence", "integer", "Which occurrence of a repeating follow-up, from 0 (a single one: 0)."),
             _c("instrument_id", "string", "Instrument asked."),
             _c("protocol_version", "integer", "Protocol version it was planned under."),
             _c("intended_at", "datetime", "Intended send time (UTC), after quiet hours."),
@@ -351,7 +352,7 @@ class _Builder:
         outcome = _delivery_outcome()
         query = self.scoped(select(
             FollowUp.id.label("followup_id"), Participant.code.label("participant_code"), FollowUp.followup_key,
-            FollowUp.anchor_key, FollowUp.instrument_id, FollowUp.protocol_version,
+            FollowUp.anchor_key, FollowUp.occurrence, FollowUp.instrument_id, FollowUp.protocol_version,
             FollowUp.due_at.label("intended_at"), FollowUp.closes_at, FollowUp.sent_at, FollowUp.lateness_seconds,
             FollowUp.reminders_sent, FollowUp.status, FollowUp.ended_at, FollowUp.end_reason,
             func.coalesce(outcome.c.deliveries, 0).label("deliveries"),

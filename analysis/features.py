@@ -135,6 +135,7 @@ _ROLLUP_EXTRA: dict[str, Feature] = {
 _WAVE_EXTRA: dict[str, Feature] = {
     "followup_key": Feature("The protocol's follow-up id (the wave).", "string"),
     "anchor_key": Feature("What the follow-up is counted from: 'enrollment' or 'decision:<id>'.", "string"),
+    "occurrence": Feature("Which occurrence of a repeating follow-up, from 0 (a single follow-up: 0).", "integer"),
     "intended_at": Feature("The follow-up's intended send time (due_at, UTC); conversations started before it "
                            "belong to the wave.", "datetime"),
     "window_start": Feature("Start of the wave's window: empty (cumulative) or the previous follow-up's "
@@ -549,7 +550,8 @@ def _wave_features(connection: Connection, scope: Scope, frame: pd.DataFrame, *,
                    followup_keys: Sequence[str] | None = None,
                    window: Literal["cumulative", "since_previous"] = "cumulative") -> pd.DataFrame:
     query = scope.apply(select(Participant.code.label("participant_code"), FollowUp.followup_key,
-                               FollowUp.anchor_key, FollowUp.due_at.label("intended_at")), FollowUp.participant_id)
+                               FollowUp.anchor_key, FollowUp.occurrence, FollowUp.due_at.label("intended_at")),
+                        FollowUp.participant_id)
     if followup_keys is not None:
         query = query.where(FollowUp.followup_key.in_(list(followup_keys)))
     waves = read_frame(connection, query)
@@ -560,7 +562,7 @@ def _wave_features(connection: Connection, scope: Scope, frame: pd.DataFrame, *,
     previous = waves.groupby("participant_code")["intended_at"].shift()
     waves["window_start"] = previous if window == "since_previous" else pd.NaT
     waves["window_start"] = pd.to_datetime(waves["window_start"], utc=True)
-    keys = ["participant_code", "followup_key", "anchor_key", "intended_at", "window_start"]
+    keys = ["participant_code", "followup_key", "anchor_key", "occurrence", "intended_at", "window_start"]
     paired = waves.merge(frame, on="participant_code", how="inner")
     inside = paired["started_at"] < paired["intended_at"]
     inside &= paired["window_start"].isna() | (paired["started_at"] >= paired["window_start"])

@@ -91,6 +91,45 @@ def followup_status(connection: Connection, study_id: int) -> pd.DataFrame:
                       .order_by(FollowUp.followup_key, FollowUp.status))
 
 
+# A repeating follow-up's occurrence was sent once its survey opened (an invitation went out, or the
+# in-app survey was shown), and answered once completed.
+_SENT = FollowUp.sent_at.is_not(None)
+_ANSWERED = FollowUp.status == "completed"
+_REPEATING = select(FollowUp.followup_key).where(FollowUp.occurrence > 0).distinct()
+
+
+def adherence_by_occurrence(connection: Connection, study_id: int) -> pd.DataFrame:
+    """For each repeating follow-up (a diary) and occurrence: occurrences sent, answered, and the
+    share answered of those sent (adherence)."""
+    frame = read_frame(connection, select(
+        FollowUp.followup_key.label("wave"), FollowUp.occurrence, func.count(case((_SENT, 1))).label("sent"),
+        func.count(case((_ANSWERED, 1))).label("answered"))
+        .where(FollowUp.study_id == study_id, FollowUp.followup_key.in_(_REPEATING.where(
+            FollowUp.study_id == study_id).scalar_subquery()))
+        .group_by(FollowUp.followup_key, FollowUp.occurrence).order_by(FollowUp.followup_key, FollowUp.occurrence))
+    return _with_adherence(frame)
+
+
+def adherence_by_participant(connection: Connection, study_id: int) -> pd.DataFrame:
+    """For each participant and repeating follow-up: occurrences planned, sent and answered, and the
+    share answered of those sent (adherence). Participant-level: researchers and admins."""
+    frame = read_frame(connection, select(
+        Participant.code.label("participant_code"), FollowUp.followup_key.label("wave"),
+        func.count().label("planned"), func.count(case((_SENT, 1))).label("sent"),
+        func.count(case((_ANSWERED, 1))).label("answered"))
+        .join(Participant, Participant.id == FollowUp.participant_id)
+        .where(FollowUp.study_id == study_id, FollowUp.followup_key.in_(_REPEATING.where(
+            FollowUp.study_id == study_id).scalar_subquery()))
+        .group_by(Participant.code, FollowUp.followup_key).order_by(Participant.code, FollowUp.followup_key))
+    return _with_adherence(frame)
+
+
+def _with_adherence(frame: pd.DataFrame) -> pd.DataFrame:
+    sent = pd.to_numeric(frame["sent"]).astype(float)
+    frame["adherence"] = (pd.to_numeric(frame["answered"]) / sent.where(sent > 0)).round(3)
+    return frame
+
+
 def lateness(connection: Connection, study_id: int) -> pd.DataFrame:
     """Sent follow-ups per wave by how late they went out against the intended time, with the
     mean and the largest lateness in minutes."""
@@ -221,4 +260,5 @@ QUERIES: dict[str, Callable[[Connection, int], pd.DataFrame]] = {
     "recruitment": recruitment, "funnel": funnel, "withdrawals": withdrawals, "followup_status": followup_status,
     "lateness": lateness, "deliveries": deliveries, "alerts": lambda connection, _: open_alerts(connection),
     "escalations": escalations_and_overrides, "model_versions": model_versions, "few_items": few_items,
+    "adherence_by_occurrence": adherence_by_occurrence, "adherence_by_participant": adherence_by_participant,
 }

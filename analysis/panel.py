@@ -5,7 +5,8 @@ follow-ups with their deliveries and decisions), shaped with pandas. No ORM obje
 A wave is ``baseline`` or one of the protocol's follow-up keys. Enrollment-anchored follow-ups give
 one row per participant and key; a decision-anchored follow-up (e.g. ``regret-day-3``) gives one
 row per decision it asks about, with ``anchor_key`` ``decision:<id>``, ``decision_id`` and
-``decision_conversation_id`` filled, so (participant_code, wave, anchor_key) is the row's key.
+``decision_conversation_id`` filled; a repeating follow-up (a daily diary) one row per occurrence,
+numbered by ``occurrence``; so (participant_code, wave, anchor_key, occurrence) is the row's key.
 
     >>> from analysis.panel import panel, survival, PANEL_COLUMNS
     >>> frame = panel(engine, "wellbeing-pilot")
@@ -49,7 +50,7 @@ STATUSES = ("completed", "open", "expired", "withdrawn", "not_yet_due", "overdue
 WITHDREW = "participant withdrew"  # the end_reason the scheduler's withdrawal hook writes
 DAY_SECONDS = 86_400.0
 # Wave features that are keys or times of the wave itself, not conversation features.
-_WAVE_KEYS = ("participant_code", "followup_key", "anchor_key", "intended_at", "window_start")
+_WAVE_KEYS = ("participant_code", "followup_key", "anchor_key", "occurrence", "intended_at", "window_start")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ PANEL_COLUMNS: dict[str, Column] = {
     "wave": Column("The wave: 'baseline' or the protocol's follow-up key.", "string"),
     "anchor_key": Column("What the wave is counted from: 'enrollment' or 'decision:<id>' (one row per decision "
                          "for decision-anchored follow-ups).", "string"),
+    "occurrence": Column("Which occurrence of a repeating follow-up (a daily diary, say), from 0; 0 for a single "
+                         "follow-up and for baseline. (participant_code, wave, anchor_key, occurrence) is the row's "
+                         "key.", "integer"),
     "decision_id": Column("For a decision-anchored wave: the decision it asks about; else empty.", "integer"),
     "decision_conversation_id": Column("For a decision-anchored wave: the conversation the decision was "
                                        "reported in; else empty.", "integer"),
@@ -198,7 +202,7 @@ def _followups(connection: Connection, scope: Scope, at: dt.datetime) -> pd.Data
                   .subquery())
     decision_key = "decision:" + cast(Decision.id, String)
     return read_frame(connection, scope.apply(select(
-        FollowUp.participant_id, FollowUp.followup_key.label("wave"), FollowUp.anchor_key,
+        FollowUp.participant_id, FollowUp.followup_key.label("wave"), FollowUp.anchor_key, FollowUp.occurrence,
         Decision.id.label("decision_id"), Decision.conversation_id.label("decision_conversation_id"),
         FollowUp.instrument_id, SurveyAssignment.instrument_version, FollowUp.due_at.label("intended_at"),
         FollowUp.intended_local, FollowUp.closes_at, FollowUp.sent_at.label("opened_at"),
@@ -460,7 +464,7 @@ def _panel(connection: Connection, scope: Scope, modes: dict[str, str], at: pd.T
 
     baseline = people[["participant_id", "participant_status"]].merge(baseline, on="participant_id", how="left")
     _times(baseline, times)
-    baseline["wave"], baseline["anchor_key"] = "baseline", "enrollment"
+    baseline["wave"], baseline["anchor_key"], baseline["occurrence"] = "baseline", "enrollment", 0
     baseline["instrument_id"] = PERMA
     baseline["response_status"] = baseline["response_status"].fillna("not_assigned")
     baseline = baseline.join(scores, on=_ids(baseline, "assignment_id"))
@@ -479,8 +483,8 @@ def _panel(connection: Connection, scope: Scope, modes: dict[str, str], at: pd.T
     features = wave_conversations.drop(columns=["intended_at", "window_start"]).rename(
         columns={"followup_key": "wave"})
     features = features.rename(columns={c: f"conv_{c}" for c in features.columns
-                                        if c not in ("participant_code", "wave", "anchor_key")})
-    out = out.merge(features, on=["participant_code", "wave", "anchor_key"], how="left")
+                                        if c not in ("participant_code", "wave", "anchor_key", "occurrence")})
+    out = out.merge(features, on=["participant_code", "wave", "anchor_key", "occurrence"], how="left")
     followup = out["wave"] != "baseline"
     for name, column in PANEL_COLUMNS.items():
         if name.startswith("conv_") and column.type == "integer":
@@ -488,7 +492,8 @@ def _panel(connection: Connection, scope: Scope, modes: dict[str, str], at: pd.T
             out[name] = counts.where(~followup, counts.fillna(0))
     for name in ("decision_id", "decision_conversation_id"):
         out[name] = out[name].astype("Int64")
-    out = out.sort_values(["participant_code", "wave_order", "intended_at", "wave", "anchor_key"], kind="stable")
+    out = out.sort_values(["participant_code", "wave_order", "intended_at", "wave", "anchor_key", "occurrence"],
+                          kind="stable")
     return _typed(out[list(PANEL_COLUMNS)].reset_index(drop=True), PANEL_COLUMNS)
 
 

@@ -42,11 +42,12 @@ class FollowUpStatus(enum.StrEnum):
 
 class FollowUp(ParticipantResearchData, Base):
     """One planned survey invitation. ``intended_local`` is what the protocol asked for in the
-    participant's time zone; ``due_at`` is that moment in UTC, moved out of quiet hours."""
+    participant's time zone; ``due_at`` is that moment in UTC, moved out of quiet hours.
+    ``occurrence`` counts a repeating follow-up's occurrences from 0 (a single one is occurrence 0)."""
 
     __tablename__ = "followups"
     __table_args__ = (
-        UniqueConstraint("participant_id", "followup_key", "anchor_key"),
+        UniqueConstraint("participant_id", "followup_key", "anchor_key", "occurrence"),
         Index("ix_followups_due", "status", "due_at"),
         one_of("status", FollowUpStatus),
     )
@@ -56,6 +57,7 @@ class FollowUp(ParticipantResearchData, Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
     followup_key: Mapped[str] = mapped_column(String(64))  # the protocol's follow-up id
     anchor_key: Mapped[str] = mapped_column(String(64))
+    occurrence: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     instrument_id: Mapped[str] = mapped_column(String(64))
     protocol_version: Mapped[int] = mapped_column(Integer)
     context: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)

@@ -61,17 +61,29 @@ class Timing:
     due_at: dt.datetime
     closes_at: dt.datetime
     reminder_offsets: list[int] = field(default_factory=list)  # seconds after due_at
+    occurrence: int = 0  # of a repeating follow-up, from 0
 
 
-def timing(spec: FollowUpSpec, anchored_at: dt.datetime, timezone: str, quiet: QuietHours) -> Timing:
-    """When one follow-up is due for one anchor. Offsets and reminders are wall-clock arithmetic
-    in the participant's zone; the results are UTC."""
+def timings(spec: FollowUpSpec, anchored_at: dt.datetime, timezone: str, quiet: QuietHours) -> list[Timing]:
+    """When each occurrence of one follow-up is due for one anchor (one, unless it repeats).
+    Offsets, repetitions and reminders are wall-clock arithmetic in the participant's zone, so a
+    daily 20:00 stays at 20:00 across a DST change; the results are UTC."""
     zone = ZoneInfo(timezone)
     anchor_wall = anchored_at.astimezone(zone).replace(tzinfo=None)
     send = _clock(spec.send_at_local)
     wall = (anchor_wall + spec.offset).replace(hour=send.hour, minute=send.minute, second=0, microsecond=0)
     if wall <= anchor_wall:
         wall += dt.timedelta(days=1)  # never before the anchor itself
+    days = [wall.date()] if spec.repeat is None else spec.repeat.dates(wall.date())
+    return [_timing(spec, dt.datetime.combine(day, wall.time()), zone, quiet, n) for n, day in enumerate(days)]
+
+
+def timing(spec: FollowUpSpec, anchored_at: dt.datetime, timezone: str, quiet: QuietHours) -> Timing:
+    """When a follow-up is due for one anchor: its first occurrence (a single one's only)."""
+    return timings(spec, anchored_at, timezone, quiet)[0]
+
+
+def _timing(spec: FollowUpSpec, wall: dt.datetime, zone: ZoneInfo, quiet: QuietHours, occurrence: int) -> Timing:
     due_wall = out_of_quiet_hours(wall, quiet)
     due_at = to_utc(due_wall, zone)
     closes_at = due_at + spec.window
@@ -80,7 +92,7 @@ def timing(spec: FollowUpSpec, anchored_at: dt.datetime, timezone: str, quiet: Q
         reminder_at = to_utc(out_of_quiet_hours(due_wall + after, quiet), zone)
         if reminder_at < closes_at:
             reminders.append(int((reminder_at - due_at).total_seconds()))
-    return Timing(wall.strftime("%Y-%m-%dT%H:%M"), due_at, closes_at, reminders)
+    return Timing(wall.strftime("%Y-%m-%dT%H:%M"), due_at, closes_at, reminders, occurrence)
 
 
 @dataclass(frozen=True)
@@ -102,16 +114,20 @@ def record_anchor(session: Session, participant: Participant, kind: str, key: st
 
 
 def _timings(protocol: Protocol, anchors: Iterable[Anchor | _AnchorRow], timezone: str,
-             existing: Collection[tuple[str, str]] = ()) -> Iterator[tuple[FollowUpSpec, Anchor | _AnchorRow, Timing]]:
-    """Each follow-up the anchors call for, with its timing: what ``plan`` writes and ``preview`` shows."""
+             existing: Collection[tuple[str, str, int]] = ()
+             ) -> Iterator[tuple[FollowUpSpec, Anchor | _AnchorRow, Timing]]:
+    """Each follow-up occurrence the anchors call for, with its timing: what ``plan`` writes and
+    ``preview`` shows."""
     for anchor in anchors:
         for spec in protocol.followups:
-            if spec.anchor == anchor.kind and (spec.id, anchor.key) not in existing:
-                yield spec, anchor, timing(spec, anchor.anchored_at, timezone, protocol.quiet_hours)
+            if spec.anchor == anchor.kind:
+                for when in timings(spec, anchor.anchored_at, timezone, protocol.quiet_hours):
+                    if (spec.id, anchor.key, when.occurrence) not in existing:
+                        yield spec, anchor, when
 
 
 def _rows(participant: Participant, anchors: Iterable[Anchor | _AnchorRow], protocol: Protocol, version: int,
-          existing: set[tuple[str, str]], at: dt.datetime) -> list[dict[str, object]]:
+          existing: set[tuple[str, str, int]], at: dt.datetime) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     if participant.timezone is None:
         return rows
@@ -120,7 +136,7 @@ def _rows(participant: Participant, anchors: Iterable[Anchor | _AnchorRow], prot
             continue  # its whole window is already over (a follow-up added late)
         rows.append(dict(
             participant_id=participant.id, study_id=participant.study_id, followup_key=spec.id,
-            anchor_key=anchor.key, instrument_id=spec.instrument, protocol_version=version,
+            anchor_key=anchor.key, occurrence=when.occurrence, instrument_id=spec.instrument, protocol_version=version,
             context=dict(anchor.context), timezone=participant.timezone, intended_local=when.intended_local,
             due_at=when.due_at, closes_at=when.closes_at, reminder_offsets=when.reminder_offsets,
             status=FollowUpStatus.PLANNED, reminders_sent=0, created_at=at, updated_at=at))
@@ -137,6 +153,7 @@ class PreviewMessage:
 @dataclass(frozen=True)
 class FollowUpPreview:
     followup: str
+    occurrence: int  # of a repeating follow-up, from 0
     instrument: str
     anchor: str  # enrollment | decision
     anchored_at: dt.datetime
@@ -158,9 +175,9 @@ def preview(protocol: Protocol, timezone: str, enrolled_at: dt.datetime,
         messages = [PreviewMessage("invitation", 0, when.due_at)] + [
             PreviewMessage("reminder", n, when.due_at + dt.timedelta(seconds=after))
             for n, after in enumerate(when.reminder_offsets, start=1)]
-        previews.append(FollowUpPreview(spec.id, spec.instrument, anchor.kind, anchor.anchored_at,
+        previews.append(FollowUpPreview(spec.id, when.occurrence, spec.instrument, anchor.kind, anchor.anchored_at,
                                         when.intended_local, when.closes_at, messages))
-    return sorted(previews, key=lambda p: (p.messages[0].due_at, p.followup))
+    return sorted(previews, key=lambda p: (p.messages[0].due_at, p.followup, p.occurrence))
 
 
 def followups_stopped(session: Session, study_id: int) -> bool:
@@ -175,8 +192,9 @@ def plan(session: Session, participant: Participant) -> int:
     version = current_version(session, participant.study_id)
     protocol = current_protocol(session, participant.study_id)
     anchors = session.scalars(select(Anchor).where(Anchor.participant_id == participant.id)).all()
-    existing = {(key, anchor) for key, anchor in session.execute(
-        select(FollowUp.followup_key, FollowUp.anchor_key).where(FollowUp.participant_id == participant.id))}
+    existing = {(key, anchor, occurrence) for key, anchor, occurrence in session.execute(
+        select(FollowUp.followup_key, FollowUp.anchor_key, FollowUp.occurrence)
+        .where(FollowUp.participant_id == participant.id))}
     rows = _rows(participant, anchors, protocol, version.version, existing, now())
     if rows:
         bulk_insert(session, FollowUp, rows)
@@ -242,19 +260,23 @@ def replan_study(session: Session, study_id: int) -> Replan:
     for followup in stale:
         spec = specs.get(followup.followup_key)
         anchor = anchors.get((followup.participant_id, followup.anchor_key))
-        if spec is None or anchor is None or spec.anchor != anchor.kind:
+        occurrences = ([] if spec is None or anchor is None or spec.anchor != anchor.kind else
+                       timings(spec, anchor.anchored_at, followup.timezone, protocol.quiet_hours))
+        if followup.occurrence >= len(occurrences):  # the follow-up, or this occurrence of it, was dropped
             followup.status, followup.ended_at = FollowUpStatus.CANCELLED, at
             followup.end_reason = f"not in protocol version {version}"
             report.cancelled += 1
             continue
-        when = timing(spec, anchor.anchored_at, followup.timezone, protocol.quiet_hours)
+        assert spec is not None
+        when = occurrences[followup.occurrence]
         followup.instrument_id, followup.protocol_version = spec.instrument, version
         followup.intended_local, followup.due_at, followup.closes_at = when.intended_local, when.due_at, when.closes_at
         followup.reminder_offsets, followup.updated_at = when.reminder_offsets, at
         report.updated += 1
     session.flush()
     known = set(session.scalars(select(FollowUp.followup_key).where(FollowUp.study_id == study_id).distinct()))
-    if set(specs) - known:  # the protocol added follow-ups: plan them for everyone enrolled
+    if set(specs) - known or any(spec.repeat for spec in specs.values()):
+        # the protocol added follow-ups (or occurrences of a repeating one): plan them for everyone enrolled
         for participant in session.scalars(select(Participant).where(
                 Participant.study_id == study_id, Participant.status == ParticipantStatus.ENROLLED)):
             report.added += plan(session, participant)

@@ -121,6 +121,7 @@ class PreviewMessageRead(BaseModel):
 
 class FollowUpPreviewRead(BaseModel):
     followup: str
+    occurrence: int = Field(description="of a repeating follow-up, from 0 (a single one: 0)")
     instrument: str
     anchor: str
     anchored_at_utc: dt.datetime
@@ -133,7 +134,8 @@ class FollowUpPreviewRead(BaseModel):
     @classmethod
     def of(cls, preview: FollowUpPreview, zone: ZoneInfo) -> FollowUpPreviewRead:
         first = preview.messages[0].due_at.astimezone(zone)
-        return cls(followup=preview.followup, instrument=preview.instrument, anchor=preview.anchor,
+        return cls(followup=preview.followup, occurrence=preview.occurrence, instrument=preview.instrument,
+                   anchor=preview.anchor,
                    anchored_at_utc=preview.anchored_at, intended_local=preview.intended_local,
                    moved_by_quiet_hours=first.strftime("%Y-%m-%dT%H:%M") != preview.intended_local,
                    closes_at_utc=preview.closes_at, closes_at_local=preview.closes_at.astimezone(zone),

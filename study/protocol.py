@@ -6,12 +6,14 @@ the field path and the line in the file, e.g. ``arms[1].mode (line 14): Input sh
 
 from __future__ import annotations
 
+import calendar
 import datetime as dt
 import difflib
 import functools
 import ipaddress
 import re
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -24,6 +26,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -93,6 +96,59 @@ def parse_duration(value: object) -> dt.timedelta:
 
 
 Duration = Annotated[dt.timedelta, BeforeValidator(parse_duration)]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The spacing of a repeating follow-up on the participant's calendar: whole ``months`` (``P2M``:
+    the same day of the month two months on, the last day when that month is shorter) or whole
+    ``days`` (``P1D``, ``P1W``), counted in local dates so the send time stays put across DST."""
+
+    months: int = 0
+    days: int = 0
+
+    def after(self, day: dt.date, times: int) -> dt.date:
+        """The date ``times`` intervals after ``day``."""
+        if not self.months:
+            return day + dt.timedelta(days=self.days * times)
+        month0 = day.month - 1 + self.months * times
+        year, month = day.year + month0 // 12, month0 % 12 + 1
+        return dt.date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
+
+    @property
+    def shortest(self) -> dt.timedelta:
+        """The least time between two occurrences (28 days a month)."""
+        return dt.timedelta(days=self.months * 28 + self.days)
+
+    @property
+    def iso(self) -> str:
+        """As ISO 8601 (``P2M``, ``P1D``): how a stored protocol keeps it."""
+        return f"P{self.months}M" if self.months else f"P{self.days}D"
+
+
+_MONTHS = re.compile(r"^(?:P(\d+)M|(\d+)\s*(?:months?|mo))$", re.IGNORECASE)
+
+
+def parse_interval(value: object) -> Interval:
+    """A repetition interval: calendar months (``P2M``, ``2 months``) or whole days and weeks
+    (``P1D``, ``P1W``, ``7 days``): any duration ``parse_duration`` takes, if it is whole days."""
+    if isinstance(value, Interval):
+        return value
+    months = _MONTHS.match(str(value).strip()) if isinstance(value, str) else None
+    if months is not None:
+        count = int(months.group(1) or months.group(2))
+        if count < 1:
+            raise ValueError("repeat every at least one month")
+        return Interval(months=count)
+    span = parse_duration(value)
+    if span < dt.timedelta(days=1) or span % dt.timedelta(days=1):
+        raise ValueError(f"'{value}': repeat every whole number of days, weeks or months (P1D, P1W, P2M)")
+    return Interval(days=span.days)
+
+
+IntervalField = Annotated[Interval, BeforeValidator(parse_interval),
+                          PlainSerializer(lambda interval: interval.iso, return_type=str)]
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 class _Strict(BaseModel):
@@ -188,6 +244,63 @@ def known_instrument(name: str, info: ValidationInfo) -> str:
 InstrumentId = Annotated[str, AfterValidator(known_instrument)]
 
 
+class Repeat(_Strict):
+    """How a follow-up repeats after its first occurrence (``offset`` after the anchor): ``every``
+    interval (``P1D`` daily, ``P1W`` weekly, ``P2M`` every two calendar months) or on ``days`` of the
+    week (``[mon, thu]``; not ``on:``, which YAML reads as true); ``count`` occurrences in all, or
+    every one starting up to ``until`` after the first. Each occurrence has the follow-up's window,
+    reminders and local send time."""
+
+    every: IntervalField | None = None
+    days: list[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]] | None = None
+    count: int | None = Field(default=None, ge=1, le=400)
+    until: Duration | None = None
+
+    @model_validator(mode="after")
+    def _one_rhythm_and_one_end(self) -> Repeat:
+        if (self.every is None) == (self.days is None):
+            raise ValueError("repeat needs either every (an interval such as P1D, P1W or P2M) or days (days of "
+                             "the week such as [mon, thu]), not both")
+        if self.days is not None and (not self.days or len(set(self.days)) != len(self.days)):
+            raise ValueError("repeat.days lists each day of the week at most once, and at least one")
+        if (self.count is None) == (self.until is None):
+            raise ValueError("repeat needs either count (how many occurrences) or until (how long after the first "
+                             "one), not both")
+        if self.until is not None and not dt.timedelta(0) < self.until <= dt.timedelta(days=800):
+            raise ValueError("repeat.until must be positive and at most 800 days")
+        return self
+
+    @property
+    def shortest(self) -> dt.timedelta:
+        """The least time between two occurrences."""
+        if self.every is not None:
+            return self.every.shortest
+        days = sorted(WEEKDAYS.index(day) for day in self.days or ())
+        gaps = [b - a for a, b in zip(days, days[1:], strict=False)] + [7 - days[-1] + days[0]]
+        return dt.timedelta(days=min(gaps))
+
+    def dates(self, first: dt.date) -> list[dt.date]:
+        """The local dates of every occurrence from ``first`` (the anchor plus the offset): with
+        ``every``, the first on ``first``; with ``on``, the first listed day on or after it (at most 400)."""
+        last = first + dt.timedelta(days=self.until.days) if self.until is not None else None
+        limit = self.count or 400
+        found: list[dt.date] = []
+        if self.every is not None:
+            while len(found) < limit:
+                day = self.every.after(first, len(found))
+                if last is not None and day > last:
+                    break
+                found.append(day)
+            return found
+        wanted = {WEEKDAYS.index(day) for day in self.days or ()}
+        day = first
+        while len(found) < limit and (last is None or day <= last):
+            if day.weekday() in wanted:  # the first listed day on or after the first date, and so on
+                found.append(day)
+            day += dt.timedelta(days=1)
+        return found
+
+
 class FollowUp(_Strict):
     id: str = Slug
     instrument: InstrumentId
@@ -196,6 +309,7 @@ class FollowUp(_Strict):
     window: Duration = dt.timedelta(days=3)
     reminders: list[Duration] = Field(default_factory=list)
     send_at_local: str = "10:00"
+    repeat: Repeat | None = None
 
     @field_validator("send_at_local")
     @classmethod
@@ -211,6 +325,9 @@ class FollowUp(_Strict):
         for reminder in self.reminders:
             if not dt.timedelta(0) < reminder < self.window:
                 raise ValueError("each reminder must fall inside the response window")
+        if self.repeat is not None and self.window > self.repeat.shortest:
+            raise ValueError(f"the window ({self.window}) is longer than the time between two occurrences "
+                             f"({self.repeat.shortest}): each occurrence must close before the next opens")
         return self
 
 

@@ -174,7 +174,7 @@ class SyntheticStudy:
         people["roles_used"] = people["roles_used"].fillna("")
         missing_time = pd.Series(pd.NaT, index=people.index, dtype="datetime64[us, UTC]")
         baseline = pd.DataFrame({
-            "person": people["person"], "wave": "baseline", "anchor_key": "enrollment",
+            "person": people["person"], "wave": "baseline", "anchor_key": "enrollment", "occurrence": 0,
             "decision_id": pd.array([pd.NA] * len(people), dtype="Int64"),
             "decision_conversation_id": pd.array([pd.NA] * len(people), dtype="Int64"),
             "instrument_id": PERMA, "instrument_version": registry.builtin()[PERMA].version,
@@ -310,6 +310,10 @@ class _Draw:
 
     def __init__(self, protocol: Protocol, effects: Effects, weeks: int, start: dt.datetime,
                  round_items: bool) -> None:
+        repeating = [f.id for f in protocol.followups if f.repeat is not None]
+        if repeating:
+            raise ValueError(f"the synthetic generator plans single follow-ups; {', '.join(repeating)} repeat: "
+                             "simulate such a study through the services (afterward simulate)")
         self.protocol, self.e, self.weeks, self.start, self.round_items = protocol, effects, weeks, start, round_items
         self.days = weeks * 7
         self.zones = _zones(start, self.days)
@@ -464,6 +468,7 @@ class _Draw:
         for name in ("wave", "anchor_key", "instrument_id", "instrument_version", "response_status", "k",
                      *[f"perma_{score}" for score in PERMA_SCORES], "regret"):
             frame[name] = columns.get(name, np.full(len(who), np.nan))
+        frame["occurrence"] = 0  # single follow-ups only (__init__)
         for name in ("decision_id", "decision_conversation_id"):
             values = columns.get(name, np.full(len(who), -1)).astype(np.int64)
             nullable = pd.array(np.maximum(values, 0), dtype="Int64")

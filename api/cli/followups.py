@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from typing import Annotated
 
 import typer
@@ -132,8 +133,11 @@ def followups_preview(
     typer.echo(f"enrolled   {_local_and_utc(preview.enrolled_at_utc, zone)}")
     if preview.decision_at_utc is not None:
         typer.echo(f"decision   {_local_and_utc(preview.decision_at_utc, zone)}")
+    repeating = Counter(followup.followup for followup in preview.followups)
     for followup in preview.followups:
-        typer.echo(f"\n{followup.followup} ({followup.instrument}, after {followup.anchor})")
+        repeats = repeating.get(followup.followup, 1)
+        occurrence = f" #{followup.occurrence + 1} of {repeats}" if repeats > 1 else ""
+        typer.echo(f"\n{followup.followup}{occurrence} ({followup.instrument}, after {followup.anchor})")
         for message in followup.messages:
             label = "invitation" if message.kind == "invitation" else f"reminder {message.sequence}"
             typer.echo(f"  {label:<11}{_local_and_utc(message.at_utc, zone)}")

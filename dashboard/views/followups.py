@@ -4,6 +4,7 @@ against the intended send time; delivery failures and open channel alerts."""
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
 from dashboard import auth, data, show
@@ -14,7 +15,8 @@ def render(context: auth.Context) -> None:
     reads = data.together(
         lambda: data.aggregates(context.database_url, context.slug, viewer=not context.participant_level),
         *([lambda: data.counts(context.database_url, context.slug, context.study_id, "followup_status", "lateness",
-                               "deliveries", "alerts")] if context.participant_level else []))
+                               "deliveries", "alerts", "adherence_by_occurrence", "adherence_by_participant")]
+          if context.participant_level else []))
     tables = reads[0]
     show.refreshed(*reads)
     followups = tables["followups"]
@@ -30,6 +32,7 @@ def render(context: auth.Context) -> None:
     if not context.participant_level:
         return
     counts = reads[1]
+    adherence(counts["adherence_by_occurrence"], counts["adherence_by_participant"])
     status = counts["followup_status"]
     if not status.empty:
         show.chart(alt.Chart(status).mark_bar().encode(
@@ -52,6 +55,20 @@ def render(context: auth.Context) -> None:
         st.success("No channel alert is open.")
     else:
         show.table(alerts, "Open channel alerts", file_name="channel-alerts")
+
+
+def adherence(by_occurrence: pd.DataFrame, by_participant: pd.DataFrame) -> None:
+    """Adherence to repeating follow-ups (diaries): answered / sent per occurrence and per participant."""
+    if by_occurrence.empty:
+        return
+    st.subheader("Adherence to repeating follow-ups")
+    show.chart(alt.Chart(show.numeric(by_occurrence, ["adherence"])).mark_line(point=True).encode(
+        x=alt.X("occurrence:O", title="occurrence (from 0)"), y=alt.Y("adherence:Q", scale=alt.Scale(domain=[0, 1])),
+        color="wave:N", tooltip=["wave", "occurrence", "sent", "answered", "adherence"]),
+        caption="Adherence (answered / sent) per occurrence")
+    show.table(by_occurrence, "Occurrences sent and answered, per repeating follow-up and occurrence",
+               file_name="adherence-by-occurrence")
+    show.table(by_participant, "Occurrences planned, sent and answered per participant", file_name="adherence")
 
 
 render(auth.require())

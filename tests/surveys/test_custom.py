@@ -78,8 +78,8 @@ def test_protocol_naming_an_unknown_instrument_fails_to_load(
         studies.load_protocol(session, broken, TEST_ACTOR, instruments=registry.catalog(session))
     assert refused.value.problems == [
         f"baseline[0] (line {line}): unknown instrument 'perma-profiller'; did you mean 'perma-profiler'? (known: "
-        "decision-clarity, decision-regret, gad-7, goal-progress, immediate-rating, perma-profiler, phq-9; a custom one "
-        "is loaded with `afterward instruments load FILE`)"]
+        "decision-clarity, decision-regret, gad-7, goal-progress, immediate-rating, perma-profiler, phq-9; a custom "
+        "one is loaded with `afterward instruments load FILE`)"]
     with session_scope(engine) as session, pytest.raises(ProtocolError) as far:
         studies.load_protocol(session, broken.replace("perma-profiller", "wellbeing-index"), TEST_ACTOR,
                               instruments=registry.catalog(session))
