@@ -261,7 +261,8 @@ def home(request: Request, session: SessionDep) -> Response:
     if participant is None:
         pre = request.cookies.get(PRE_COOKIE) or secrets.token_urlsafe(24)
         response = page(request, "join.html", pre=pre, expired="expired" in request.query_params,
-                        code=_prefill(request.query_params.get("code", "")))
+                        code=_prefill(request.query_params.get("code", "")),
+                        panel_id=_prefill(request.query_params.get("panel_id", "")))
         response.set_cookie(PRE_COOKIE, pre, httponly=True, samesite="strict", path="/")
         return response
     step = _next_step(session, participant)
@@ -278,10 +279,12 @@ def join(request: Request, form: Form, session: SessionDep) -> Response:
     if not pre or form.get("pre") != pre:
         return see_other("/?expired=1")
     code = str(form.get("invite_code", "")).strip()[:64]
+    panel_id = str(form.get("panel_id", "")).strip()[:200] or None
     try:
-        token = participant_service.enroll(session, code).token
+        token = participant_service.enroll(session, code, panel_id).token
     except DomainError as exc:
-        return refused(session, request, exc, name="join.html", status_code=400, pre=pre, code=code)
+        return refused(session, request, exc, name="join.html", status_code=400, pre=pre, code=code,
+                       panel_id=panel_id or "")
     response = see_other("/consent")
     set_session_cookie(response, token)
     response.delete_cookie(PRE_COOKIE, path="/")
@@ -405,6 +408,24 @@ def sign(request: Request, form: Form, session: SessionDep) -> Response:
     return see_other("/" if participant.status == ParticipantStatus.ENROLLED else "/onboarding")
 
 
+@router.post("/consent/decline")
+def decline(request: Request, form: Form, session: SessionDep) -> Response:
+    """Not taking part: someone who has not signed any consent yet leaves the study (as a withdrawal
+    that stops all contact); a panel participant goes back to the panel with its screen-out code."""
+    check_csrf(request, form)
+    participant = _participant(session, request)
+    if participant.status != ParticipantStatus.INVITED:
+        return see_other("/me")  # who signed withdraws from My study
+    participant_service.withdraw(session, participant, WithdrawalLevel.STOP_CONTACT,
+                                 audit.Actor("participant", participant.code))
+    screen_out = participant_service.screen_out_url(session, participant)
+    if screen_out is not None:
+        return see_other(screen_out)
+    request.state.participant_status = ParticipantStatus.WITHDRAWN
+    return page(request, "message.html", title="Thank you", back="/help", back_label="Help and resources",
+                body="You chose not to take part. Nothing more will be asked of you, and nobody will contact you.")
+
+
 @router.get("/onboarding", response_class=HTMLResponse)
 def onboarding(request: Request, session: SessionDep) -> Response:
     participant = _participant(session, request)
@@ -513,11 +534,12 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
         return refused(session, request, exc, render=lambda: _survey_page(
             request, session, assignment, step, action, status_code=409 if errors is None else 422, errors=errors))
     if finishing:
+        panel = participant_service.completion_url(session, participant, survey_service.wave_of(assignment))
         safety = safety_rules.notice(session, participant, assignment.id)
         if safety is not None:  # shown at once, not after a redirect that could be missed
-            return page(request, "message.html", title="Thank you", body="Your answers were saved.", back="/help",
-                        back_label="More help", safety=safety)
-        return see_other(done)
+            return page(request, "message.html", title="Thank you", body="Your answers were saved.",
+                        back=panel or "/help", back_label="Continue" if panel else "More help", safety=safety)
+        return see_other(panel or done)  # a panel participant goes back to the panel with its completion code
     target = step - 1 if form.get("go") == "back" else step + 1
     return see_other(f"{action}?step={target}")
 

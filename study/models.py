@@ -119,11 +119,16 @@ class InviteCode(Base):
 
 class Participant(Base):
     __tablename__ = "participants"
+    __table_args__ = (UniqueConstraint("study_id", "external_id"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="RESTRICT"), index=True)
     code: Mapped[str] = mapped_column(String(16), unique=True)
     invite_id: Mapped[int | None] = mapped_column(ForeignKey("invite_codes.id"))
+    # The recruitment panel's id for the participant (protocol ``recruitment``): pseudonymous, one
+    # arrival per id and study, used only for the panel's completion codes and payments; never in a
+    # research export, never beside contact details.
+    external_id: Mapped[str | None] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16), default=ParticipantStatus.INVITED)
     timezone: Mapped[str | None] = mapped_column(String(64))
     # Fernet token; never exported, never logged. Kept in the same row but opaque without the key.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from study.models import (
     Study,
     WithdrawalLevel,
 )
-from study.protocol import Arm, validate_timezone
+from study.protocol import PANEL_ID_PATTERN, Arm, validate_timezone
 from study.security import (
     email_lookup_hash,
     encrypt_contact,
@@ -76,7 +77,13 @@ def create_invites(
     return codes
 
 
-def _redeem(session: Session, code: str) -> InviteCode:
+DUPLICATE_PANEL_ID = ("this panel ID has already joined the study: each person takes part once. If you joined "
+                      "before, sign in again with the link sent to your email or with your return code")
+
+
+def _redeem(session: Session, code: str, panel_id: str | None = None) -> InviteCode:
+    """The invite, with one of its uses claimed; refused for a panel id that already joined its
+    study before the use is claimed."""
     invite = session.scalar(
         select(InviteCode).where(InviteCode.code_sha256 == token_digest(normalize_code(code))))
     if invite is None:
@@ -89,6 +96,9 @@ def _redeem(session: Session, code: str) -> InviteCode:
     recruitment.require_enrolling(study)
     if invite.expires_at and invite.expires_at <= now():
         raise Gone("this invite has expired; ask the study team for a new one")
+    if panel_id is not None and session.scalar(select(Participant.id).where(
+            Participant.study_id == invite.study_id, Participant.external_id == panel_id)) is not None:
+        raise Conflict(DUPLICATE_PANEL_ID, code="duplicate_panel_id")
     # Atomic conditional update: two people racing for the last use cannot both get it.
     claimed = session.execute(
         update(InviteCode)
@@ -117,16 +127,37 @@ def _new_participant_code(session: Session) -> str:
             return code
 
 
-def enroll(session: Session, invite_code: str) -> Enrollment:
-    """Redeem an invite: a pseudonymous participant who must sign consent next."""
-    invite = _redeem(session, invite_code)
+def enroll(session: Session, invite_code: str, panel_id: str | None = None) -> Enrollment:
+    """Redeem an invite: a pseudonymous participant who must sign consent next. ``panel_id``, the
+    recruitment panel's id for the person (from the study link), is kept when the study recruits
+    on a panel (protocol ``recruitment``), and ignored otherwise; a second arrival with the same id
+    is refused (Conflict ``duplicate_panel_id``) without using the invite."""
+    if panel_id is not None and not re.fullmatch(PANEL_ID_PATTERN, panel_id):
+        raise Invalid("the panel ID in the link is not one a panel gives (letters, digits, '-' and '_', at most "
+                      "128); open the study link from the panel again", code="invalid_panel_id")
+    invite = _redeem(session, invite_code, panel_id)
+    if panel_id is not None and current_protocol(session, invite.study_id).recruitment is None:
+        panel_id = None  # a stray parameter: this study does not recruit on a panel
     participant = Participant(study_id=invite.study_id, code=_new_participant_code(session),
-                              invite_id=invite.id, status=ParticipantStatus.INVITED)
+                              invite_id=invite.id, status=ParticipantStatus.INVITED, external_id=panel_id)
     session.add(participant)
     session.flush()
     audit.record(session, audit.Actor("participant", participant.code), "participant.invited",
                  study_id=invite.study_id, participant_code=participant.code, invite_id=invite.id)
     return Enrollment(participant, create_session(session, participant))
+
+
+def completion_url(session: Session, participant: Participant, wave: str) -> str | None:
+    """The recruitment panel's completion address for ``wave`` (``baseline`` or a follow-up id) when
+    the participant came from the study's panel and the protocol names one; else None."""
+    panel = current_protocol(session, participant.study_id).recruitment if participant.external_id else None
+    return panel.completion.get(wave) if panel is not None else None
+
+
+def screen_out_url(session: Session, participant: Participant) -> str | None:
+    """Where a panel participant who declines the consent is sent (the panel's screen-out code)."""
+    panel = current_protocol(session, participant.study_id).recruitment if participant.external_id else None
+    return panel.screen_out if panel is not None else None
 
 
 def create_session(session: Session, participant: Participant) -> str:

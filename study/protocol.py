@@ -355,6 +355,36 @@ class Enrollment(_Strict):
         return value
 
 
+PANEL_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+
+
+def _redirect_url(value: str) -> str:
+    parts = urlsplit(value.strip())
+    if parts.scheme != "https" or not parts.hostname or any(c.isspace() for c in value.strip()):
+        raise ValueError(f"'{value}': give the panel's redirect as a full https:// address")
+    return value.strip()
+
+
+RedirectUrl = Annotated[str, AfterValidator(_redirect_url)]
+
+
+class Panel(_Strict):
+    """Recruitment on an online panel (Prolific, SONA, MTurk): participants arrive by the study link
+    with the panel's id for them (``?code=STUDY-LINK&panel_id=...``: ``id_placeholder`` is what the
+    panel replaces with it, e.g. Prolific's ``{{%PROLIFIC_PID%}}``), kept as a pseudonymous external
+    id (one arrival per id; never in a research export). After each wave named in ``completion``
+    (``baseline`` or a follow-up id) they are sent to its completion URL; someone who declines the
+    consent goes to ``screen_out``. ``payments`` (amount per wave, in ``currency``) feed
+    ``afterward payments export``."""
+
+    name: str = Field(min_length=1, max_length=60, description="the panel, e.g. Prolific")
+    id_placeholder: str = Field(default="{{%PROLIFIC_PID%}}", min_length=1, max_length=100)
+    completion: dict[str, RedirectUrl] = Field(default_factory=dict)
+    screen_out: RedirectUrl | None = None
+    payments: dict[str, Annotated[float, Field(gt=0, le=10_000)]] = Field(default_factory=dict)
+    currency: str = Field(default="GBP", pattern=r"^[A-Z]{3}$")
+
+
 class Withdrawal(_Strict):
     allow_data_deletion: bool = True
 
@@ -568,6 +598,7 @@ class Protocol(_Strict):
     pushback: Pushback = Pushback()
     safety: Safety = Safety()
     blinding: Blinding = Blinding()
+    recruitment: Panel | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Protocol:
@@ -579,6 +610,13 @@ class Protocol(_Strict):
             raise ValueError("follow-up ids must be unique")
         if "default" not in self.crisis_resources:
             raise ValueError("crisis_resources needs a 'default' entry")
+        if self.recruitment is not None:
+            waves = {"baseline", *ids}
+            for field in ("completion", "payments"):
+                unknown = sorted(set(getattr(self.recruitment, field)) - waves)
+                if unknown:
+                    raise ValueError(f"recruitment.{field}: {', '.join(unknown)} is not a wave of the study (baseline "
+                                     f"or a follow-up id: {', '.join(sorted(waves))})")
         asked = self.instruments()
         for rule in self.safety.answer_rules:
             if rule.instrument not in asked:

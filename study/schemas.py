@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from study.models import StudyStatus, WithdrawalLevel
-from study.protocol import TIME_ZONE_SCHEMA, Protocol, validate_timezone
+from study.protocol import PANEL_ID_PATTERN, TIME_ZONE_SCHEMA, Protocol, validate_timezone
 from study.recruitment import InviteListing, InviteStatus
 from study.validation import (
     LINE_CHAR,
@@ -49,6 +49,9 @@ def trimmed(min_length: int, max_length: int) -> Callable[[dict[str, Any]], None
 class EnrollmentCreate(_In):
     invite_code: Line = Field(min_length=4, max_length=64, json_schema_extra=trimmed(4, 64),
                              description="The code from the invitation")
+    panel_id: str | None = Field(default=None, pattern=PANEL_ID_PATTERN,
+                                 description="the recruitment panel's id for the person, from the study link "
+                                             "(kept when the study recruits on a panel)")
 
 
 class ConsentConfirmationRead(BaseModel):

@@ -71,6 +71,9 @@ class SubmittedRead(BaseModel):
     scores: list[ScoreRead]
     safety: SafetyNoticeRead | None = Field(
         default=None, description="set when these answers met one of the study's safety rules: show it at once")
+    completion_url: str | None = Field(
+        default=None, description="for a participant recruited on a panel: where to send them now (the panel's "
+                                  "completion code for this wave)")
 
 
 class SavedRead(BaseModel):

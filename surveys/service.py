@@ -190,6 +190,11 @@ def submit(session: Session, participant: Participant, assignment: SurveyAssignm
     return response
 
 
+def wave_of(assignment: SurveyAssignment) -> str:
+    """The wave an assignment belongs to: ``baseline``, a follow-up id, or its purpose (``exit``)."""
+    return assignment.followup_key or assignment.purpose
+
+
 def run_completion_hooks(session: Session, assignment: SurveyAssignment) -> None:
     """In the submitting transaction: what the packages wired for a completed survey (the scheduler
     stops its follow-up's reminders). Wires the process first if its entry point has not."""

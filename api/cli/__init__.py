@@ -25,6 +25,7 @@ from api.cli import (
     keys,
     model_fits,
     participants,
+    payments,
     plans,
     processes,
     research,
@@ -43,7 +44,8 @@ for command, name in ((development.demo, "demo"), (research.simulate, "simulate"
 for sub, name in ((db.app, "db"), (studies.app, "study"), (invites.app, "invites"), (staff.app, "staff"),
                   (audit.app, "audit"), (keys.app, "keys"), (instruments.app, "instruments"),
                   (followups.app, "followups"),
-                  (participants.app, "participants"), (evaluation.app, "eval"), (model_fits.app, "models"),
+                  (participants.app, "participants"), (payments.app, "payments"), (evaluation.app, "eval"),
+                  (model_fits.app, "models"),
                   (plans.app, "plan")):
     app.add_typer(sub, name=name)
 

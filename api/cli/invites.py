@@ -10,6 +10,7 @@ from api.cli.common import CLI_ACTOR, fail
 from study import participants, recruitment, studies
 from study.db import session_scope
 from study.errors import DomainError
+from study.settings import get_settings
 
 app = typer.Typer(no_args_is_help=True, help="Invite codes.")
 
@@ -23,10 +24,15 @@ def invites_create(
 ) -> None:
     """Print new invite codes (only their hashes are stored: keep the printout)."""
     with session_scope() as session:
-        codes = participants.create_invites(session, studies.get_study(session, study), CLI_ACTOR,
-                                            count=count, max_uses=max_uses, label=label)
+        found = studies.get_study(session, study)
+        codes = participants.create_invites(session, found, CLI_ACTOR, count=count, max_uses=max_uses, label=label)
+        panel = studies.current_protocol(session, found.id).recruitment
     for code in codes:
         typer.echo(code)
+    if panel is not None:  # the study link to give the panel, which puts its id for each person in place
+        for code in codes:
+            typer.echo(f"entry link for {panel.name}: {get_settings().base_url}/?code={code}&panel_id="
+                       f"{panel.id_placeholder}")
 
 
 @app.command("list")

@@ -59,11 +59,12 @@ def _participant_read(session: SessionDep, participant: Participant, token: str 
 @router.post("/enrollment", status_code=status.HTTP_201_CREATED, responses=refusals({
     403: "the study is not taking new participants now (codes enrollment_paused, enrollment_closed)",
     404: "the invite code is not known",
-    409: "the invite has been used as often as it may be (code invite_used)",
+    409: "the invite has been used as often as it may be (code invite_used), or the panel id already joined "
+         "the study (code duplicate_panel_id)",
     410: "the invite was revoked (code invite_revoked) or has expired"}))
 def enroll(body: EnrollmentCreate, session: SessionDep, response: Response) -> EnrollmentRead:
     """Redeem an invite code. Next: read and sign the consent returned here."""
-    enrollment = service.enroll(session, body.invite_code)
+    enrollment = service.enroll(session, body.invite_code, body.panel_id)
     set_session_cookie(response, enrollment.token)
     consent = service.consent_status(session, enrollment.participant).current
     return EnrollmentRead(participant_code=enrollment.participant.code, token=enrollment.token,

@@ -21,6 +21,7 @@ from api.deps import (
 )
 from api.errors import DocumentedRoute, refusals, refuses
 from api.routers.staff import ParticipantLevelAccess, staff_actor
+from study import participants as participant_service
 from study.models import Participant
 from study.validation import Line
 from surveys import registry, safety_rules, service
@@ -79,7 +80,10 @@ def _submitted(session: SessionDep, participant: Participant, response: SurveyRe
     return SubmittedRead(assignment_id=response.assignment_id, instrument=response.instrument_id,
                          instrument_version=response.instrument_version, submitted_at=response.submitted_at,
                          scores=[ScoreRead(name=s.name, value=s.value, n_items=s.n_items, n_expected=s.n_expected)
-                                 for s in scores], safety=_safety(session, participant, response))
+                                 for s in scores], safety=_safety(session, participant, response),
+                         completion_url=participant_service.completion_url(
+                             session, participant, service.wave_of(session.get_one(SurveyAssignment,
+                                                                                   response.assignment_id))))
 
 
 def _saved(session: SessionDep, participant: Participant, response: SurveyResponse) -> SavedRead:
