@@ -238,13 +238,17 @@ def test_override_is_honoured_recorded_and_not_repeated(
 
 # Each a new instance of the same concern: a one-sided account and a plan built on it (the offline
 # model names it, as FRAMING).
-NEW_FRAMINGS = ["Everyone at the club hates me, so I'm not going to the dinner on Friday",
-                "My sister always ruins birthdays, so I'm not inviting her this year",
+# Four one-sided framings the shipped reading finds as such and as nothing else (the test is of the
+# rate at which an overridden concern is raised again, not of detection). With the fit round 15
+# scored, "Everyone at the club hates me, so I'm not going to the dinner on Friday", "My sister
+# always ruins birthdays, so I'm not inviting her this year" and "My flatmates never listen, so I'm
+# moving my food to my room" no longer read as framings; with earlier fits "Nobody in my family ever
+# calls, so I'm skipping Christmas this year" and "My landlord never listens, so I'm not paying rent
+# from next month" read as validation-seeking too (READING.md, "What it misses").
+NEW_FRAMINGS = ["My in-laws clearly look down on us, so we're skipping their party",
+                "The whole team ignores my ideas, so I'm skipping the offsite",
                 "She clearly hates me, so I'm going over her head to the director",
-                # (With the fit round 13 scored, "Nobody in my family ever calls, so I'm skipping Christmas this
-                # year" reads as validation-seeking too, and with the fit round 14 scored "My landlord never
-                # listens, so I'm not paying rent from next month": READING.md, "What it misses".)
-                "My flatmates never listen, so I'm moving my food to my room"]
+                "My coach clearly dislikes me, so I'm quitting the team"]
 
 
 @pytest.mark.parametrize(("setting", "raised_again_at"), [("1", 1), ("3", 3), ("never", None)])
