@@ -8,11 +8,13 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 ASSETS_PATH = "/docs/assets"
 FAVICON = "/static/favicon.ico"
+# ReDoc's footer shows its maker's logo from a CDN, whatever its options say: served from here instead.
+REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
 
 
 def assets_folder() -> Path | None:
@@ -37,6 +39,12 @@ def install(app: FastAPI) -> None:
     openapi_url = app.openapi_url or "/openapi.json"
     folder = assets_folder()
     if folder is not None:
+        redoc_js = (folder / "redoc.standalone.js").read_text(encoding="utf-8").replace(REDOC_LOGO, FAVICON)
+
+        @app.get(f"{ASSETS_PATH}/redoc.standalone.js", include_in_schema=False)
+        async def redoc_script() -> Response:  # before the mount below, which would serve the file as it is
+            return Response(redoc_js, media_type="text/javascript")
+
         app.mount(ASSETS_PATH, StaticFiles(directory=folder), name="api-explorer")
 
     @app.get("/docs", include_in_schema=False)
