@@ -24,7 +24,7 @@ from api.cli import app
 from scheduler.models import FollowUp
 from study.db import session_scope
 from study.models import Participant
-from study.settings import Settings, get_settings
+from study.settings import SETTINGS_FILE, Settings, get_settings
 from tests.builders import CONFIRMATIONS
 from tests.mail import free_port
 from tests.waiting import WAIT_SECONDS, answers, until
@@ -131,8 +131,9 @@ def test_a_taken_mailbox_port_fails_in_one_line(monkeypatch: pytest.MonkeyPatch,
             result = runner.invoke(app, ["mailbox", *args])
             assert result.exit_code == 1
             assert result.stderr == (f"the development mailbox cannot listen on 127.0.0.1:{port}: the port is taken "
-                                     "(another mailbox or mail server?); stop it, or set AFTERWARD_SMTP_PORT to a "
-                                     "free port\n")
+                                     "(another mailbox or mail server?); stop it, or put AFTERWARD_SMTP_PORT=<a free "
+                                     f"port> in the settings file ({SETTINGS_FILE}), which `make run` and every later "
+                                     "command read\n")
             assert result.exception is None or isinstance(result.exception, SystemExit)
     assert not (tmp_path / "mail").exists()
 

@@ -73,22 +73,29 @@ def empty_database(database_template: str, folder: Path) -> Iterator[Engine]:
         admin.dispose()
 
 
+def simulated_study(engine: Engine, participants: int = 60) -> str:
+    """The example study simulated through the real services over ``WEEKS`` weeks, staff of every
+    role, its models fitted as of its end; its slug."""
+    slug = load_simulated_study(engine, EXAMPLE.read_text(encoding="utf-8"))
+    with session_scope(engine) as session:  # the arms come from the study's randomization: fix it
+        session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed="report-e2e"))
+    simulate(engine, slug, participants=participants, weeks=WEEKS, seed=11, start=START, tick_minutes=120)
+    for role, email in EMAILS.items():
+        make_staff(engine, slug, role, email)
+    previous = clock.set_clock(clock.FrozenClock(NOW))  # the models as fitted at the study's end
+    try:
+        fit_id = fits.request_fit(engine, slug, requested_by=audit.Actor("staff", EMAILS[StaffRole.RESEARCHER]))
+        assert fit_id is not None
+        fits.run_fit(engine, fit_id)
+    finally:
+        clock.set_clock(previous)
+    return slug
+
+
 @pytest.fixture(scope="session")
 def simulated(database_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Simulated]:
     with empty_database(database_template, tmp_path_factory.mktemp("dashboard")) as engine:
-        slug = load_simulated_study(engine, EXAMPLE.read_text(encoding="utf-8"))
-        with session_scope(engine) as session:  # the arms come from the study's randomization: fix it
-            session.execute(sa.update(Study).where(Study.slug == slug).values(allocation_seed="report-e2e"))
-        simulate(engine, slug, participants=60, weeks=WEEKS, seed=11, start=START, tick_minutes=120)
-        for role, email in EMAILS.items():
-            make_staff(engine, slug, role, email)
-        previous = clock.set_clock(clock.FrozenClock(NOW))  # the models as fitted at the study's end
-        try:
-            fit_id = fits.request_fit(engine, slug, requested_by=audit.Actor("staff", EMAILS[StaffRole.RESEARCHER]))
-            assert fit_id is not None
-            fits.run_fit(engine, fit_id)
-        finally:
-            clock.set_clock(previous)
+        slug = simulated_study(engine)
         yield Simulated(engine, slug, engine.url.render_as_string(hide_password=False))
 
 

@@ -1,4 +1,4 @@
-"""The dashboard of a blinded study (a copy of the simulated study, its protocol asking for
+"""The dashboard of a blinded study (the simulated study, its protocol asking for
 ``blinding: {outcomes_until_plan_frozen: true}`` in a new version): the outcome pages pool the means
 over the arms and show no model (nor start a fit) until the plan is frozen, while follow-up
 completion keeps its arms; an admin may unblind a page with a reason, audited each time it comes into
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import streamlit as st
 from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
 from streamlit.testing.v1 import AppTest
 
 from analysis.plan import UNBLINDED_READ, freeze_plan
@@ -25,37 +27,51 @@ from study.db import make_engine, session_scope
 from study.models import AuditEntry, StaffRole
 from study.settings import get_settings
 from tests.conftest import EXAMPLE, POSTGRES_URL
-from tests.dashboard.conftest import EMAILS, NOW, Simulated, sign_in, visit
+from tests.dashboard.conftest import EMAILS, NOW, Simulated, empty_database, sign_in, simulated_study, visit
 
 BLINDING = "\nblinding:\n  outcomes_until_plan_frozen: true\n"
 NOTICE = "is blinded until its analysis plan is frozen"
 REASON = "data manager's check of the week-4 wave"
 
 
-@pytest.fixture
-def blinded(simulated: Simulated, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Simulated]:
-    """A copy of the simulated study (fits included) whose protocol asks for blinding, and the
-    dashboard reading it at the study's end with an empty cache."""
-    if POSTGRES_URL:
-        pytest.skip("the blinded study is a copy of the simulated study's SQLite file")
+def _copy(simulated: Simulated, tmp_path: Path) -> Engine:
+    """SQLite: a copy of the simulated study's file (fits included)."""
     copy = tmp_path / "blinded.db"
     source, target = sqlite3.connect(str(simulated.engine.url.database)), sqlite3.connect(copy)
     with target:
         source.backup(target)
     source.close()
     target.close()
-    engine = make_engine(f"sqlite:///{copy}")
-    load_simulated_study(engine, EXAMPLE.read_text(encoding="utf-8") + BLINDING, simulated.slug)
+    return make_engine(f"sqlite:///{copy}")
+
+
+def _simulated_again(stack: ExitStack, database_template: str, tmp_path: Path) -> tuple[Engine, str]:
+    """PostgreSQL: the simulated study made again, smaller, in a schema of its own."""
+    engine = stack.enter_context(empty_database(database_template, tmp_path))
+    return engine, simulated_study(engine, participants=30)
+
+
+@pytest.fixture
+def blinded(simulated: Simulated, database_template: str, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> Iterator[Simulated]:
+    """The simulated study (a copy of its SQLite file; on PostgreSQL a smaller one made again), its
+    protocol asking for blinding in a new version, and the dashboard reading it at the study's end
+    with an empty cache."""
+    stack = ExitStack()
+    engine, slug = (_simulated_again(stack, database_template, tmp_path) if POSTGRES_URL
+                    else (_copy(simulated, tmp_path), simulated.slug))
+    load_simulated_study(engine, EXAMPLE.read_text(encoding="utf-8") + BLINDING, slug)
     url = engine.url.render_as_string(hide_password=False)
     monkeypatch.setenv("AFTERWARD_DATABASE_URL", url)
     get_settings.cache_clear()
     st.cache_data.clear()
     data._generations.clear()
     previous = clock.set_clock(clock.FrozenClock(NOW))
-    yield Simulated(engine, simulated.slug, url)
+    yield Simulated(engine, slug, url)
     clock.set_clock(previous)
     st.cache_data.clear()
     engine.dispose()
+    stack.close()
 
 
 def frames(app: AppTest) -> list[pd.DataFrame]:
