@@ -16,9 +16,10 @@ from api import chat_pages, pages
 from study.db import session_scope
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
-from tests.builders import assign_survey, load_study, make_invites, put_in_arm
+from tests.builders import assign_survey
 from tests.e2e.conftest import OUTSIDE
-from tests.e2e.test_participant_journey import join_and_consent, new_page
+from tests.e2e.test_participant_journey import new_page
+from tests.e2e.test_reply_survives import coach_chat
 
 
 def page_paths() -> set[str]:
@@ -28,22 +29,16 @@ def page_paths() -> set[str]:
 
 def test_every_participant_page_loads_nothing_from_outside(browser: Browser, live_server: str, engine: Engine,
                                                            example_protocol: str) -> None:
-    [invite] = make_invites(engine, load_study(engine, example_protocol))
-    page = new_page(browser, bypass_csp=True)  # what the pages ask for, not what the policy lets through
-    anonymous = sorted(path for path in page_paths() if "{" not in path)
-    for path in anonymous:
-        page.goto(live_server + path)
-    join_and_consent(page, live_server, invite)
-    page.get_by_role("button", name="Save and continue").click()
-    with engine.connect() as connection:
-        code = connection.execute(sa.text("SELECT code FROM participants")).scalar_one()
-    put_in_arm(engine, code, "wellbeing")
-    page.goto(live_server + "/chat")
-    page.get_by_role("button", name="Choose Coach").click()
+    anonymous = new_page(browser, bypass_csp=True)  # what the pages ask for, not what the policy lets through
+    for path in sorted(path for path in page_paths() if "{" not in path):
+        anonymous.goto(live_server + path)
+    page = coach_chat(browser, live_server, engine, example_protocol)
     page.get_by_label("Your message").fill("hi, can you help me plan my week?")
     page.get_by_role("button", name="Send").click()
     expect(page.locator(".msg.assistant .bubble")).to_have_count(1)
     conversation = page.url.split("#")[0].rstrip("/").rsplit("/", 1)[1]
+    with engine.connect() as connection:
+        code = connection.execute(sa.text("SELECT code FROM participants")).scalar_one()
     assignment = assign_survey(engine, code, "decision-regret", context={"decision": "to move to Lisbon."})
     with session_scope(engine) as session:
         token = survey_service.link_token(session.get_one(SurveyAssignment, assignment))
