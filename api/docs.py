@@ -42,7 +42,7 @@ def install(app: FastAPI) -> None:
         redoc_js = (folder / "redoc.standalone.js").read_text(encoding="utf-8").replace(REDOC_LOGO, FAVICON)
 
         @app.get(f"{ASSETS_PATH}/redoc.standalone.js", include_in_schema=False)
-        async def redoc_script() -> Response:  # before the mount below, which would serve the file as it is
+        def redoc_script() -> Response:  # before the mount below, which would serve the file as it is
             return Response(redoc_js, media_type="text/javascript")
 
         app.mount(ASSETS_PATH, StaticFiles(directory=folder), name="api-explorer")
