@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 from sqlalchemy import and_, case, distinct, func, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from analysis.reading import read_frame
 from chat.models import Conversation, PushbackResponse, Turn
@@ -95,7 +95,12 @@ def followup_status(connection: Connection, study_id: int) -> pd.DataFrame:
 # in-app survey was shown), and answered once completed.
 _SENT = FollowUp.sent_at.is_not(None)
 _ANSWERED = FollowUp.status == "completed"
-_REPEATING = select(FollowUp.followup_key).where(FollowUp.occurrence > 0).distinct()
+_OTHER = aliased(FollowUp)  # the follow-ups that repeat, read apart from the row being counted
+
+
+def _repeating(study_id: int) -> Any:
+    return (select(_OTHER.followup_key).where(_OTHER.study_id == study_id, _OTHER.occurrence > 0)
+            .distinct().scalar_subquery())
 
 
 def adherence_by_occurrence(connection: Connection, study_id: int) -> pd.DataFrame:
@@ -104,8 +109,7 @@ def adherence_by_occurrence(connection: Connection, study_id: int) -> pd.DataFra
     frame = read_frame(connection, select(
         FollowUp.followup_key.label("wave"), FollowUp.occurrence, func.count(case((_SENT, 1))).label("sent"),
         func.count(case((_ANSWERED, 1))).label("answered"))
-        .where(FollowUp.study_id == study_id, FollowUp.followup_key.in_(_REPEATING.where(
-            FollowUp.study_id == study_id).scalar_subquery()))
+        .where(FollowUp.study_id == study_id, FollowUp.followup_key.in_(_repeating(study_id)))
         .group_by(FollowUp.followup_key, FollowUp.occurrence).order_by(FollowUp.followup_key, FollowUp.occurrence))
     return _with_adherence(frame)
 
@@ -118,8 +122,7 @@ def adherence_by_participant(connection: Connection, study_id: int) -> pd.DataFr
         func.count().label("planned"), func.count(case((_SENT, 1))).label("sent"),
         func.count(case((_ANSWERED, 1))).label("answered"))
         .join(Participant, Participant.id == FollowUp.participant_id)
-        .where(FollowUp.study_id == study_id, FollowUp.followup_key.in_(_REPEATING.where(
-            FollowUp.study_id == study_id).scalar_subquery()))
+        .where(FollowUp.study_id == study_id, FollowUp.followup_key.in_(_repeating(study_id)))
         .group_by(Participant.code, FollowUp.followup_key).order_by(Participant.code, FollowUp.followup_key))
     return _with_adherence(frame)
 

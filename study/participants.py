@@ -26,7 +26,7 @@ from study.models import (
     Study,
     WithdrawalLevel,
 )
-from study.protocol import PANEL_ID_PATTERN, Arm, validate_timezone
+from study.protocol import PANEL_ID_PATTERN, Arm, Panel, validate_timezone
 from study.security import (
     email_lookup_hash,
     encrypt_contact,
@@ -147,16 +147,21 @@ def enroll(session: Session, invite_code: str, panel_id: str | None = None) -> E
     return Enrollment(participant, create_session(session, participant))
 
 
+def _panel(session: Session, participant: Participant) -> Panel | None:
+    """The study's recruitment panel, for a participant who came from it (None otherwise)."""
+    return current_protocol(session, participant.study_id).recruitment if participant.external_id else None
+
+
 def completion_url(session: Session, participant: Participant, wave: str) -> str | None:
     """The recruitment panel's completion address for ``wave`` (``baseline`` or a follow-up id) when
     the participant came from the study's panel and the protocol names one; else None."""
-    panel = current_protocol(session, participant.study_id).recruitment if participant.external_id else None
+    panel = _panel(session, participant)
     return panel.completion.get(wave) if panel is not None else None
 
 
 def screen_out_url(session: Session, participant: Participant) -> str | None:
     """Where a panel participant who declines the consent is sent (the panel's screen-out code)."""
-    panel = current_protocol(session, participant.study_id).recruitment if participant.external_id else None
+    panel = _panel(session, participant)
     return panel.screen_out if panel is not None else None
 
 
