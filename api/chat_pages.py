@@ -5,6 +5,7 @@ retry and an override go through ``chat.turn`` as the API's routes do."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 from fastapi import APIRouter, Request, Response
@@ -18,13 +19,19 @@ from api.pages import check_csrf, page, ready, refused, see_other
 from api.routers import chat as chat_api
 from chat import check_ins, triage, turn
 from chat import service as chat_service
-from chat.roles import ROLE_SPECS, SAFETY_CONCERNS
+from chat.roles import ROLE_SPECS, SAFETY_CONCERNS, RoleSpec
 from chat.schemas import CheckInAnswers, ConversationCreate, ExitCheck, MessageCreate, RoleChange
 from study.errors import DomainError
+from study.i18n import N_, gettext
 from study.models import Participant
 from study.validation import form_int
 
 router = APIRouter(include_in_schema=False)
+
+
+def _card(request: Request, spec: RoleSpec) -> RoleSpec:
+    """The role with its card in the page's language."""
+    return replace(spec, disclosure=spec.disclosure.translated(request.state.language))
 
 
 @router.get("/chat", response_class=HTMLResponse)
@@ -32,7 +39,8 @@ def chat_home(request: Request, session: SessionDep) -> Response:
     participant = ready(session, request)
     arm, offered = chat_service.roles_offered(session, participant)
     conversations = chat_service.list_conversations(session, participant)
-    return page(request, "chat_start.html", offered=offered, mode=arm.mode, default_role=arm.default_role,
+    return page(request, "chat_start.html", offered=[_card(request, spec) for spec in offered], mode=arm.mode,
+                default_role=arm.default_role,
                 conversations=conversations)
 
 
@@ -64,13 +72,17 @@ def chat_page(conversation_id: RowId, request: Request, session: SessionDep) -> 
     switches: dict[int, list[str]] = {}  # after how many turns -> "Coach to Collaborator"
     for switch in chat_service.role_switches(session, conversation):
         switches.setdefault(switch.after_seq, []).append(
-            f"{ROLE_SPECS[switch.from_role].disclosure.title} to {ROLE_SPECS[switch.to_role].disclosure.title}")
+            gettext(request.state.language, "%(before)s to %(after)s",
+                    before=_card(request, ROLE_SPECS[switch.from_role]).disclosure.title,
+                    after=_card(request, ROLE_SPECS[switch.to_role]).disclosure.title))
     return page(request, "chat.html", conversation=conversation, turns=turns, responses=responses, switches=switches,
-                answerable=chat_service.latest_pushback_id(session, conversation.id), offered=offered,
-                mode=arm.mode, resources=resources, role=ROLE_SPECS[conversation.role],
+                answerable=chat_service.latest_pushback_id(session, conversation.id),
+                offered=[_card(request, spec) for spec in offered], mode=arm.mode, resources=resources,
+                role=_card(request, ROLE_SPECS[conversation.role]),
                 safety_concerns=SAFETY_CONCERNS, writing=chat_service.reply_in_flight(conversation),
                 unanswered=chat_service.unanswered(conversation, turns), check_ins=asked, current=current,
-                answer_labels=triage.ANSWER_LABELS)
+                answer_labels={answer: gettext(request.state.language, label)
+                               for answer, label in triage.ANSWER_LABELS.items()})
 
 
 Prepare = Callable[[Session, Participant, FormData], chat_service.PreparedTurn | None]
@@ -163,8 +175,8 @@ def chat_end(conversation_id: RowId, request: Request, form: Form, session: Sess
     check_csrf(request, form)
     made = form.get("made_decision") == "yes"
     if form.get("made_decision", "no") not in ("yes", "no", ""):
-        return page(request, "message.html", status_code=422, title="That didn't work",
-                    body="Answer whether you made a decision with yes or no.", back=f"/chat/{conversation_id}/end")
+        return page(request, "message.html", status_code=422, title=N_("That didn't work"),
+                    body=N_("Answer whether you made a decision with yes or no."), back=f"/chat/{conversation_id}/end")
     decision = str(form.get("decision", "")).strip() or None
     rating = form_int(form.get("rating"), lo=1, hi=7)
     participant = ready(session, request)
@@ -178,6 +190,6 @@ def chat_end(conversation_id: RowId, request: Request, form: Form, session: Sess
         return refused(session, request, exc, name="exit_check.html", status_code=422, rating=rating, made=made,
                        decision=(decision or "")[:2000], context=lambda: {
                            "conversation": chat_service.get_conversation(session, participant, conversation_id)})
-    return page(request, "message.html", title="Thank you",
-                body=("We will ask you in a few days how this decision turned out." if made else
-                      "Your answers were saved."), back="/")
+    return page(request, "message.html", title=N_("Thank you"),
+                body=(N_("We will ask you in a few days how this decision turned out.") if made else
+                      N_("Your answers were saved.")), back="/")

@@ -20,23 +20,23 @@ from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
-from markdown_it import MarkdownIt
-from markdown_it.rules_core import StateCore
-from markdown_it.token import Token
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api import languages
 from api.client_address import client_address
 from api.deps import SESSION_COOKIE, Form, RowId, SessionDep, set_session_cookie
 from api.errors import error_body, status_of
+from api.page_text import markdown, resources_html
 from api.routers import chat as chat_api
 from scheduler import service as scheduler_service
-from study import audit, signin
+from study import audit, i18n, signin
 from study import participants as participant_service
 from study.clock import now
 from study.errors import DomainError, NotFound, TooManyAttempts
+from study.i18n import N_
 from study.models import Participant, ParticipantStatus, WithdrawalLevel
 from study.schemas import (
     ConsentAboutRead,
@@ -56,9 +56,9 @@ from surveys.schemas import SUBMISSION_ID_PATTERN
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
+languages.install(templates.env)
 router = APIRouter(include_in_schema=False)
 PRE_COOKIE = "afterward_pre"  # double-submit CSRF token for the invite form (no session yet)
-_markdown = MarkdownIt("commonmark", {"html": False})
 ZONES = ["UTC", *sorted(z for z in available_timezones()
                         if "/" in z and not z.startswith(("Etc/", "SystemV/", "posix/")))]
 
@@ -73,8 +73,8 @@ class Redirect(Exception):
 # The navigation by the participant's status: the app's pages only once enrolled (consent signed,
 # profile complete), "My study" alone after withdrawal, nothing before consent or without a session.
 NAV: dict[str, tuple[tuple[str, str], ...]] = {
-    ParticipantStatus.ENROLLED: (("/chat", "Chat"), ("/surveys", "Surveys"), ("/me", "My study")),
-    ParticipantStatus.WITHDRAWN: (("/me", "My study"),),
+    ParticipantStatus.ENROLLED: (("/chat", N_("Chat")), ("/surveys", N_("Surveys")), ("/me", N_("My study"))),
+    ParticipantStatus.WITHDRAWN: (("/me", N_("My study")),),
 }
 
 
@@ -84,6 +84,11 @@ def page(request: Request, name: str, status_code: int = 200, **context: Any) ->
     # The status of the participant this request looked up (``_signed_in``); a page that looked up
     # nobody (an error page, say) shows no navigation.
     context.setdefault("nav", NAV.get(getattr(request.state, "participant_status", ""), ()))
+    for key, value in languages.context(request).items():
+        context.setdefault(key, value)
+    for key in ("title", "body", "back_label", "message"):  # the page's words from Python (N_), in its language
+        if isinstance(context.get(key), str):
+            context[key] = i18n.gettext(context["lang"], context[key])
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 
@@ -110,6 +115,7 @@ def _signed_in(session: Session, request: Request) -> Participant | None:
     token = request.cookies.get(SESSION_COOKIE)
     participant = participant_service.participant_for_token(session, token) if token else None
     request.state.participant_status = participant.status if participant is not None else ""
+    languages.remember(request, session, participant)
     return participant
 
 
@@ -159,7 +165,7 @@ def refused(session: Session, request: Request, exc: DomainError | ValidationErr
     status = status_code or (status_of(exc) if isinstance(exc, DomainError) else 422)
     values.setdefault("body" if name == "message.html" else "error", problem(exc))
     if name == "message.html":
-        values.setdefault("title", "That didn't work")
+        values.setdefault("title", N_("That didn't work"))
         values.setdefault("back", "/")
     return page(request, name, status_code=status, **values, **(context() if context else {}))
 
@@ -181,62 +187,6 @@ def as_sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def markdown(text: str) -> str:
-    return _markdown.render(text)
-
-
-# Help texts: web addresses become links, phone numbers tel: links ("text HOME to 741741": sms:).
-# A phone number is 3 to 15 digits in groups split by single spaces or hyphens, not touching
-# letters, slashes, colons or decimals (so "24/7", "21:00" and "3.5" stay text), and not a year.
-_PHONE = r"\+?\d(?:[ -]?\d){2,14}"
-_LINKABLE = re.compile(rf"(?P<url>https?://[^\s<>\"]+|www\.[^\s<>\"]+)|(?<![\w/:.+-])(?P<phone>{_PHONE})"
-                       r"(?![\w/:%-]|[.,]\d)")
-_TEXT_TO = re.compile(r"\btext\s+\S+\s+to\s*$", re.IGNORECASE)
-_NOT_A_PHONE = re.compile(r"(?:19|20)\d\d|\d{4}-\d\d-\d\d")
-
-
-def _links_in(text: str) -> list[Token]:
-    tokens: list[Token] = []
-    at = 0
-    for found in _LINKABLE.finditer(text):
-        shown = found.group(0).rstrip(".,;:!?)") if found.group("url") else found.group(0)
-        if found.group("url"):
-            href = shown if shown.startswith("http") else f"https://{shown}"
-        elif _NOT_A_PHONE.fullmatch(shown):
-            continue
-        else:
-            number = re.sub(r"[ -]", "", shown)
-            href = f"sms:{number}" if _TEXT_TO.search(text[:found.start()]) else f"tel:{number}"
-        tokens.append(Token("text", "", 0, content=text[at:found.start()]))
-        tokens += [Token("link_open", "a", 1, attrs={"href": href}, markup="linkify", info="auto"),
-                   Token("text", "", 0, content=shown), Token("link_close", "a", -1, markup="linkify", info="auto")]
-        at = found.start() + len(shown)
-    tokens.append(Token("text", "", 0, content=text[at:]))
-    return [token for token in tokens if token.type != "text" or token.content]
-
-
-def _link_help(state: StateCore) -> None:
-    """A markdown-it core rule: link addresses and numbers in text outside links the author wrote."""
-    for block in state.tokens:
-        if block.type != "inline" or not block.children:
-            continue
-        children: list[Token] = []
-        in_link = 0
-        for token in block.children:
-            in_link += {"link_open": 1, "link_close": -1}.get(token.type, 0)
-            children += _links_in(token.content) if token.type == "text" and not in_link else [token]
-        block.children = children
-
-
-_resources_markdown = MarkdownIt("commonmark", {"html": False})
-_resources_markdown.core.ruler.push("help_links", _link_help)
-
-
-def resources_html(text: str) -> str:
-    """Crisis and support resources (Markdown) as HTML, every phone number and web address a link."""
-    return _resources_markdown.render(text)
-
-
 templates.env.filters["markdown"] = markdown
 templates.env.filters["resources"] = resources_html
 
@@ -245,11 +195,21 @@ def _public_text(session: Session, participant: Participant) -> dict[str, Any]:
     """The study as participants know it: the protocol's public title and description, never the
     internal title (which may name the hypothesis)."""
     info = current_protocol(session, participant.study_id).study
-    return {"study_title": info.participant_title, "study_description": info.public_description}
+    return {"study_title": info.title_in(participant.language),
+            "study_description": info.description_in(participant.language)}
 
 
-def _consent_about(session: Session, state: participant_service.ConsentStatus) -> ConsentAboutRead:
-    return ConsentAboutRead.of(protocol_for_consent(session, state.current.id))
+def _consent_about(session: Session, state: participant_service.ConsentStatus,
+                   participant: Participant) -> ConsentAboutRead:
+    return ConsentAboutRead.of(protocol_for_consent(session, state.current.id),
+                               participant_service.consent_language(participant, state.current))
+
+
+def _consent_shown(participant: Participant, state: participant_service.ConsentStatus) -> dict[str, Any]:
+    """The consent version in force as this participant reads it: its language, text and confirmations."""
+    language = participant_service.consent_language(participant, state.current)
+    return {"consent_language": language, "consent_text": state.current.text_in(language),
+            "confirmations": state.current.confirmations_in(language)}
 
 
 # Invite and consent
@@ -273,6 +233,24 @@ def home(request: Request, session: SessionDep) -> Response:
                 **_public_text(session, participant))
 
 
+@router.post("/language")
+def choose_language(request: Request, form: Form, session: SessionDep) -> Response:
+    """The language menu: a participant's choice is kept with them (pages, emails, surveys); before
+    joining, and after withdrawing, this browser's is kept in a cookie."""
+    language = str(form.get("language", ""))[:16]
+    participant = _signed_in(session, request)
+    if participant is not None and not participant.is_withdrawn:
+        check_csrf(request, form)
+        try:
+            participant_service.set_language(session, participant, language)
+        except DomainError as exc:
+            return refused(session, request, exc, status_code=422)
+    elif language not in i18n.interface_languages():
+        return page(request, "message.html", status_code=422, title=N_("That didn't work"),
+                    body=N_("The pages are not offered in that language."), back="/")
+    return languages.chosen(languages.redirect(str(form.get("next", "/"))), language)
+
+
 @router.post("/join")
 def join(request: Request, form: Form, session: SessionDep) -> Response:
     pre = request.cookies.get(PRE_COOKIE)
@@ -281,7 +259,7 @@ def join(request: Request, form: Form, session: SessionDep) -> Response:
     code = str(form.get("invite_code", "")).strip()[:64]
     panel_id = str(form.get("panel_id", "")).strip()[:200] or None
     try:
-        token = participant_service.enroll(session, code, panel_id).token
+        token = participant_service.enroll(session, code, panel_id, languages.wanted(request)).token
     except DomainError as exc:
         return refused(session, request, exc, name="join.html", status_code=400, pre=pre, code=code,
                        panel_id=panel_id or "")
@@ -318,7 +296,7 @@ def _signed_in_again(result: signin.SignedIn) -> Response:
 
 def _link_not_usable(request: Request, exc: DomainError) -> Response:
     """A used, expired or broken link: say so, and offer a new one (not to a withdrawn participant)."""
-    return _with_pre(request, "sign_in.html", status_code=status_of(exc), state="refused", title="Sign in again",
+    return _with_pre(request, "sign_in.html", status_code=status_of(exc), state="refused", title=N_("Sign in again"),
                      message=exc.message, ask_again=exc.code != "withdrawn")
 
 
@@ -333,7 +311,7 @@ def ask_for_sign_in_link(request: Request, form: Form, session: SessionDep) -> R
     except (ValidationError, TooManyAttempts) as exc:
         return _with_pre(request, "join.html", status_code=429 if isinstance(exc, TooManyAttempts) else 422,
                          email=typed, email_error=problem(exc))
-    return page(request, "sign_in.html", state="sent", title="Check your email",
+    return page(request, "sign_in.html", state="sent", title=N_("Check your email"),
                 message=signin.requested_message(address))
 
 
@@ -365,7 +343,7 @@ def sign_in_link(token: str, request: Request, session: SessionDep) -> Response:
         signin.check_link(session, token)
     except DomainError as exc:
         return _link_not_usable(request, exc)
-    return _with_pre(request, "sign_in.html", state="confirm", title="Sign in", token=token)
+    return _with_pre(request, "sign_in.html", state="confirm", title=N_("Sign in"), token=token)
 
 
 @router.post("/sign-in/link/{token}")
@@ -386,7 +364,9 @@ def consent(request: Request, session: SessionDep) -> Response:
     participant = _participant(session, request)
     state = participant_service.consent_status(session, participant)
     return page(request, "consent.html", state=state, participant=participant,
-                revised=state.signed is not None and state.needs_consent, about=_consent_about(session, state))
+                revised=state.signed is not None and state.needs_consent,
+                about=_consent_about(session, state, participant),
+                **_consent_shown(participant, state))
 
 
 @router.post("/consent")
@@ -397,13 +377,16 @@ def sign(request: Request, form: Form, session: SessionDep) -> Response:
     try:
         signed = ConsentSign(version=str(form.get("version", "")),
                              confirmations=[str(c) for c in form.getlist("confirmations")],
-                             typed_signature=str(form.get("typed_signature", "")))
+                             typed_signature=str(form.get("typed_signature", "")),
+                             language=str(form.get("language", "")) or None)  # the language the page showed
         participant_service.sign_consent(session, participant, version=signed.version,
-                                         confirmations=signed.confirmations, typed_signature=signed.typed_signature)
+                                         confirmations=signed.confirmations, typed_signature=signed.typed_signature,
+                                         language=signed.language)
     except (DomainError, ValidationError) as exc:
         return refused(session, request, exc, name="consent.html", status_code=422, state=state,
                        participant=participant, revised=state.signed is not None and state.needs_consent,
-                       context=lambda: {"about": _consent_about(session, state)},
+                       context=lambda: {"about": _consent_about(session, state, participant),
+                                        **_consent_shown(participant, state)},
                        checked=set(form.getlist("confirmations")), typed=str(form.get("typed_signature", ""))[:200])
     return see_other("/" if participant.status == ParticipantStatus.ENROLLED else "/onboarding")
 
@@ -422,8 +405,8 @@ def decline(request: Request, form: Form, session: SessionDep) -> Response:
     if screen_out is not None:
         return see_other(screen_out)
     request.state.participant_status = ParticipantStatus.WITHDRAWN
-    return page(request, "message.html", title="Thank you", back="/help", back_label="Help and resources",
-                body="You chose not to take part. Nothing more will be asked of you, and nobody will contact you.")
+    return page(request, "message.html", title=N_("Thank you"), back="/help", back_label=N_("Help and resources"),
+                body=N_("You chose not to take part. Nothing more will be asked of you, and nobody will contact you."))
 
 
 @router.get("/onboarding", response_class=HTMLResponse)
@@ -515,9 +498,9 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
     screens = _blocks(survey_service.render(session, assignment))
     step = form_int(form.get("step", "0"), lo=0, hi=len(screens) - 1)
     if step is None:
-        return page(request, "message.html", status_code=422, title="This form is out of date",
-                    body="The survey page you sent does not exist. Open the survey again; your saved answers "
-                         "are kept.", back=action)
+        return page(request, "message.html", status_code=422, title=N_("This form is out of date"),
+                    body=N_("The survey page you sent does not exist. Open the survey again; your saved answers "
+                            "are kept."), back=action)
     answers = _answers_from(form, screens[step]["items"])
     finishing = form.get("go") == "submit"
     submission_id = str(form.get("submission_id", ""))
@@ -537,7 +520,7 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
         panel = participant_service.completion_url(session, participant, survey_service.wave_of(assignment))
         safety = safety_rules.notice(session, participant, assignment.id)
         if safety is not None:  # shown at once, not after a redirect that could be missed
-            return page(request, "message.html", title="Thank you", body="Your answers were saved.",
+            return page(request, "message.html", title=N_("Thank you"), body=N_("Your answers were saved."),
                         back=panel or "/help", back_label="Continue" if panel else "More help", safety=safety)
         return see_other(panel or done)  # a panel participant goes back to the panel with its completion code
     target = step - 1 if form.get("go") == "back" else step + 1
@@ -567,7 +550,7 @@ def answer_survey(assignment_id: RowId, request: Request, form: Form, session: S
 
 @router.get("/done", response_class=HTMLResponse, name="survey_done")
 def survey_done(request: Request) -> Response:
-    return page(request, "message.html", title="Thank you", body="Your answers were saved.", back="/")
+    return page(request, "message.html", title=N_("Thank you"), body=N_("Your answers were saved."), back="/")
 
 
 def _step(request: Request) -> int:
@@ -575,7 +558,7 @@ def _step(request: Request) -> int:
 
 
 def _link_refused(request: Request, exc: DomainError) -> Response:
-    return page(request, "message.html", status_code=404, title="This link can't be used",
+    return page(request, "message.html", status_code=404, title=N_("This link can't be used"),
                 body=as_sentence(exc.message), back="/")
 
 
@@ -618,7 +601,7 @@ def new_return_code(request: Request, form: Form, session: SessionDep) -> Respon
     try:
         code = signin.issue_return_code(session, participant)
     except DomainError as exc:
-        return refused(session, request, exc, title="Return code", back="/me")
+        return refused(session, request, exc, title=N_("Return code"), back="/me")
     return page(request, "return_code.html", code=code, next="/me", replaced=replaced)
 
 
@@ -635,15 +618,15 @@ def withdraw(request: Request, form: Form, session: SessionDep) -> Response:
     try:
         level = WithdrawalCreate(level=str(form.get("level", WithdrawalLevel.STOP_CONTACT)), confirm=True).level
     except ValidationError as exc:
-        return page(request, "message.html", status_code=422, title="Withdrawal", body=problem(exc), back="/me")
+        return page(request, "message.html", status_code=422, title=N_("Withdrawal"), body=problem(exc), back="/me")
     try:
         receipt = participant_service.withdraw(session, participant, level,
                                                audit.Actor("participant", participant.code))
     except DomainError as exc:
-        return refused(session, request, exc, status_code=409, title="Withdrawal", back="/me")
+        return refused(session, request, exc, status_code=409, title=N_("Withdrawal"), back="/me")
     request.state.participant_status = ParticipantStatus.WITHDRAWN  # the navigation of the page saying so
-    return page(request, "message.html", title="You have withdrawn", body=receipt.message, back="/help",
-                back_label="Crisis and support resources")
+    return page(request, "message.html", title=N_("You have withdrawn"), body=receipt.message, back="/help",
+                back_label=N_("Crisis and support resources"))
 
 
 @router.get("/help", response_class=HTMLResponse)
@@ -673,7 +656,7 @@ def install(app: Any) -> None:
     async def _not_found(request: Request, exc: NotFound) -> Response:
         if not is_page(request):
             return JSONResponse(error_body(exc.code, exc.message), status_code=404)
-        return page(request, "message.html", status_code=404, title="Not found", body=as_sentence(exc.message),
+        return page(request, "message.html", status_code=404, title=N_("Not found"), body=as_sentence(exc.message),
                     back="/")
 
     # A browser gets a page, not the API's JSON, when a page's address or form is refused.
@@ -685,10 +668,10 @@ def install(app: Any) -> None:
         if not is_page(request):
             return await json_validation(request, exc)
         if any(error["loc"][:1] == ("path",) for error in exc.errors()):
-            return page(request, "message.html", status_code=404, title="Not found",
-                        body="There is no such page. Start again from the home page.", back="/")
-        return page(request, "message.html", status_code=422, title="That didn't work",
-                    body="Something in this request was not valid. Go back and try again.", back="/")
+            return page(request, "message.html", status_code=404, title=N_("Not found"),
+                        body=N_("There is no such page. Start again from the home page."), back="/")
+        return page(request, "message.html", status_code=422, title=N_("That didn't work"),
+                    body=N_("Something in this request was not valid. Go back and try again."), back="/")
 
     @app.exception_handler(StarletteHTTPException)
     async def _refused(request: Request, exc: StarletteHTTPException) -> Response:

@@ -35,6 +35,7 @@ from chat.roles import Concern
 from study import audit
 from study.clock import now
 from study.errors import Conflict, DomainError, Invalid, NotFound
+from study.i18n import gettext
 from study.models import Participant, WithdrawalLevel
 from study.protocol import Triage
 from study.safety import CheckInKind, SafetyCheckIn, SafetyEvent, SafetyLevel, mark_unanswered
@@ -266,21 +267,27 @@ def reply_to_answer(session: Session, conversation_id: int, participant_turn_id:
     safety stance for words it could not read), and the policy's reply stands."""
     if final.stance == "decline":
         return None
+    def say(text: str) -> str:  # in the participant's language (a query only when the platform replies)
+        language = session.scalar(select(Participant.language).join(Turn, Turn.participant_id == Participant.id)
+                                  .where(Turn.id == participant_turn_id))
+        return gettext(language or "en", text)
+
     answered = _answered_by(session, conversation_id, participant_turn_id)
     if answered is not None:
         check_in, event = answered
         note = next_step(session, check_in, event) if check_in.answered_at is not None else None
+        note = say(note) if note is not None else None
         if event.level == SafetyLevel.ESCALATION and note is not None:
             kind: Concern = "risk_to_self" if check_in.kind == CheckInKind.RISK_TO_SELF else "risk_from_others"
             return StanceDecision("escalate", kind, default_rationale(kind, "escalate")), note
         stance = final if final.stance in ("check_in", "escalate") else AGREE
-        return stance, note or triage.NEXT_QUESTION_REPLY
+        return stance, note or say(triage.NEXT_QUESTION_REPLY)
     if final.stance in ("check_in", "escalate"):
         return None
     seq = session.scalar(select(Turn.seq).where(Turn.id == participant_turn_id))
     found = current(session, conversation_id, before_seq=seq)
     if found is not None and found.answered_at is None and triage.read_words(content, CheckInKind(found.kind)).unclear:
-        return AGREE, triage.UNCLEAR_REPLY
+        return AGREE, say(triage.UNCLEAR_REPLY)
     return None
 
 

@@ -25,6 +25,7 @@ from chat.drift import reliance_growing
 from chat.monitors import CrisisFinding, normalize, sentence_with
 from chat.reading import Reading
 from chat.roles import LADDER, OVERRIDABLE_STANCES, SAFETY_CONCERNS, STANCES, Concern, RoleSpec, Stance
+from study.i18n import N_
 
 # How a dependence reason that names reliance over days opens (the offline model knows it by this).
 OVER_DAYS = "Over the past week"
@@ -108,24 +109,24 @@ def default_rationale(concern: Concern, stance: Stance, *, repeats: int = 0, rai
     which, once reliance is growing, the dependence reason names instead of this one message."""
     if stance == "escalate":
         return {
-            "harm_to_others": "What you wrote suggests someone could get seriously hurt. I can't help with that, and "
-                              "I'm showing you people who can help right now.",
-            "risk_from_others": "What you wrote makes me worried that someone may hurt you. Your safety matters, so "
-                                "I'm showing you people who help with exactly this, right now.",
-        }.get(concern, "What you wrote makes me worried about your safety. You matter, so I'm showing you people "
-                       "you can reach right now.")
+            "harm_to_others": N_("What you wrote suggests someone could get seriously hurt. I can't help with that, "
+                                 "and I'm showing you people who can help right now."),
+            "risk_from_others": N_("What you wrote makes me worried that someone may hurt you. Your safety matters, "
+                                   "so I'm showing you people who help with exactly this, right now."),
+        }.get(concern, N_("What you wrote makes me worried about your safety. You matter, so I'm showing you people "
+                          "you can reach right now."))
     if stance == "check_in":
         if concern == "risk_from_others":
-            return ("What you describe sounds frightening, and it isn't your fault. How safe are you right now? If "
-                    "you'd like to talk it through with people who help with this, confidentially, they're below.")
+            return N_("What you describe sounds frightening, and it isn't your fault. How safe are you right now? If "
+                      "you'd like to talk it through with people who help with this, confidentially, they're below.")
         if raised:
-            return ("You've said something like this more than once now, and I'm thinking of you. You don't have to "
-                    "carry it alone: the people below are free to talk to, any time.")
-        return ("It sounds like you're carrying a lot right now, and I'm glad you said so. How are you doing, "
-                "really? If it would help to talk to someone, the people below are there any time.")
+            return N_("You've said something like this more than once now, and I'm thinking of you. You don't have "
+                      "to carry it alone: the people below are free to talk to, any time.")
+        return N_("It sounds like you're carrying a lot right now, and I'm glad you said so. How are you doing, "
+                  "really? If it would help to talk to someone, the people below are there any time.")
     if stance == "decline":
-        return ("This could hurt someone else, so I won't help with that part. I'm glad to help you deal with what "
-                "happened in another way.")
+        return N_("This could hurt someone else, so I won't help with that part. I'm glad to help you deal with what "
+                  "happened in another way.")
     if quote:
         said = f"\u201c{quote}\u201d{'' if quote[-1] in _END else '.'}"
         asked, backing, wrote = f"You asked me to agree: {said}", f"You're asking me to back you up: {said}", \

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from study.i18n import N_, gettext
+
 PROMPTS = Path(__file__).parent / "prompts"
 
 RoleName = Literal["standard", "concierge", "collaborator", "coach"]
@@ -38,14 +40,27 @@ SAFETY_CONCERNS: frozenset[Concern] = frozenset({"risk_to_self", "harm_to_others
 
 @dataclass(frozen=True)
 class Disclosure:
-    """The card a participant reads before choosing (about 20 seconds of reading)."""
+    """The card a participant reads before choosing (about 20 seconds of reading), written in
+    English with each text marked for the interface's catalogs (``translated``)."""
 
     title: str
     tagline: str
     optimized_for: str
     will: tuple[str, ...]
     wont: tuple[str, ...]
-    pushback: str
+    pushback_sentences: tuple[str, ...]
+
+    @property
+    def pushback(self) -> str:
+        return " ".join(self.pushback_sentences)
+
+    def translated(self, language: str) -> Disclosure:
+        """The card in ``language`` (``study.i18n``; English where the catalog lacks a text)."""
+        def say(text: str) -> str:
+            return gettext(language, text)
+        return Disclosure(title=say(self.title), tagline=say(self.tagline), optimized_for=say(self.optimized_for),
+                          will=tuple(map(say, self.will)), wont=tuple(map(say, self.wont)),
+                          pushback_sentences=tuple(map(say, self.pushback_sentences)))
 
 
 @dataclass(frozen=True)
@@ -57,44 +72,45 @@ class RoleSpec:
     starts_at: dict[Concern, Stance]
 
 
-_OVERRIDE = "If it pushes back, it says why, and you can tap \u201cGo ahead anyway\u201d to have it do what you asked."
-_SAFETY = "It never helps anyone get hurt and shows crisis resources when needed; that cannot be overridden."
+_OVERRIDE = N_("If it pushes back, it says why, and you can tap \u201cGo ahead anyway\u201d to have it do what you "
+              "asked.")
+_SAFETY = N_("It never helps anyone get hurt and shows crisis resources when needed; that cannot be overridden.")
 
 ROLE_SPECS: dict[RoleName, RoleSpec] = {
     "standard": RoleSpec(
         name="standard",
         disclosure=Disclosure(
-            title="Assistant",
-            tagline="A general-purpose assistant",
-            optimized_for="Being helpful and pleasant in the conversation you are having now.",
-            will=("Answer questions and help with tasks", "Follow your lead"),
-            wont=("Help with harming yourself or others",),
-            pushback="It raises only safety concerns. " + _SAFETY,
+            title=N_("Assistant"),
+            tagline=N_("A general-purpose assistant"),
+            optimized_for=N_("Being helpful and pleasant in the conversation you are having now."),
+            will=(N_("Answer questions and help with tasks"), N_("Follow your lead")),
+            wont=(N_("Help with harming yourself or others"),),
+            pushback_sentences=(N_("It raises only safety concerns."), _SAFETY),
         ),
         starts_at={"risk_to_self": "nudge", "risk_from_others": "nudge", "harm_to_others": "challenge"},
     ),
     "concierge": RoleSpec(
         name="concierge",
         disclosure=Disclosure(
-            title="Concierge",
-            tagline="\u201cDo it\u201d",
-            optimized_for="Getting what you asked for done, quickly and well.",
-            will=("Carry out your request as you framed it", "Keep questions to a minimum"),
-            wont=("Second-guess your plans or choices", "Help with harming yourself or others"),
-            pushback="It doesn't question your plans; it speaks up only about safety. " + _SAFETY,
+            title=N_("Concierge"),
+            tagline=N_("\u201cDo it\u201d"),
+            optimized_for=N_("Getting what you asked for done, quickly and well."),
+            will=(N_("Carry out your request as you framed it"), N_("Keep questions to a minimum")),
+            wont=(N_("Second-guess your plans or choices"), N_("Help with harming yourself or others")),
+            pushback_sentences=(N_("It doesn't question your plans; it speaks up only about safety."), _SAFETY),
         ),
         starts_at={"risk_to_self": "nudge", "risk_from_others": "nudge", "harm_to_others": "challenge"},
     ),
     "collaborator": RoleSpec(
         name="collaborator",
         disclosure=Disclosure(
-            title="Collaborator",
-            tagline="\u201cThink with me\u201d",
-            optimized_for="Helping you reach a decision you will still agree with later.",
-            will=("Raise considerations and questions you may not have weighed",
-                  "Say so when a framing doesn't seem supported"),
-            wont=("Decide for you", "Flatter you or agree just to please"),
-            pushback="It may disagree, always with a reason. " + _OVERRIDE + " " + _SAFETY,
+            title=N_("Collaborator"),
+            tagline=N_("\u201cThink with me\u201d"),
+            optimized_for=N_("Helping you reach a decision you will still agree with later."),
+            will=(N_("Raise considerations and questions you may not have weighed"),
+                  N_("Say so when a framing doesn't seem supported")),
+            wont=(N_("Decide for you"), N_("Flatter you or agree just to please")),
+            pushback_sentences=(N_("It may disagree, always with a reason."), _OVERRIDE, _SAFETY),
         ),
         starts_at={"risk_to_self": "nudge", "risk_from_others": "nudge", "harm_to_others": "challenge",
                    "unsupported_framing": "nudge", "validation_seeking": "nudge", "reassurance_loop": "nudge",
@@ -103,12 +119,12 @@ ROLE_SPECS: dict[RoleName, RoleSpec] = {
     "coach": RoleSpec(
         name="coach",
         disclosure=Disclosure(
-            title="Coach",
-            tagline="\u201cChallenge me\u201d",
-            optimized_for="Your progress on the goals you set, even when that is uncomfortable now.",
-            will=("Test your assumptions", "Name patterns it notices", "Hold you to goals you stated"),
-            wont=("Tell you what you want to hear", "Decide for you"),
-            pushback="It will challenge you directly, always with a reason. " + _OVERRIDE + " " + _SAFETY,
+            title=N_("Coach"),
+            tagline=N_("\u201cChallenge me\u201d"),
+            optimized_for=N_("Your progress on the goals you set, even when that is uncomfortable now."),
+            will=(N_("Test your assumptions"), N_("Name patterns it notices"), N_("Hold you to goals you stated")),
+            wont=(N_("Tell you what you want to hear"), N_("Decide for you")),
+            pushback_sentences=(N_("It will challenge you directly, always with a reason."), _OVERRIDE, _SAFETY),
         ),
         starts_at={"risk_to_self": "nudge", "risk_from_others": "nudge", "harm_to_others": "challenge",
                    "unsupported_framing": "challenge", "validation_seeking": "challenge",

@@ -12,6 +12,7 @@ from chat.check_ins import Summary
 from chat.models import Conversation, Turn
 from chat.roles import RoleSpec
 from chat.service import reply_in_flight
+from study.i18n import gettext
 from study.safety import CheckInKind, SafetyCheckIn, SafetyEvent, SafetyEventReview
 from study.validation import NOT_BLANK_PATTERN, Line, RequestBody
 
@@ -101,20 +102,25 @@ class CheckInRead(BaseModel):
     follow_up: str | None = Field(default=None, description="the study's follow-up, shown when it went unanswered")
 
     @classmethod
-    def of(cls, check_in: SafetyCheckIn, event: SafetyEvent, next_step: str | None) -> CheckInRead:
+    def of(cls, check_in: SafetyCheckIn, event: SafetyEvent, next_step: str | None,
+           language: str = "en") -> CheckInRead:
+        """The check-in, its texts in ``language`` (the participant's; the stored wording is English)."""
+        def say(text: str) -> str:
+            return gettext(language, text)
         kind = CheckInKind(check_in.kind)
         answers = {question: given for question, given in (check_in.answers or {}).items()}
         values = {question: str(given["answer"]) for question, given in answers.items()}
         asked = set(triage.to_ask(kind, values))
         status = Summary.of(check_in, event).status
         settled = check_in.answered_at is not None or status == "replaced"
-        return cls(id=check_in.id, kind=kind.value, intro=triage.INTRO[kind], questions=[
-            CheckInQuestionRead(id=q["id"], text=q["text"], asked=q["id"] in asked,
+        return cls(id=check_in.id, kind=kind.value, intro=say(triage.INTRO[kind]), questions=[
+            CheckInQuestionRead(id=q["id"], text=say(q["text"]), asked=q["id"] in asked,
                                 answer=answers.get(q["id"], {}).get("answer"),
                                 given=answers.get(q["id"], {}).get("given"))
             for q in check_in.questions], status=status,
             next_question=None if settled else triage.next_question(kind, values),
-            next_step=next_step, follow_up=triage.FOLLOW_UP if check_in.followed_up_at and not settled else None)
+            next_step=say(next_step) if next_step else None,
+            follow_up=say(triage.FOLLOW_UP) if check_in.followed_up_at and not settled else None)
 
 
 class CheckInAnswers(RequestBody):

@@ -34,11 +34,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from study.i18n import N_
 from study.safety import CheckInKind, SafetyLevel
 
 Answer = Literal["yes", "no", "declined"]
 ANSWERS: tuple[Answer, ...] = ("yes", "no", "declined")
-ANSWER_LABELS: dict[Answer, str] = {"yes": "Yes", "no": "No", "declined": "Prefer not to say"}
+ANSWER_LABELS: dict[Answer, str] = {"yes": N_("Yes"), "no": N_("No"), "declined": N_("Prefer not to say")}
 Given = Literal["button", "words"]
 
 
@@ -51,29 +52,29 @@ class Question:
 # Risk to self, in the screener's order. ``method``, ``intent`` and ``plan`` are asked only when the
 # answer about thoughts of ending one's life is not a no (the screener's skip).
 RISK_TO_SELF: tuple[Question, ...] = (
-    Question("wish_dead", "In the past month, have you wished you weren't alive anymore?"),
-    Question("thoughts", "Have you been having thoughts of ending your own life?"),
-    Question("method", "Have those thoughts included a way you might do it?"),
-    Question("intent", "Do you feel you might act on those thoughts?"),
-    Question("plan", "Have you made a plan, with details worked out, that you mean to go through with?"),
-    Question("behaviour", "In the last few months, have you done anything to end your life, or taken steps to "
-                          "get ready, like gathering things or writing goodbyes?"),
+    Question("wish_dead", N_("In the past month, have you wished you weren't alive anymore?")),
+    Question("thoughts", N_("Have you been having thoughts of ending your own life?")),
+    Question("method", N_("Have those thoughts included a way you might do it?")),
+    Question("intent", N_("Do you feel you might act on those thoughts?")),
+    Question("plan", N_("Have you made a plan, with details worked out, that you mean to go through with?")),
+    Question("behaviour", N_("In the last few months, have you done anything to end your life, or taken steps to "
+                          "get ready, like gathering things or writing goodbyes?")),
 )
 RISK_FROM_OTHERS: tuple[Question, ...] = (
-    Question("safe_now", "Are you safe right now?"),
-    Question("person_near", "Is the person who hurt or threatened you with you now, or able to get to you?"),
-    Question("safe_place", "Do you have somewhere safe you could go if you needed to?"),
+    Question("safe_now", N_("Are you safe right now?")),
+    Question("person_near", N_("Is the person who hurt or threatened you with you now, or able to get to you?")),
+    Question("safe_place", N_("Do you have somewhere safe you could go if you needed to?")),
 )
 QUESTIONS: dict[CheckInKind, tuple[Question, ...]] = {
     CheckInKind.RISK_TO_SELF: RISK_TO_SELF, CheckInKind.RISK_FROM_OTHERS: RISK_FROM_OTHERS}
 QUESTION_IDS: tuple[str, ...] = tuple(q.id for questions in QUESTIONS.values() for q in questions)
 AFTER_THOUGHTS = ("method", "intent", "plan")  # asked only when thoughts is not a no
 INTRO = {
-    CheckInKind.RISK_TO_SELF: (
+    CheckInKind.RISK_TO_SELF: N_(
         "I'd like to ask you a few quick questions, so the study team knows how best to support you. You can "
         "answer with the buttons or in your own words, and skip any question with \u201cPrefer not to say\u201d. "
         "The study's safety team reads your answers."),
-    CheckInKind.RISK_FROM_OTHERS: (
+    CheckInKind.RISK_FROM_OTHERS: N_(
         "A few quick questions about your safety right now, so the study team knows how best to support you. "
         "Answer with the buttons or in your own words, or skip any with \u201cPrefer not to say\u201d. The "
         "study's safety team reads your answers."),
@@ -286,26 +287,29 @@ def _general(bare: str) -> Answer | Literal["unclear"] | None:
 def next_step(level: SafetyLevel, outcome: str, *, paged: bool) -> str:
     """What happens next, shown once the answers decided the level (``paged``: the level pages
     the study's on-call contacts and the protocol names some)."""
+    if level == SafetyLevel.ESCALATION and paged:
+        return N_("Thank you for telling me; that took courage. Because of what you said, the study's on-call team is "
+                  "being told now, and will follow the study's safety procedure. Please contact one of the services "
+                  "shown here now, and if you are in immediate danger, call your local emergency number.")
     if level == SafetyLevel.ESCALATION:
-        told = ("Because of what you said, the study's on-call team is being told now, and will follow the "
-                "study's safety procedure. " if paged else "The study's safety team will see your answers. ")
-        return ("Thank you for telling me; that took courage. " + told + "Please contact one of the services "
-                "shown here now, and if you are in immediate danger, call your local emergency number.")
+        return N_("Thank you for telling me; that took courage. The study's safety team will see your answers. Please "
+                  "contact one of the services shown here now, and if you are in immediate danger, call your local "
+                  "emergency number.")
     if outcome == THOUGHTS:
-        return ("Thank you for being honest about this. Thoughts like these are more common than people think, and "
-                "they're a sign of how much you're carrying. A member of the study team will read your answers. "
-                "Please think about talking to one of the services shown here today; they're free and there any "
-                "time.")
+        return N_("Thank you for being honest about this. Thoughts like these are more common than people think, and "
+                  "they're a sign of how much you're carrying. A member of the study team will read your answers. "
+                  "Please think about talking to one of the services shown here today; they're free and there any "
+                  "time.")
     if outcome in (SAFE_NOW, NO_SAFE_PLACE):
-        return ("Thank you. I'm glad you're safe right now. A member of the study team will look over your answers "
-                "later. The services shown here can help you plan how to stay safe, whenever you need them.")
-    return ("Thank you for answering. A member of the study team will look over this check-in later. If things get "
-            "harder, the services shown here are there any time, and you can keep talking to me.")
+        return N_("Thank you. I'm glad you're safe right now. A member of the study team will look over your answers "
+                  "later. The services shown here can help you plan how to stay safe, whenever you need them.")
+    return N_("Thank you for answering. A member of the study team will look over this check-in later. If things get "
+              "harder, the services shown here are there any time, and you can keep talking to me.")
 
 
-FOLLOW_UP = ("We haven't heard back from you since the questions above, and we wanted to check on you. If things "
+FOLLOW_UP = N_("We haven't heard back from you since the questions above, and we wanted to check on you. If things "
              "feel hard right now, please reach out to one of the services shown here; if you are in immediate "
              "danger, call your local emergency number. You can still answer the questions whenever you're ready.")
-UNCLEAR_REPLY = ("I'm not sure whether that was a yes or a no, so I haven't counted it as either. You can answer with "
-                 "the buttons, or choose \u201cPrefer not to say\u201d to skip a question.")
-NEXT_QUESTION_REPLY = "Thank you for answering. The next question is below, when you're ready."
+UNCLEAR_REPLY = N_("I'm not sure whether that was a yes or a no, so I haven't counted it as either. You can answer "
+                   "with the buttons, or choose \u201cPrefer not to say\u201d to skip a question.")
+NEXT_QUESTION_REPLY = N_("Thank you for answering. The next question is below, when you're ready.")

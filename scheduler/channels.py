@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from email.message import EmailMessage
 from email.utils import formatdate
 from typing import Protocol
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
 
+from study import i18n
 from study.settings import Settings
 from study.validation import email_address
 
@@ -49,8 +49,9 @@ class Invitation:
     study_title: str
     survey_title: str
     link: str
-    closes_at_text: str  # in the participant's time zone
+    closes_at_text: str  # in the participant's time zone and language
     sign_in_link: str | None = None  # signs the participant in to "My study", once (study.signin)
+    language: str = "en"  # the participant's: the email is written in it (study.i18n)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class SignInLinkMessage:
     idempotency_key: str
     to_email: str
     link: str
-    expires_at_text: str  # in the participant's time zone
+    expires_at_text: str  # in the participant's time zone and language
+    language: str = "en"  # the participant's: the email is written in it
 
 
 @dataclass(frozen=True)
@@ -112,57 +114,71 @@ class SignInChannel(Protocol):
     def send_sign_in(self, message: SignInLinkMessage) -> None: ...
 
 
-def local_time_text(moment: dt.datetime, timezone: str | None) -> str:
+def local_time_text(moment: dt.datetime, timezone: str | None, language: str = "en") -> str:
     """A moment as the participant reads it, e.g. "Thursday 5 March 2026, 18:00 CET (Europe/Berlin)"."""
-    try:
-        zone = ZoneInfo(timezone or "UTC")
-    except (ZoneInfoNotFoundError, ValueError):
-        zone, timezone = ZoneInfo("UTC"), "UTC"
-    local = moment.astimezone(zone)
-    where = "" if (timezone or "UTC") == "UTC" else f" ({timezone})"
-    return f"{local:%A} {local.day} {local:%B %Y, %H:%M} {local.tzname()}{where}"
+    return i18n.moment_text(moment, timezone, language)
 
 
 def subject(message: Invitation) -> str:
-    prefix = "Reminder: " if message.kind == "reminder" else ""
-    return f"{prefix}{message.survey_title} ({message.study_title})"
+    values = {"survey": message.survey_title, "study": message.study_title}
+    if message.kind == "reminder":
+        return i18n.gettext(message.language, "Reminder: %(survey)s (%(study)s)", **values)
+    return i18n.gettext(message.language, "%(survey)s (%(study)s)", **values)
+
+
+def _opening(message: Invitation) -> str:
+    if message.kind == "reminder":
+        return i18n.gettext(message.language, "A reminder: your survey is still open.")
+    return i18n.gettext(message.language, "It's time for a short follow-up survey in the study you joined.")
+
+
+def _until(message: Invitation) -> str:
+    return i18n.gettext(message.language, "The link works until %(closes)s and only for you.",
+                        closes=message.closes_at_text)
 
 
 def text_body(message: Invitation) -> str:
-    opening = ("A reminder: your survey is still open." if message.kind == "reminder"
-               else "It's time for a short follow-up survey in the study you joined.")
-    return (f"Hello,\n\n{opening}\n\n{message.survey_title}\n{message.link}\n\n"
-            f"The link works until {message.closes_at_text} and only for you.\n"
+    hello = i18n.gettext(message.language, "Hello,")
+    return (f"{hello}\n\n{_opening(message)}\n\n{message.survey_title}\n{message.link}\n\n"
+            f"{_until(message)}\n"
             f"{_my_study_text(message)}\n\n"
             f"{message.study_title}\n")
 
 
 def _my_study_text(message: Invitation) -> str:
     if message.sign_in_link is None:
-        return "You can stop taking part at any time from the \"My study\" page."
-    return ("Your surveys, the chat, and stopping at any time are on your \"My study\" page. This link signs "
-            f"you in to it (once, until the survey closes):\n{message.sign_in_link}")
+        return i18n.gettext(message.language, "You can stop taking part at any time from the \"My study\" page.")
+    told = i18n.gettext(message.language, "Your surveys, the chat, and stopping at any time are on your \"My study\" "
+                        "page. This link signs you in to it (once, until the survey closes):")
+    return f"{told}\n{message.sign_in_link}"
 
 
 def html_body(message: Invitation) -> str:
     e = html.escape
-    return ("<!doctype html><html><body style=\"font-family:sans-serif;line-height:1.5\">"
-            f"<p>Hello,</p><p>{e(text_body(message).split(chr(10))[2])}</p>"
+    language = message.language
+    if message.sign_in_link is None:
+        my_study = e(i18n.gettext(language, "You can stop taking part at any time from the \"My study\" page."))
+    else:
+        my_study = (e(i18n.gettext(language, "Your surveys, the chat, and stopping at any time are on your "
+                                             "\"My study\" page:"))
+                    + f" <a href=\"{e(message.sign_in_link)}\">{e(i18n.gettext(language, 'sign in to My study'))}</a> "
+                    + e(i18n.gettext(language, "(this link works once, until the survey closes).")))
+    return (f"<!doctype html><html lang=\"{e(language)}\"><body style=\"font-family:sans-serif;line-height:1.5\">"
+            f"<p>{e(i18n.gettext(language, 'Hello,'))}</p><p>{e(_opening(message))}</p>"
             f"<p><a href=\"{e(message.link)}\">{e(message.survey_title)}</a></p>"
-            f"<p>The link works until {e(message.closes_at_text)} and only for you.<br>"
-            + ("You can stop taking part at any time from the &ldquo;My study&rdquo; page.</p>"
-               if message.sign_in_link is None else
-               "Your surveys, the chat, and stopping at any time are on your &ldquo;My study&rdquo; page: "
-               f"<a href=\"{e(message.sign_in_link)}\">sign in to My study</a> (this link works once, until "
-               "the survey closes).</p>") +
+            f"<p>{e(_until(message))}<br>{my_study}</p>"
             f"<p>{e(message.study_title)}</p></body></html>")
 
 
 def sign_in_text(message: SignInLinkMessage) -> str:
-    return ("Hello,\n\nSomeone asked to sign in again to the study you are taking part in, with this "
-            f"email address. To sign in, open this link:\n\n{message.link}\n\n"
-            f"It works once, until {message.expires_at_text}, and only for you: please don't forward it.\n"
-            "If you did not ask for it, you can ignore this email; nothing changes.\n")
+    language = message.language
+    return (i18n.gettext(language, "Hello,") + "\n\n"
+            + i18n.gettext(language, "Someone asked to sign in again to the study you are taking part in, with this "
+                                     "email address. To sign in, open this link:")
+            + f"\n\n{message.link}\n\n"
+            + i18n.gettext(language, "It works once, until %(expires)s, and only for you: please don't forward it.",
+                           expires=message.expires_at_text) + "\n"
+            + i18n.gettext(language, "If you did not ask for it, you can ignore this email; nothing changes.") + "\n")
 
 
 def notice_subject(notice: OnCallNotice) -> str:
@@ -233,7 +249,8 @@ class EmailChannel:
         return email
 
     def compose_sign_in(self, message: SignInLinkMessage) -> EmailMessage:
-        email = self._headers(message.to_email, "Your sign-in link", message.idempotency_key, "the contact email")
+        email = self._headers(message.to_email, i18n.gettext(message.language, "Your sign-in link"),
+                              message.idempotency_key, "the contact email")
         email.set_content(sign_in_text(message))
         return email
 

@@ -13,14 +13,13 @@ from sqlalchemy.orm import Session
 from scheduler.channels import Channel, DeliveryError, Invitation, local_time_text
 from scheduler.models import Delivery, FollowUp, FollowUpStatus
 from scheduler.outbox import OutboxKind
-from study import signin
+from study import i18n, signin
 from study.clock import now
 from study.models import Participant, ParticipantStatus
 from study.outbox import OutboxStatus
 from study.security import decrypt_contact
 from study.settings import Settings
 from study.studies import current_protocol
-from surveys import registry
 from surveys import service as survey_service
 from surveys.models import SurveyAssignment
 
@@ -69,16 +68,16 @@ class Deliveries(OutboxKind[Invitation]):
         if assignment.closes_at is not None and assignment.closes_at <= now():
             return None, "the survey window closed"
         # Participants see the public title only: the internal one may name the hypothesis.
-        study_title = current_protocol(session, participant.study_id).study.participant_title
-        instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+        instrument, language = survey_service.shown(session, assignment)  # in the participant's language
+        study_title = current_protocol(session, participant.study_id).study.title_in(participant.language)
         email = None
         if row.channel == "email" and participant.contact_email_encrypted:
             try:
                 email = decrypt_contact(participant.contact_email_encrypted)
             except ValueError as exc:  # a key was rotated out: no retry can read it
                 raise DeliveryError("unreadable_contact", str(exc), permanent=True) from None
-        closes = (local_time_text(assignment.closes_at, participant.timezone) if assignment.closes_at
-                  else "it is done")
+        closes = (local_time_text(assignment.closes_at, participant.timezone, language) if assignment.closes_at
+                  else i18n.gettext(language, "it is done"))
         # Signs the participant in to My study once, for as long as the survey is open.
         sign_in = signin.link_url(self.settings.base_url, signin.link_token(
             signin.FOLLOWUP_LINK, participant.id, row.idempotency_key, followup.closes_at))
@@ -86,7 +85,7 @@ class Deliveries(OutboxKind[Invitation]):
             idempotency_key=row.idempotency_key, kind=row.kind, participant_code=participant.code,
             to_email=email, study_title=study_title, survey_title=instrument.title,
             link=f"{self.settings.base_url.rstrip('/')}/s/{survey_service.link_token(assignment)}",
-            closes_at_text=closes, sign_in_link=sign_in), None
+            closes_at_text=closes, sign_in_link=sign_in, language=language), None
 
     def sender(self, row: Row[Any]) -> tuple[str, Callable[[Invitation], None] | None]:
         channel = self.channels.get(row.channel)

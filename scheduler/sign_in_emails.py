@@ -59,7 +59,8 @@ class SignInEmails(OutboxKind[SignInLinkMessage]):
         return SignInLinkMessage(
             idempotency_key=email.idempotency_key, to_email=address,
             link=signin.link_url(self.settings.base_url, token),
-            expires_at_text=local_time_text(email.expires_at, participant.timezone)), None
+            expires_at_text=local_time_text(email.expires_at, participant.timezone, participant.language or "en"),
+            language=participant.language or "en"), None
 
     def sender(self, row: Row[Any]) -> tuple[str, Callable[[SignInLinkMessage], None] | None]:
         return "the sign-in email", self.channel.send_sign_in

@@ -97,6 +97,23 @@ class ConsentVersion(Base):
     text_sha256: Mapped[str] = mapped_column(String(64))
     confirmations: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # id, text, required (absent = true)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+    # The language of ``text_markdown`` (the protocol's first language), and the text and confirmations
+    # in each other language the protocol offers: {language: {"text": ..., "confirmations": {id: text}}}.
+    language: Mapped[str] = mapped_column(String(16), default="en")
+    translations: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=dict, deferred=True)
+
+    @property
+    def languages(self) -> list[str]:
+        return [self.language, *sorted(self.translations or {})]
+
+    def text_in(self, language: str) -> str:
+        """The consent text as shown in ``language`` (its own text where it has no translation)."""
+        return (self.translations or {}).get(language, {}).get("text") or self.text_markdown
+
+    def confirmations_in(self, language: str) -> list[dict[str, Any]]:
+        """The confirmations, each with its text in ``language``."""
+        texts = (self.translations or {}).get(language, {}).get("confirmations", {})
+        return [{**c, "text": texts.get(c["id"], c["text"])} for c in self.confirmations]
 
 
 class InviteCode(Base):
@@ -131,6 +148,9 @@ class Participant(Base):
     external_id: Mapped[str | None] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16), default=ParticipantStatus.INVITED)
     timezone: Mapped[str | None] = mapped_column(String(64))
+    # The language the participant reads the study in (one of its protocol's ``languages``): the
+    # browser's preference on arrival, then their own choice (``api.languages``).
+    language: Mapped[str | None] = mapped_column(String(16))
     # Fernet token; never exported, never logged. Kept in the same row but opaque without the key.
     contact_email_encrypted: Mapped[bytes | None] = mapped_column(LargeBinary)
     # Keyed hashes (study.security) that find the participant who asks to sign in again, by the
@@ -162,7 +182,8 @@ class ConsentSignature(Base):
         ForeignKey("participants.id", ondelete="RESTRICT"), index=True
     )
     consent_version_id: Mapped[int] = mapped_column(ForeignKey("consent_versions.id"))
-    signed_text_sha256: Mapped[str] = mapped_column(String(64))
+    signed_text_sha256: Mapped[str] = mapped_column(String(64))  # of the text in ``language``
+    language: Mapped[str] = mapped_column(String(16), default="en")  # the language the text was shown and signed in
     typed_signature: Mapped[str] = mapped_column(String(200))
     confirmations: Mapped[list[str]] = mapped_column(JSON)
     signed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)

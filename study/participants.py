@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,24 +129,46 @@ def _new_participant_code(session: Session) -> str:
             return code
 
 
-def enroll(session: Session, invite_code: str, panel_id: str | None = None) -> Enrollment:
+def enroll(session: Session, invite_code: str, panel_id: str | None = None,
+           languages: Sequence[str] = ()) -> Enrollment:
     """Redeem an invite: a pseudonymous participant who must sign consent next. ``panel_id``, the
     recruitment panel's id for the person (from the study link), is kept when the study recruits
     on a panel (protocol ``recruitment``), and ignored otherwise; a second arrival with the same id
-    is refused (Conflict ``duplicate_panel_id``) without using the invite."""
+    is refused (Conflict ``duplicate_panel_id``) without using the invite. The participant reads the
+    study in the first of ``languages`` (the browser's, most wanted first) the study offers, else in
+    the study's first language."""
     if panel_id is not None and not re.fullmatch(PANEL_ID_PATTERN, panel_id):
         raise Invalid("the panel ID in the link is not one a panel gives (letters, digits, '-' and '_', at most "
                       "128); open the study link from the panel again", code="invalid_panel_id")
     invite = _redeem(session, invite_code, panel_id)
-    if panel_id is not None and current_protocol(session, invite.study_id).recruitment is None:
+    protocol = current_protocol(session, invite.study_id)
+    if panel_id is not None and protocol.recruitment is None:
         panel_id = None  # a stray parameter: this study does not recruit on a panel
-    participant = Participant(study_id=invite.study_id, code=_new_participant_code(session),
+    language = next((code for code in languages if code in protocol.languages), protocol.languages[0])
+    participant = Participant(study_id=invite.study_id, code=_new_participant_code(session), language=language,
                               invite_id=invite.id, status=ParticipantStatus.INVITED, external_id=panel_id)
     session.add(participant)
     session.flush()
     audit.record(session, audit.Actor("participant", participant.code), "participant.invited",
                  study_id=invite.study_id, participant_code=participant.code, invite_id=invite.id)
     return Enrollment(participant, create_session(session, participant))
+
+
+def set_language(session: Session, participant: Participant, language: str) -> None:
+    """The participant's choice of language for pages, emails and surveys: one the study offers."""
+    offered = current_protocol(session, participant.study_id).languages
+    if language not in offered:
+        raise Invalid(f"this study is not offered in '{language}' (it is in: {', '.join(offered)})",
+                      code="language_not_offered")
+    if participant.language != language:
+        participant.language = language
+        audit.record(session, audit.Actor("participant", participant.code), "participant.language_set",
+                     study_id=participant.study_id, participant_code=participant.code, language=language)
+
+
+def consent_language(participant: Participant, consent: ConsentVersion) -> str:
+    """The language the participant is shown ``consent`` in: theirs when the version is written in it."""
+    return participant.language if participant.language in consent.languages else consent.language
 
 
 def _panel(session: Session, participant: Participant) -> Panel | None:
@@ -252,12 +276,18 @@ def consented_participant_for_token(session: Session, token: str) -> Participant
 
 def sign_consent(
     session: Session, participant: Participant, *, version: str, confirmations: list[str],
-    typed_signature: str,
+    typed_signature: str, language: str | None = None,
 ) -> ConsentSignature:
-    """Sign the consent version in force: every required confirmation must be ticked, optional
-    ones may be; the signature keeps the ones ticked (e.g. agreeing to share conversation text)."""
+    """Sign the consent version in force, as shown in ``language`` (one of the version's; by default
+    the participant's, else the version's own): every required confirmation must be ticked, optional
+    ones may be; the signature keeps the ones ticked (e.g. agreeing to share conversation text), the
+    language, and the hash of the text in that language."""
     require_active(participant)
     current = current_consent(session, participant.study_id)
+    shown = language or (participant.language if participant.language in current.languages else current.language)
+    if shown not in current.languages:
+        raise Invalid(f"the consent is not written in '{shown}' (it is in: {', '.join(current.languages)})",
+                      code="consent_language")
     if version != current.version:
         raise Conflict(f"consent version '{version}' is not the one in force; "
                        f"please read and sign version '{current.version}'", code="consent_outdated")
@@ -270,9 +300,10 @@ def sign_consent(
         raise Invalid("; ".join(parts), code="confirmation_missing")
     if not typed_signature.strip():
         raise Invalid("type your name (or initials) to sign")
+    text_sha256 = hashlib.sha256(current.text_in(shown).encode()).hexdigest()
     signature = ConsentSignature(
-        participant_id=participant.id, consent_version_id=current.id,
-        signed_text_sha256=current.text_sha256, typed_signature=typed_signature.strip(),
+        participant_id=participant.id, consent_version_id=current.id, language=shown,
+        signed_text_sha256=text_sha256, typed_signature=typed_signature.strip(),
         confirmations=sorted(set(confirmations)), signed_at=now())
     session.add(signature)
     if participant.status == ParticipantStatus.INVITED:
@@ -280,7 +311,7 @@ def sign_consent(
     session.flush()
     audit.record(session, audit.Actor("participant", participant.code), "consent.signed",
                  study_id=participant.study_id, participant_code=participant.code,
-                 version=current.version, text_sha256=current.text_sha256,
+                 version=current.version, text_sha256=text_sha256, language=shown,
                  optional_confirmations=sorted(c for c in set(confirmations) if not offered[c]))
     return signature
 
@@ -291,7 +322,8 @@ def signed_consent_text(session: Session, participant: Participant) -> tuple[Con
         raise NotFound("you have not signed a consent form yet")
     version = session.get(ConsentVersion, status.signed.consent_version_id)
     assert version is not None
-    if version.text_sha256 != status.signed.signed_text_sha256:  # the text must never change
+    signed_text = version.text_in(status.signed.language)
+    if hashlib.sha256(signed_text.encode()).hexdigest() != status.signed.signed_text_sha256:  # it must never change
         raise Conflict("the stored consent text no longer matches what was signed; "
                        "the study team has been told", code="consent_integrity")
     return status.signed, version

@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from study.durations import Duration, Repeat
+from study.i18n import N_, gettext, interface_languages
 from study.validation import email_address
 
 ROLES = ("concierge", "collaborator", "coach")
@@ -43,22 +44,44 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-PUBLIC_TITLE_FALLBACK = "Research study"
+PUBLIC_TITLE_FALLBACK = N_("Research study")
+
+
+class PublicText(_Strict):
+    """What participants see of the study, in another of the protocol's languages."""
+
+    public_title: str = Field(min_length=1, max_length=200)
+    public_description: str = Field(default="", max_length=5000)
 
 
 class StudyInfo(_Strict):
     """``title`` and ``description`` are for staff and may name the hypothesis; participants see
-    only ``public_title`` and ``public_description`` (a neutral fallback when no public title is set)."""
+    only ``public_title`` and ``public_description`` (a neutral fallback when no public title is set),
+    in their language (``translations``)."""
 
     id: str = Slug
     title: str = Field(min_length=1, max_length=300)
     description: str = ""
     public_title: str | None = Field(default=None, min_length=1, max_length=200)
     public_description: str = Field(default="", max_length=5000, description="Markdown shown to participants")
+    translations: dict[str, PublicText] = Field(
+        default_factory=dict,
+        description="public_title and public_description in each of the protocol's other languages")
 
     @property
     def participant_title(self) -> str:
         return self.public_title or PUBLIC_TITLE_FALLBACK
+
+    def title_in(self, language: str | None) -> str:
+        """The public title as a participant reading ``language`` sees it."""
+        translated = self.translations.get(language or "")
+        if translated is not None:
+            return translated.public_title
+        return self.public_title or gettext(language or "en", PUBLIC_TITLE_FALLBACK)
+
+    def description_in(self, language: str | None) -> str:
+        translated = self.translations.get(language or "")
+        return translated.public_description if translated is not None else self.public_description
 
 
 class Arm(_Strict):
@@ -93,6 +116,34 @@ class Confirmation(_Strict):
     required: bool = True
 
 
+class ConsentTranslation(_Strict):
+    """The consent in another of the protocol's languages: its text and each confirmation's, by id.
+    It is part of the consent version: changing it needs a new ``version``, like the text."""
+
+    text: str = Field(min_length=20, description="Markdown shown to participants reading the study in this language")
+    confirmations: dict[str, str] = Field(description="each confirmation's text in this language, by its id")
+
+
+class InstrumentCatalog(dict[str, frozenset[str]]):
+    """The instruments a study may use (``surveys.registry.catalog``): id -> its item ids and score
+    names; ``languages``: id -> the languages it can be shown in (its own, and those of the study
+    team's translations loaded for its newest version)."""
+
+    def __init__(self, names: Mapping[str, frozenset[str]], languages: Mapping[str, frozenset[str]]) -> None:
+        super().__init__(names)
+        self.languages = dict(languages)
+
+
+def _language(code: str) -> str:
+    if code not in interface_languages():
+        raise ValueError(f"'{code}' is not a language of the interface (it has: {', '.join(interface_languages())}); "
+                         "a new one needs its catalog in study/locale (`make messages`, then translate)")
+    return code
+
+
+Language = Annotated[str, AfterValidator(_language)]
+
+
 class Consent(_Strict):
     """The consent text and who stands behind it: the principal investigator, the ethics board
     (IRB) contact and the approved protocol number are shown with the text and in the signed copy."""
@@ -103,12 +154,22 @@ class Consent(_Strict):
     principal_investigator: str | None = Field(default=None, min_length=1, max_length=300)
     irb_contact: str | None = Field(default=None, min_length=1, max_length=500)
     protocol_number: str | None = Field(default=None, min_length=1, max_length=100)
+    translations: dict[str, ConsentTranslation] = Field(
+        default_factory=dict, description="the text and confirmations in each of the protocol's other languages")
 
     @model_validator(mode="after")
     def _unique_confirmations(self) -> Consent:
         ids = [c.id for c in self.confirmations]
         if len(set(ids)) != len(ids):
             raise ValueError("confirmation ids must be unique")
+        for language, translation in self.translations.items():
+            missing = [i for i in ids if i not in translation.confirmations]
+            unknown = sorted(set(translation.confirmations) - set(ids))
+            if missing:
+                raise ValueError(f"translations.{language}.confirmations: no text for {', '.join(missing)}")
+            if unknown:
+                raise ValueError(f"translations.{language}.confirmations: {', '.join(unknown)} is not a confirmation "
+                                 f"(they are: {', '.join(ids)})")
         return self
 
 
@@ -416,6 +477,10 @@ class Blinding(_Strict):
 class Protocol(_Strict):
     study: StudyInfo
     arms: list[Arm] = Field(min_length=1)
+    languages: list[Language] = Field(
+        default=["en"], min_length=1,
+        description="the languages participants may read the study in (each with its consent text and "
+                    "instrument translations); the first is the consent text's own and the default")
     consent: Consent
     baseline: list[InstrumentId] = Field(default_factory=list)
     followups: list[FollowUp] = Field(default_factory=list)
@@ -432,7 +497,8 @@ class Protocol(_Strict):
     recruitment: Panel | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> Protocol:
+    def _consistent(self, info: ValidationInfo) -> Protocol:
+        self._languages_complete((info.context or {}).get("instruments"))
         names = [arm.name for arm in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")
@@ -454,6 +520,34 @@ class Protocol(_Strict):
                 raise ValueError(f"safety.answer_rules: rule {rule.id} is on {rule.instrument}, which the study does "
                                  f"not ask (baseline or followups: {', '.join(sorted(asked))})")
         return self
+
+    def _languages_complete(self, known: object) -> None:
+        """Every language but the first has the consent in it, and every instrument the study asks can
+        be shown in every language (when ``known`` is an ``InstrumentCatalog``, which knows)."""
+        if len(set(self.languages)) != len(self.languages):
+            raise ValueError("languages: each language once")
+        missing = [code for code in self.languages[1:] if code not in self.consent.translations]
+        if missing:
+            raise ValueError(f"consent.translations: no consent text in {', '.join(missing)} (each language but the "
+                             "first needs its text and every confirmation's)")
+        for section, given in (("consent", self.consent.translations), ("study", self.study.translations)):
+            extra = sorted(set(given) - set(self.languages[1:]))
+            if extra:
+                raise ValueError(f"{section}.translations: {', '.join(extra)} is not among the study's other languages "
+                                 f"({', '.join(self.languages[1:]) or 'none'})")
+        untitled = [code for code in self.languages[1:] if code not in self.study.translations]
+        if self.study.public_title and untitled:
+            raise ValueError(f"study.translations: no public_title in {', '.join(untitled)} (participants reading "
+                             "the study in it see the public title and description)")
+        if not isinstance(known, InstrumentCatalog):
+            return
+        for instrument in sorted(self.instruments()):
+            shown = known.languages.get(instrument, frozenset())
+            lacking = [code for code in self.languages if code not in shown]
+            if lacking:
+                raise ValueError(f"instrument {instrument} has no translation in {', '.join(lacking)}: load the study "
+                                 f"team's translation file with `afterward instruments load FILE` (translation_of: "
+                                 f"{instrument}, language: {lacking[0]}, every item, label and option)")
 
     def arm(self, name: str) -> Arm:
         for arm in self.arms:

@@ -71,16 +71,19 @@ class ConsentAboutRead(BaseModel):
     protocol_number: str | None
 
     @classmethod
-    def of(cls, protocol: Protocol) -> ConsentAboutRead:
-        return cls(study_title=protocol.study.participant_title, study_description=protocol.study.public_description,
+    def of(cls, protocol: Protocol, language: str | None = None) -> ConsentAboutRead:
+        return cls(study_title=protocol.study.title_in(language),
+                   study_description=protocol.study.description_in(language),
                    principal_investigator=protocol.consent.principal_investigator,
                    irb_contact=protocol.consent.irb_contact, protocol_number=protocol.consent.protocol_number)
 
 
 class ConsentRead(BaseModel):
     version: str
+    language: str = Field(description="the language of text_markdown and the confirmations: the participant's")
+    languages: list[str] = Field(description="the languages this consent version is written in")
     text_markdown: str
-    text_sha256: str
+    text_sha256: str = Field(description="SHA-256 of text_markdown, as the signature records it")
     confirmations: list[ConsentConfirmationRead]
     about: ConsentAboutRead
 
@@ -104,11 +107,18 @@ class ConsentSign(_In):
     version: Line = Field(min_length=1, max_length=40, json_schema_extra=trimmed(1, 40))
     confirmations: list[Line] = Field(max_length=50)
     typed_signature: Line = Field(min_length=1, max_length=200, json_schema_extra=trimmed(1, 200))
+    language: Line | None = Field(default=None, max_length=16, description=(
+        "the language the consent was shown in (one of ConsentRead.languages); default: the participant's"))
+
+
+class LanguageUpdate(_In):
+    language: Line = Field(min_length=2, max_length=16, description="one of the study's languages, e.g. 'es'")
 
 
 class SignedConsentRead(BaseModel):
     participant_code: str
     version: str
+    language: str = Field(description="the language the consent was shown and signed in")
     about: ConsentAboutRead
     text_markdown: str
     signed_text_sha256: str
@@ -135,6 +145,7 @@ class ParticipantRead(BaseModel):
     status: str
     arm: str | None
     timezone: str | None
+    language: str | None = Field(description="the language the participant reads the study in")
     has_contact_email: bool
     enrolled_at: dt.datetime | None
     withdrawn_at: dt.datetime | None

@@ -143,15 +143,18 @@ def _consent_version(
     # Defaults left out (a required confirmation is stored as {id, text}, as before optional ones
     # existed), so an unchanged protocol still matches the consent rows already stored.
     confirmations = [c.model_dump(exclude_defaults=True) for c in wanted.confirmations]
+    translations = {language: t.model_dump(mode="json") for language, t in wanted.translations.items()}
     if existing is not None:
-        if existing.text_sha256 != sha256(wanted.text) or existing.confirmations != confirmations:
+        if (existing.text_sha256 != sha256(wanted.text) or existing.confirmations != confirmations
+                or existing.language != protocol.languages[0] or (existing.translations or {}) != translations):
             raise Conflict(
-                f"consent.version is still '{wanted.version}' but its text or confirmations "
+                f"consent.version is still '{wanted.version}' but its text, confirmations or translations "
                 "changed; give the revised consent a new version so participants re-consent"
             )
         return existing
     consent = ConsentVersion(study_id=study.id, version=wanted.version, text_markdown=wanted.text,
-                             text_sha256=sha256(wanted.text), confirmations=confirmations)
+                             text_sha256=sha256(wanted.text), confirmations=confirmations,
+                             language=protocol.languages[0], translations=translations)
     session.add(consent)
     session.flush()
     audit.record(session, actor, "consent.version_added", study_id=study.id, version=wanted.version)

@@ -27,6 +27,23 @@ class CustomInstrument(Base):
     loaded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
 
 
+class InstrumentTranslation(Base):
+    """A study team's translation of one instrument version into one language
+    (``surveys.translations``): every item, label, option and block text, checked complete at load."""
+
+    __tablename__ = "instrument_translations"
+    __table_args__ = (UniqueConstraint("instrument_id", "version", "language"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    instrument_id: Mapped[str] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(40))
+    language: Mapped[str] = mapped_column(String(16))
+    definition: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source_yaml: Mapped[str] = mapped_column(Text)
+    source_sha256: Mapped[str] = mapped_column(String(64))
+    loaded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
+
+
 class SurveyAssignment(ParticipantResearchData, Base):
     """One survey a participant is asked to answer: baseline, or a follow-up with a window.
     ``intended_at`` vs the response's ``submitted_at`` is what analysis uses for timing."""
@@ -57,6 +74,7 @@ class SurveyResponse(ParticipantResearchData, Base):
     instrument_id: Mapped[str] = mapped_column(String(64))
     instrument_version: Mapped[str] = mapped_column(String(40))
     answers: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    language: Mapped[str | None] = mapped_column(String(16))  # the language the items were shown in
     submission_id: Mapped[str | None] = mapped_column(String(64))
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=now)

@@ -1,5 +1,6 @@
-"""Where instruments come from: the built-in YAML files beside this module, and researchers'
-custom instruments stored in the database (versioned)."""
+"""Where instruments come from: the built-in YAML files beside this module, researchers' custom
+instruments stored in the database (versioned), and the study team's translations of either
+(``surveys.translations``)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,15 @@ from sqlalchemy.orm import Session
 
 from study import audit
 from study.errors import Conflict, NotFound
+from study.i18n import SOURCE
+from study.protocol import InstrumentCatalog
 from surveys.definitions import Instrument, parse_instrument
-from surveys.models import CustomInstrument
+from surveys.models import CustomInstrument, InstrumentTranslation
+from surveys.translations import Translation, is_translation, parse_translation
+
+# Instruments are written in English, the built-in ones and custom ones alike; other languages come
+# from translations.
+INSTRUMENT_LANGUAGE = SOURCE
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "instruments"
 
@@ -38,14 +46,36 @@ def get(session: Session, instrument_id: str, version: str | None = None) -> Ins
     return Instrument.model_validate(row.definition)
 
 
-def catalog(session: Session) -> dict[str, frozenset[str]]:
+def in_language(session: Session, instrument: Instrument, language: str | None) -> tuple[Instrument, str]:
+    """``instrument`` as shown in ``language`` and the language it is shown in: the study team's
+    translation of that version when one is loaded, else as written (English)."""
+    if language is None or language == INSTRUMENT_LANGUAGE:
+        return instrument, INSTRUMENT_LANGUAGE
+    row = session.scalar(select(InstrumentTranslation).where(
+        InstrumentTranslation.instrument_id == instrument.id, InstrumentTranslation.version == instrument.version,
+        InstrumentTranslation.language == language))
+    if row is None:
+        return instrument, INSTRUMENT_LANGUAGE
+    return Translation.model_validate(row.definition).apply(instrument), language
+
+
+def catalog(session: Session) -> InstrumentCatalog:
     """Every instrument a protocol may name (the built-in ones and the newest version of each custom
-    one loaded) with the names a protocol's answer rule may use: its item ids and score names."""
+    one loaded) with the names a protocol's answer rule may use (its item ids and score names) and
+    the languages it can be shown in (its own, and those translated for that version)."""
     found = {instrument_id: get(session, instrument_id)
              for instrument_id in session.scalars(select(CustomInstrument.instrument_id).distinct())}
     found.update(builtin())
-    return {instrument_id: frozenset([*(item.id for item in instrument.items), *(s.name for s in instrument.scores)])
-            for instrument_id, instrument in found.items()}
+    translated: dict[str, set[str]] = {}
+    for instrument_id, version, language in session.execute(select(
+            InstrumentTranslation.instrument_id, InstrumentTranslation.version, InstrumentTranslation.language)):
+        if instrument_id in found and found[instrument_id].version == version:
+            translated.setdefault(instrument_id, set()).add(language)
+    return InstrumentCatalog(
+        {instrument_id: frozenset([*(item.id for item in instrument.items), *(s.name for s in instrument.scores)])
+         for instrument_id, instrument in found.items()},
+        {instrument_id: frozenset({INSTRUMENT_LANGUAGE, *translated.get(instrument_id, ())})
+         for instrument_id in found})
 
 
 def exists(session: Session, instrument_id: str) -> bool:
@@ -53,9 +83,12 @@ def exists(session: Session, instrument_id: str) -> bool:
         select(CustomInstrument.id).where(CustomInstrument.instrument_id == instrument_id).limit(1)) is not None
 
 
-def load_custom(session: Session, source_yaml: str, actor: audit.Actor) -> Instrument:
-    """Store a researcher's instrument. A changed definition needs a new version string, so
-    responses always point at the exact items they answered."""
+def load_custom(session: Session, source_yaml: str, actor: audit.Actor) -> Instrument | Translation:
+    """Store a researcher's instrument, or a translation of one (a file with ``translation_of``). A
+    changed definition needs a new version string, so responses always point at the exact items they
+    answered; a changed translation replaces the one loaded (it changes no item, value or score)."""
+    if is_translation(source_yaml):
+        return _load_translation(session, source_yaml, actor)
     instrument = parse_instrument(source_yaml)
     if instrument.id in builtin():
         raise Conflict(f"'{instrument.id}' is a built-in instrument; give yours another id")
@@ -72,3 +105,28 @@ def load_custom(session: Session, source_yaml: str, actor: audit.Actor) -> Instr
     session.flush()
     audit.record(session, actor, "instrument.loaded", instrument=instrument.key, sha256=digest)
     return instrument
+
+
+def _load_translation(session: Session, source_yaml: str, actor: audit.Actor) -> Translation:
+    import yaml
+
+    document = yaml.safe_load(source_yaml)
+    instrument = get(session, str(document["translation_of"]), str(document.get("version") or "") or None)
+    translation = parse_translation(source_yaml, instrument)
+    digest = hashlib.sha256(source_yaml.encode()).hexdigest()
+    row = session.scalar(select(InstrumentTranslation).where(
+        InstrumentTranslation.instrument_id == instrument.id, InstrumentTranslation.version == instrument.version,
+        InstrumentTranslation.language == translation.language))
+    if row is not None and row.source_sha256 == digest:
+        return translation
+    if row is None:
+        row = InstrumentTranslation(instrument_id=instrument.id, version=instrument.version,
+                                    language=translation.language)
+        session.add(row)
+    row.definition = translation.model_dump(mode="json")
+    row.source_yaml = source_yaml
+    row.source_sha256 = digest
+    session.flush()
+    audit.record(session, actor, "instrument.translation_loaded", instrument=instrument.key,
+                 language=translation.language, sha256=digest)
+    return translation

@@ -21,6 +21,8 @@ class SurveySummaryRead(BaseModel):
 
 class SurveyRead(SurveySummaryRead):
     instrument_version: str
+    language: str = Field(description="the language of the items, instructions and labels (the participant's, "
+                                      "when the study team translated the instrument into it)")
     source: str
     instructions: str
     blocks: list[dict[str, Any]]

@@ -101,14 +101,23 @@ def closed_reason(assignment: SurveyAssignment) -> str | None:
 @dataclass(frozen=True)
 class RenderedSurvey:
     assignment: SurveyAssignment
-    instrument: Instrument
+    instrument: Instrument  # as shown: in the participant's language when the study team translated it
     instructions: str
     items: list[dict[str, Any]]
     saved_answers: dict[str, Any]
+    language: str = "en"
+
+
+def shown(session: Session, assignment: SurveyAssignment) -> tuple[Instrument, str]:
+    """The assignment's instrument as its participant reads it, and that language: theirs when the
+    study team's translation of this version is loaded (a study that offers the language has one)."""
+    instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+    participant = session.get(Participant, assignment.participant_id)
+    return registry.in_language(session, instrument, participant.language if participant is not None else None)
 
 
 def render(session: Session, assignment: SurveyAssignment) -> RenderedSurvey:
-    instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
+    instrument, language = shown(session, assignment)
     response = _response(session, assignment)
     items = []
     for item in instrument.items:
@@ -118,7 +127,7 @@ def render(session: Session, assignment: SurveyAssignment) -> RenderedSurvey:
     # Answers are shown back only while the survey is open: a submitted survey's link shows "done".
     saved = dict(response.answers) if response and assignment.status == "open" else {}
     return RenderedSurvey(assignment, instrument, instrument.pipe(instrument.instructions, assignment.context),
-                          items, saved)
+                          items, saved, language)
 
 
 def _response(session: Session, assignment: SurveyAssignment) -> SurveyResponse | None:
@@ -152,6 +161,7 @@ def save_partial(session: Session, participant: Participant, assignment: SurveyA
     _require_answerable(assignment)  # again: it may have been submitted while we waited
     cleared = {k for k, v in answers.items() if v is None or v == "" or v == []}
     response.answers = {k: v for k, v in {**response.answers, **clean}.items() if k not in cleared}
+    response.language = shown(session, assignment)[1]
     response.updated_at = now()
     session.flush()
     safety_rules.apply(session, participant, response)
@@ -174,6 +184,7 @@ def submit(session: Session, participant: Participant, assignment: SurveyAssignm
     if problems:
         raise AnswerError(problems)
     response.answers = clean
+    response.language = shown(session, assignment)[1]
     response.submission_id = submission_id
     response.updated_at = response.submitted_at = now()
     assignment.status = "completed"

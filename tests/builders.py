@@ -168,3 +168,43 @@ def join(client: TestClient, invite: str) -> str:
     joined = client.post("/join", data={"pre": pre.group(1), "invite_code": invite}, follow_redirects=False)
     assert joined.headers["location"] == "/consent"
     return client.get("/consent").text
+
+
+GAD7_SPANISH = Path(__file__).parent / "surveys" / "data" / "gad-7.es.yaml"  # a test fixture, not a validated one
+SPANISH_CONSENT: dict[str, Any] = {
+    "text": ("# Participar en el piloto de Afterward\n\n**Qué te pedimos.** Conversarás con un asistente de IA "
+             "sobre cosas que te importan y, durante las próximas cuatro semanas, responderás algunos "
+             "cuestionarios breves sobre cómo te va.\n\n**Tus opciones.** Participar es voluntario. Puedes "
+             "retirarte en cualquier momento desde la página «Mi estudio», sin dar explicaciones.\n"),
+    "confirmations": {"read-and-understood": "He leído y entendido esta información.",
+                      "adult": "Tengo 18 años o más.",
+                      "voluntary": "Participo voluntariamente y sé que puedo retirarme en cualquier momento.",
+                      "share-conversation-text": "Acepto que el texto de mis conversaciones, sin direcciones de "
+                                                 "correo ni teléfonos, se comparta con otros investigadores."},
+}
+
+
+SPANISH_STUDY = {"public_title": "Conversaciones con un asistente de IA: un estudio de cuatro semanas",
+                 "public_description": "Conversa con un asistente de IA sobre lo que te importa y cuéntanos cómo "
+                                       "te va durante las próximas cuatro semanas."}
+
+
+def bilingual(example_protocol: str, **changes: Any) -> str:
+    """The example study offered in English and Spanish: the consent in both, the GAD-7 (translated by
+    ``GAD7_SPANISH``) at baseline and one week on, instead of instruments nobody translated."""
+    import yaml
+
+    document = yaml.safe_load(example_protocol)
+    document["languages"] = ["en", "es"]
+    document["consent"]["translations"] = {"es": SPANISH_CONSENT}
+    document["study"]["translations"] = {"es": SPANISH_STUDY}
+    document["baseline"] = ["gad-7"]
+    document["followups"] = [{"id": "gad-week-1", "instrument": "gad-7", "anchor": "enrollment", "offset": "P7D",
+                              "window": "P3D", "reminders": ["P1D"], "send_at_local": "10:00"}]
+    document.update(changes)
+    return yaml.safe_dump(document, allow_unicode=True, sort_keys=False)
+
+
+def load_spanish_gad7(engine: Engine) -> None:
+    with session_scope(engine) as session:
+        registry.load_custom(session, GAD7_SPANISH.read_text(encoding="utf-8"), TEST_ACTOR)

@@ -28,6 +28,7 @@ def study_load(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
                                            instruments=registry.catalog(session))
             slug = result.study.slug
             replanned = planner.replan_study(session, result.study.id) if result.changed else None
+            languages = studies.current_protocol(session, result.study.id).languages
     except ProtocolError as exc:
         fail(f"{file}: {exc}")
     except DomainError as exc:
@@ -41,6 +42,10 @@ def study_load(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
                        f"{replanned.added} added")
     else:
         typer.echo(f"study '{slug}': unchanged (protocol version {result.version})")
+    if any(language != "en" for language in languages):
+        typer.echo(f"note: the study is offered in {', '.join(languages)}; the reading of chat messages (crisis "
+                   "triage, pushback: chat/crisis_data/READING.md) was measured on English only, so in other languages "
+                   "a sign of risk may be missed: have the study team review conversations in them", err=True)
 
 
 @app.command("list")

@@ -54,7 +54,7 @@ from chat.schemas import (
 )
 from chat.turn import Outcome
 from scheduler import planner
-from study import audit
+from study import audit, i18n
 from study.errors import Unavailable
 from study.models import Participant
 from study.safety import SafetyCheckIn, SafetyEvent
@@ -129,7 +129,9 @@ def crisis_resources(session: Session, participant: Participant | None,
 
 
 def check_in_read(session: Session, check_in: SafetyCheckIn, event: SafetyEvent) -> CheckInRead:
-    return CheckInRead.of(check_in, event, check_ins.next_step(session, check_in, event))
+    participant = session.get(Participant, event.participant_id) if event.participant_id is not None else None
+    return CheckInRead.of(check_in, event, check_ins.next_step(session, check_in, event),
+                          (participant.language if participant is not None else None) or "en")
 
 
 def turn_read(session: Session, turn: Turn, participant: Participant, response: str | None = None,
@@ -143,7 +145,8 @@ def turn_read(session: Session, turn: Turn, participant: Participant, response: 
     found = (asked or {}).get(turn.id)
     read = TurnRead.of(turn, resources, response, check_in_read(session, *found) if found else None)
     overridable = read.overridable and turn.id == answerable_id and turn.concern not in SAFETY_CONCERNS
-    return read.model_copy(update={"crisis_resources": resources, "overridable": overridable})
+    rationale = i18n.gettext(participant.language or "en", read.rationale) if read.rationale else read.rationale
+    return read.model_copy(update={"crisis_resources": resources, "overridable": overridable, "rationale": rationale})
 
 
 def _turn_read(session: Session, turn: Turn) -> TurnRead:

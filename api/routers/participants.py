@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse
 
 from api.deps import CurrentParticipant, SessionDep, participant_token, set_session_cookie
 from api.errors import DocumentedRoute, refusals
 from scheduler import service as scheduler_service
-from study import audit, signin
+from study import audit, i18n, signin
 from study import participants as service
+from study.i18n import N_
 from study.models import ConsentVersion, Participant, Study
 from study.schemas import (
     ConsentAboutRead,
@@ -22,6 +24,7 @@ from study.schemas import (
     ConsentStatusRead,
     EnrollmentCreate,
     EnrollmentRead,
+    LanguageUpdate,
     ParticipantRead,
     ProfileUpdate,
     SignedConsentRead,
@@ -36,11 +39,13 @@ Token = Annotated[str, Depends(participant_token)]
 WITHDRAWN = "the participant withdrew (code withdrawn)"
 
 
-def _consent_read(session: SessionDep, consent: ConsentVersion) -> ConsentRead:
-    return ConsentRead(version=consent.version, text_markdown=consent.text_markdown,
-                       text_sha256=consent.text_sha256,
-                       confirmations=[ConsentConfirmationRead(**c) for c in consent.confirmations],
-                       about=ConsentAboutRead.of(protocol_for_consent(session, consent.id)))
+def _consent_read(session: SessionDep, consent: ConsentVersion, participant: Participant) -> ConsentRead:
+    language = service.consent_language(participant, consent)
+    text = consent.text_in(language)
+    return ConsentRead(version=consent.version, language=language, languages=consent.languages, text_markdown=text,
+                       text_sha256=hashlib.sha256(text.encode()).hexdigest(),
+                       confirmations=[ConsentConfirmationRead(**c) for c in consent.confirmations_in(language)],
+                       about=ConsentAboutRead.of(protocol_for_consent(session, consent.id), language))
 
 
 def _participant_read(session: SessionDep, participant: Participant, token: str | None) -> ParticipantRead:
@@ -48,7 +53,7 @@ def _participant_read(session: SessionDep, participant: Participant, token: str 
     assert study is not None
     return ParticipantRead(
         participant_code=participant.code, study=study.slug, status=participant.status,
-        arm=participant.arm, timezone=participant.timezone,
+        arm=participant.arm, timezone=participant.timezone, language=participant.language,
         has_contact_email=participant.contact_email_encrypted is not None,
         enrolled_at=participant.enrolled_at, withdrawn_at=participant.withdrawn_at,
         withdrawal_level=participant.withdrawal_level,
@@ -62,13 +67,16 @@ def _participant_read(session: SessionDep, participant: Participant, token: str 
     409: "the invite has been used as often as it may be (code invite_used), or the panel id already joined "
          "the study (code duplicate_panel_id)",
     410: "the invite was revoked (code invite_revoked) or has expired"}))
-def enroll(body: EnrollmentCreate, session: SessionDep, response: Response) -> EnrollmentRead:
-    """Redeem an invite code. Next: read and sign the consent returned here."""
-    enrollment = service.enroll(session, body.invite_code, body.panel_id)
+def enroll(body: EnrollmentCreate, session: SessionDep, request: Request, response: Response) -> EnrollmentRead:
+    """Redeem an invite code. Next: read and sign the consent returned here, in the language of the
+    study that the request's Accept-Language prefers (else the study's first)."""
+    enrollment = service.enroll(session, body.invite_code, body.panel_id,
+                                languages=i18n.primary(request.headers.get("accept-language")))
     set_session_cookie(response, enrollment.token)
     consent = service.consent_status(session, enrollment.participant).current
     return EnrollmentRead(participant_code=enrollment.participant.code, token=enrollment.token,
-                          csrf_token=csrf_token_for(enrollment.token), consent=_consent_read(session, consent))
+                          csrf_token=csrf_token_for(enrollment.token),
+                          consent=_consent_read(session, consent, enrollment.participant))
 
 
 @router.get("/me")
@@ -79,7 +87,8 @@ def me(session: SessionDep, participant: CurrentParticipant, token: Token) -> Pa
 @router.get("/me/consent")
 def consent_status(session: SessionDep, participant: CurrentParticipant) -> ConsentStatusRead:
     state = service.consent_status(session, participant)
-    return ConsentStatusRead(current=_consent_read(session, state.current), signed_version=state.signed_version,
+    return ConsentStatusRead(current=_consent_read(session, state.current, participant),
+                             signed_version=state.signed_version,
                              signed_at=state.signed.signed_at if state.signed else None,
                              needs_consent=state.needs_consent)
 
@@ -90,17 +99,17 @@ def consent_status(session: SessionDep, participant: CurrentParticipant) -> Cons
     422: "a required confirmation is not ticked (code confirmation_missing), or the signature is empty"}))
 def sign_consent(body: ConsentSign, session: SessionDep, participant: CurrentParticipant) -> SignedConsentRead:
     """Sign the consent version in force (also how a participant re-consents after a revision)."""
-    service.sign_consent(session, participant, version=body.version,
-                         confirmations=body.confirmations, typed_signature=body.typed_signature)
+    service.sign_consent(session, participant, version=body.version, confirmations=body.confirmations,
+                         typed_signature=body.typed_signature, language=body.language)
     return _signed_copy(session, participant)
 
 
 def _signed_copy(session: SessionDep, participant: Participant) -> SignedConsentRead:
     signature, version = service.signed_consent_text(session, participant)
     return SignedConsentRead(
-        participant_code=participant.code, version=version.version,
-        about=ConsentAboutRead.of(protocol_for_consent(session, version.id)),
-        text_markdown=version.text_markdown, signed_text_sha256=signature.signed_text_sha256,
+        participant_code=participant.code, version=version.version, language=signature.language,
+        about=ConsentAboutRead.of(protocol_for_consent(session, version.id), signature.language),
+        text_markdown=version.text_in(signature.language), signed_text_sha256=signature.signed_text_sha256,
         typed_signature=signature.typed_signature, confirmations=signature.confirmations,
         signed_at=signature.signed_at)
 
@@ -117,15 +126,18 @@ def signed_consent(
     copy = _signed_copy(session, participant)
     if not download:
         return copy
-    about = copy.about
-    contacts = "".join(f"{label}: {value}\n" for label, value in (
-        ("Principal investigator", about.principal_investigator), ("Ethics board (IRB) contact", about.irb_contact),
-        ("Protocol number", about.protocol_number)) if value)
-    text = (f"{about.study_title}\n\n{copy.text_markdown}\n\n---\n\n{contacts}"
-            f"Consent version {copy.version}, signed as "
-            f"\"{copy.typed_signature}\" by participant {copy.participant_code} on "
-            f"{copy.signed_at:%Y-%m-%d %H:%M} UTC.\nConfirmed: {', '.join(copy.confirmations)}\n"
-            f"SHA-256 of the consent text: {copy.signed_text_sha256}\n")
+    about, language = copy.about, copy.language  # the copy is in the language it was signed in
+    contacts = "".join(f"{i18n.gettext(language, label)}: {value}\n" for label, value in (
+        (N_("Principal investigator"), about.principal_investigator),
+        (N_("Ethics board (IRB) contact"), about.irb_contact),
+        (N_("Protocol number"), about.protocol_number)) if value)
+    signed = i18n.gettext(language, "Consent version %(version)s, signed as \"%(signature)s\" by participant "
+                          "%(code)s on %(at)s UTC.", version=copy.version, signature=copy.typed_signature,
+                          code=copy.participant_code, at=f"{copy.signed_at:%Y-%m-%d %H:%M}")
+    text = (f"{about.study_title}\n\n{copy.text_markdown}\n\n---\n\n{contacts}{signed}\n"
+            f"{i18n.gettext(language, 'Confirmed')}: {', '.join(copy.confirmations)}\n"
+            f"{i18n.gettext(language, 'Language')}: {language}\n"
+            f"{i18n.gettext(language, 'SHA-256 of the consent text')}: {copy.signed_text_sha256}\n")
     return PlainTextResponse(text, media_type="text/markdown", headers={
         "Content-Disposition": f'attachment; filename="consent-{copy.version}-{copy.participant_code}.md"'})
 
@@ -140,6 +152,16 @@ def update_profile(body: ProfileUpdate, session: SessionDep, participant: Curren
     scheduler_service.save_profile(session, participant, timezone=body.timezone, contact_email=body.contact_email)
     return_code = signin.ensure_return_code(session, participant)
     return _participant_read(session, participant, token).model_copy(update={"return_code": return_code})
+
+
+@router.put("/me/language", responses=refusals({
+    422: "the study is not offered in that language (code language_not_offered)"}))
+def set_language(body: LanguageUpdate, session: SessionDep, participant: CurrentParticipant,
+                 token: Token) -> ParticipantRead:
+    """The language of the study's pages, emails, consent and surveys for this participant: one of the
+    study's languages (the consent's ``languages``)."""
+    service.set_language(session, participant, body.language)
+    return _participant_read(session, participant, token)
 
 
 @router.post("/me/withdrawal", responses=refusals({

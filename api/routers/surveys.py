@@ -63,7 +63,7 @@ def _survey_read(session: SessionDep, assignment: SurveyAssignment) -> SurveyRea
     rendered = service.render(session, assignment)
     summary = _summary(session, assignment, rendered.instrument)
     return SurveyRead(**summary.model_dump(), instrument_version=assignment.instrument_version,
-                      source=rendered.instrument.source, instructions=rendered.instructions,
+                      language=rendered.language, source=rendered.instrument.source, instructions=rendered.instructions,
                       blocks=[b.model_dump(mode="json") for b in rendered.instrument.blocks],
                       items=rendered.items, saved_answers=rendered.saved_answers, status=assignment.status)
 

@@ -221,7 +221,8 @@ def test_every_format_reads_back_as_the_database(engine: Engine, study: Built, t
         study.slug, ("created_at", "page_since")))
     assert list(read_back(result, "safety_events")["level"]) == ["escalation"]
     same(read_back(result, "consents"), db_frame(engine, (
-        "SELECT p.code AS participant_code, v.version AS consent_version, c.signed_at, c.signed_text_sha256 "
+        "SELECT p.code AS participant_code, v.version AS consent_version, c.signed_at, c.language, "
+        "c.signed_text_sha256 "
         "FROM consent_signatures c JOIN consent_versions v ON v.id = c.consent_version_id "
         + IN_STUDY.format(t="c") + " ORDER BY c.id"), study.slug, ("signed_at",)))
     features = conversation_features(engine, study.slug)

@@ -42,6 +42,7 @@ PARTICIPANT_CALLS: dict[tuple[str, str], dict | None] = {
     ("POST", "/api/v1/me/consent"): {"version": "1.2", "confirmations": CONFIRMATIONS, "typed_signature": "B"},
     ("GET", "/api/v1/me/consent/signed"): None,
     ("PUT", "/api/v1/me/profile"): {"timezone": "Asia/Tokyo"},
+    ("PUT", "/api/v1/me/language"): {"language": "en"},
     ("GET", "/api/v1/me/surveys"): None,
     ("GET", "/api/v1/me/surveys/{assignment_id}"): None,
     ("PUT", "/api/v1/me/surveys/{assignment_id}/answers"): {"answers": {"progress": 4}},
