@@ -199,6 +199,15 @@ def _public_text(session: Session, participant: Participant) -> dict[str, Any]:
             "study_description": info.description_in(participant.language)}
 
 
+def _listed(session: Session, participant: Participant, pending: list[SurveyAssignment]) -> list[dict[str, Any]]:
+    """Surveys waiting for the participant as a list shows them: the instrument's title and when it
+    closes, in their language and time zone."""
+    language = participant.language or i18n.SOURCE
+    return [{"id": a.id, "title": survey_service.shown(session, a)[0].title,
+             "closes": i18n.moment_text(a.closes_at, participant.timezone, language) if a.closes_at else None}
+            for a in pending]
+
+
 def _consent_about(session: Session, state: participant_service.ConsentStatus,
                    participant: Participant) -> ConsentAboutRead:
     return ConsentAboutRead.of(protocol_for_consent(session, state.current.id),
@@ -229,7 +238,7 @@ def home(request: Request, session: SessionDep) -> Response:
     if step and step != "/me":
         return see_other(step)
     pending = survey_service.pending(session, participant) if not participant.is_withdrawn else []
-    return page(request, "home.html", participant=participant, pending=pending,
+    return page(request, "home.html", participant=participant, pending=_listed(session, participant, pending),
                 **_public_text(session, participant))
 
 
@@ -530,7 +539,8 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
 @router.get("/surveys", response_class=HTMLResponse)
 def surveys(request: Request, session: SessionDep) -> Response:
     participant = ready(session, request)
-    return page(request, "surveys.html", pending=survey_service.pending(session, participant))
+    return page(request, "surveys.html",
+                pending=_listed(session, participant, survey_service.pending(session, participant)))
 
 
 @router.get("/surveys/{assignment_id}", response_class=HTMLResponse)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from scheduler import planner
 from scheduler.models import Anchor, Delivery, FollowUp, FollowUpStatus
 from scheduler.schemas import FollowUpPreviewRead, SchedulePreviewQuery, SchedulePreviewRead
-from study import audit, participants, recruitment
+from study import audit, i18n, participants, recruitment
 from study.clock import now
 from study.errors import Conflict
 from study.models import Participant, Study, StudyStatus, WithdrawalLevel
@@ -75,11 +75,15 @@ def coming_up(session: Session, participant: Participant) -> list[ComingUp]:
     for followup in schedule(session, participant):
         if followup.status in PENDING:
             groups.setdefault((followup.instrument_id, followup.anchor_key), []).append(followup)
-    titles = {instrument: registry.get(session, instrument).title for instrument, _ in groups}
+    language = participant.language or i18n.SOURCE  # titles and days in the participant's language
+    titles = {instrument: registry.in_language(session, registry.get(session, instrument), language)[0].title
+              for instrument, _ in groups}
 
     def when(followup: FollowUp) -> str:
         local = followup.due_at.astimezone(ZoneInfo(followup.timezone))
-        return "open now" if followup.status == FollowUpStatus.SENT else f"around {local.day} {local:%B}"
+        if followup.status == FollowUpStatus.SENT:
+            return i18n.gettext(language, "open now")
+        return i18n.gettext(language, "around %(day)s", day=i18n.day_text(local, language))
 
     return [ComingUp(titles[instrument], followups[0].context.get("decision"), [when(f) for f in followups])
             for (instrument, _), followups in groups.items()]

@@ -23,7 +23,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from babel import Locale, UnknownLocaleError
-from babel.dates import format_date, format_datetime, format_time
+from babel.dates import format_date, format_datetime, format_skeleton, format_time
 from babel.messages.mofile import write_mo
 from babel.messages.pofile import read_po
 from babel.support import Translations
@@ -148,3 +148,10 @@ def date_text(day: dt.date | dt.datetime, language: str = SOURCE) -> str:
     """A date as a page shows it: "5 March 2026", "5 de marzo de 2026"."""
     shown = language if known(language) else SOURCE
     return format_date(day, "d MMMM y" if shown == SOURCE else "long", locale=shown)
+
+
+def day_text(moment: dt.date | dt.datetime, language: str = SOURCE) -> str:
+    """A day of the month as a page names it: "5 March", "5 de marzo"."""
+    if language == SOURCE or not known(language):
+        return f"{moment.day} {format_date(moment, 'MMMM', locale=SOURCE)}"
+    return format_skeleton("MMMMd", moment, locale=language)

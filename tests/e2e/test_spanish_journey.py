@@ -111,6 +111,8 @@ def test_the_whole_journey_in_spanish(browser: Browser, live_server: str, engine
     # My study, then the language menu: English, and back.
     page.goto(live_server + "/me")
     expect(page.get_by_role("heading", name=es("Stop taking part"))).to_be_visible()
+    expect(page.locator("section[aria-labelledby=upcoming] li")).to_have_text(  # the week-1 GAD-7, in Spanish
+        "GAD-7: " + es("around %(day)s", day="9 de marzo"))
     camera.shot("my-study")
     page.get_by_label(es("Language")).select_option("en")
     page.get_by_role("button", name=es("Change language")).click()
