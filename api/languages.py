@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import RedirectResponse
 from jinja2 import pass_context
 from jinja2.runtime import Context
@@ -23,7 +23,6 @@ from study.models import Participant
 from study.studies import current_protocol
 
 LANGUAGE_COOKIE = "afterward_lang"
-router = APIRouter(include_in_schema=False)
 
 
 def wanted(request: Request) -> list[str]:
@@ -35,19 +34,22 @@ def wanted(request: Request) -> list[str]:
 def remember(request: Request, session: Session, participant: Participant | None) -> None:
     """Keep the page's language and the languages its menu offers in ``request.state``: the
     participant's and their study's, or the browser's among the interface's."""
-    offered = (current_protocol(session, participant.study_id).languages if participant is not None
-               else list(i18n.interface_languages()))
-    own = participant.language if participant is not None else None
+    if participant is None:
+        _keep(request, list(i18n.interface_languages()))
+    else:
+        _keep(request, current_protocol(session, participant.study_id).languages, participant.language)
+
+
+def _keep(request: Request, offered: list[str], own: str | None = None) -> None:
     request.state.languages = offered
     request.state.language = own if own in offered else next((c for c in wanted(request) if c in offered), offered[0])
 
 
 def context(request: Request) -> dict[str, Any]:
-    """What every page's template reads: ``lang`` and the menu's ``languages`` (code, own name)."""
+    """What every page's template reads: ``lang`` and the menu's ``languages`` (code, own name); a
+    page that looked up nobody is in the browser's language."""
     if not hasattr(request.state, "language"):
-        offered = list(i18n.interface_languages())
-        request.state.languages = offered
-        request.state.language = next((c for c in wanted(request) if c in offered), offered[0])
+        _keep(request, list(i18n.interface_languages()))
     return {"lang": request.state.language,
             "languages": [(code, i18n.name_of(code)) for code in request.state.languages]}
 
