@@ -61,7 +61,7 @@ test: $(STAMP) $(AXE) browser
 	AFTERWARD_REQUIRE_BROWSER=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The interface's text (study/i18n.py): extract it to study/locale/afterward.pot and bring every
-# language's catalog up to date (new messages empty, for the translator; LANG=xx starts a new language).
+# language's catalog up to date (new messages empty, for the translator; LANG_NEW=xx starts a new language).
 messages: $(STAMP)
 	$(BIN)/pybabel extract --mapping-file babel.cfg --no-location --sort-output --omit-header --no-default-keywords \
 		--keyword _ --keyword gettext:2 --keyword ngettext:2,3 --keyword N_ --output-file study/locale/afterward.pot \

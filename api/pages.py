@@ -352,6 +352,8 @@ def sign_in_link(token: str, request: Request, session: SessionDep) -> Response:
         signin.check_link(session, token)
     except DomainError as exc:
         return _link_not_usable(request, exc)
+    if claims:  # the page in the language of the person the link is for
+        languages.remember(request, session, session.get(Participant, claims.participant_id))
     return _with_pre(request, "sign_in.html", state="confirm", title=N_("Sign in"), token=token)
 
 
@@ -521,8 +523,8 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
         else:
             survey_service.save_partial(session, participant, assignment, answers)
     except DomainError as exc:  # invalid answers name their fields; a closed survey says so itself
-        errors = ({f["field"]: f["message"] for f in exc.fields} if isinstance(exc, survey_service.AnswerError)
-                  else None)
+        errors = ({f["field"]: i18n.gettext(request.state.language, f["message"]) for f in exc.fields}
+                  if isinstance(exc, survey_service.AnswerError) else None)
         return refused(session, request, exc, render=lambda: _survey_page(
             request, session, assignment, step, action, status_code=409 if errors is None else 422, errors=errors))
     if finishing:
@@ -575,9 +577,10 @@ def _link_refused(request: Request, exc: DomainError) -> Response:
 @router.get("/s/{token}", response_class=HTMLResponse)
 def linked_survey(token: str, request: Request, session: SessionDep) -> Response:
     try:
-        assignment, _ = survey_service.assignment_for_link(session, token, _signed_in(session, request))
+        assignment, owner = survey_service.assignment_for_link(session, token, _signed_in(session, request))
     except DomainError as exc:
         return _link_refused(request, exc)
+    languages.remember(request, session, owner)  # the page in the language of the person it is for
     return _survey_page(request, session, assignment, _step(request), f"/s/{token}")
 
 
@@ -588,6 +591,7 @@ def answer_linked_survey(token: str, request: Request, form: Form, session: Sess
         assignment, participant = survey_service.assignment_for_link(session, token, _signed_in(session, request))
     except DomainError as exc:
         return _link_refused(request, exc)
+    languages.remember(request, session, participant)
     return _survey_post(request, session, form, assignment, participant, f"/s/{token}", "/done")
 
 
@@ -643,12 +647,14 @@ def withdraw(request: Request, form: Form, session: SessionDep) -> Response:
 def help_page(request: Request, session: SessionDep) -> Response:
     participant = _signed_in(session, request)
     found = chat_api.crisis_resources(session, participant)
-    region, resources = found.region, found.text
-    elsewhere = (current_protocol(session, participant.study_id).crisis_resources["default"]
+    region, resources = found.region, i18n.gettext(request.state.language, found.text)  # anyone's, in the page's
+    elsewhere = (current_protocol(session, participant.study_id).crisis_resources_in("default", participant.language)
                  if participant is not None and region != "default" else None)
     return page(request, "help.html", resources=resources, region=region, elsewhere=elsewhere,
-                from_others=chat_api.crisis_resources(session, participant, "risk_from_others").text,
-                to_others=chat_api.crisis_resources(session, participant, "harm_to_others").text)
+                from_others=i18n.gettext(request.state.language,
+                                         chat_api.crisis_resources(session, participant, "risk_from_others").text),
+                to_others=i18n.gettext(request.state.language,
+                                       chat_api.crisis_resources(session, participant, "harm_to_others").text))
 
 
 def install(app: Any) -> None:

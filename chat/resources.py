@@ -4,25 +4,27 @@ The protocol's ``crisis_resources`` (per region) are the study's crisis lines, s
 participant may be at risk of harming themselves. Someone in danger from another person needs
 abuse and domestic-violence services, and someone who may hurt another person needs the emergency
 number rather than a suicide line; those are listed here, per region (the country of the
-participant's time zone) with a ``default`` for everywhere else. Texts are Markdown; the pages
+participant's time zone) with a ``default`` for everywhere else; the English ones are in the
+interface's catalogs, shown in the participant's language where translated. Texts are Markdown; the pages
 turn phone numbers and web addresses into links (``api.pages.resources_html``).
 """
 
 from __future__ import annotations
 
+from study.i18n import N_
 from study.protocol import country_of_timezone
 
 CATEGORY_RESOURCES: dict[str, dict[str, str]] = {
     "risk_from_others": {
-        "default": (
+        "default": N_(
             "If you are in danger right now, call your local emergency number. Free, confidential services "
             "for people who are hurt or threatened by a partner, a relative or anyone else are listed for your "
             "country at https://findahelpline.com."),
-        "US": (
+        "US": N_(
             "If you are in danger right now, call **911**. National Domestic Violence Hotline: call "
             "**1-800-799-7233** or text START to 88788 (free, confidential, 24/7), https://www.thehotline.org. "
             "After a sexual assault: RAINN, **1-800-656-4673**, https://www.rainn.org."),
-        "GB": (
+        "GB": N_(
             "If you are in danger right now, call **999** (if you can't speak, stay on the line and press 55 "
             "when asked). National Domestic Abuse Helpline: **0808 2000 247** (free, 24/7), "
             "https://www.nationaldahelpline.org.uk. Men's Advice Line: 0808 801 0327."),
@@ -32,15 +34,15 @@ CATEGORY_RESOURCES: dict[str, dict[str, str]] = {
             "an Männern: 0800 1239900, https://www.maennerhilfetelefon.de."),
     },
     "harm_to_others": {
-        "default": (
+        "default": N_(
             "If anyone is in danger right now, call your local emergency number. If you feel you might hurt "
             "someone, put distance between you and them now and talk to someone you trust or a doctor; free, "
             "confidential helplines for your country are listed at https://findahelpline.com."),
-        "US": (
+        "US": N_(
             "If anyone is in danger right now, call **911**. If you feel you might hurt someone, put distance "
             "between you and them now and talk to someone you trust or a doctor; free, confidential helplines "
             "are listed at https://findahelpline.com."),
-        "GB": (
+        "GB": N_(
             "If anyone is in danger right now, call **999**. If you're worried you might hurt a partner or "
             "someone in your family, the Respect Phoneline is free and confidential: **0808 802 4040**, "
             "https://respectphoneline.org.uk."),

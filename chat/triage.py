@@ -182,23 +182,32 @@ class WordsReading:
 
 
 _SHORT_WORDS = 8  # longer messages answer only through explicit statements
+# Short answers in English and in the interface's other language, Spanish (the check-in's questions and
+# buttons are translated; a statement that answers its own question, _SPECIFIC, is read in English only).
 _DECLINED = re.compile(r"\b(?:(?:i'?d |i would )?rather not(?: say| answer| talk about it)?|prefer not(?: to say)?|"
                        r"i don'?t want to (?:say|answer|talk about (?:it|that))|no comment|pass|skip(?: it)?|"
-                       r"none of your business)\b")
+                       r"none of your business|prefiero no(?: decir(?:lo)?| responder| contestar| hablar de (?:eso|"
+                       r"ello))?|no quiero (?:decir(?:lo)?|responder|contestar|hablar de (?:eso|ello))|paso)\b")
 _YES = re.compile(r"^(?:yes+|yeah+|yea|yep|yup|ya|yah|sure|correct|true|uh[- ]?huh|mhm+|definitely|absolutely|"
-                  r"of course(?! not))\b|^i (?:do|have|did|am|will|think so)[ .!,]*$")
-_NO = re.compile(r"^(?:no+|nope|nah|naw|nay|never(?! ?mind)|not really|not at all|not anymore|not lately|not now|"
-                 r"no way|of course not|definitely not|absolutely not)\b|^(?:i (?:don'?t|do not|haven'?t|have not|"
+                  r"of course(?! not)|sí+|claro(?! que no)|por supuesto(?! que no)|desde luego|así es|cierto)\b|"
+                  r"^si+(?=$|[.!,])|^i (?:do|have|did|am|will|think so)[ .!,]*$")
+_NO = re.compile(r"^(?:no+(?! (?:lo )?s[ée]\b)|nope|nah|naw|nay|never(?! ?mind)|not really|not at all|not anymore|"
+                 r"not lately|not now|no way|of course not|definitely not|absolutely not|nunca|jamás|para nada|"
+                 r"en absoluto|"
+                 r"claro que no|tampoco)\b|^(?:i (?:don'?t|do not|haven'?t|have not|"
                  r"didn'?t|did not|won'?t|am not|'m not)(?: think so| really)?|not that i know of|nothing(?: like "
                  r"that| at all)?)[ .!,]*$")
 # After a yes: what takes it back or hedges it ("yeah no", "yes, maybe"); after a no, also what
 # turns it ("no... well, sometimes", "no but yes").
 _AFTER_YES = re.compile(r"\b(?:no|not|never|maybe|perhaps|not sure|unsure|don'?t know|dunno|idk|kind of|kinda|"
-                        r"sort of|sorta|i guess|i suppose|hard to say|depends|possibly)\b|n't\b")
+                        r"sort of|sorta|i guess|i suppose|hard to say|depends|possibly|"
+                        r"quizás?|tal vez|a lo mejor|no sé|más o menos|creo|supongo|depende)\b|n't\b")
 _AFTER_NO = re.compile(r"\b(?:yes|yeah|yep|actually|but|though|sometimes|maybe|perhaps|kind of|kinda|sort of|sorta|"
-                       r"a bit|a little|not sure|except|well|used to|i guess|probably|lately)\b")
+                       r"a bit|a little|not sure|except|well|used to|i guess|probably|lately|"
+                       r"sí|pero|aunque|a veces|quizás?|tal vez|un poco|bueno|antes|creo|supongo|no sé|últimamente)\b")
 _UNSURE = re.compile(r"\b(?:maybe|perhaps|not sure|unsure|i don'?t know|dunno|idk|kind of|kinda|sort of|sorta|"
-                     r"i guess|i suppose|sometimes|hard to say|depends|yes and no|possibly|probably)\b")
+                     r"i guess|i suppose|sometimes|hard to say|depends|yes and no|possibly|probably|"
+                     r"quizás?|tal vez|a lo mejor|no (?:lo )?s[ée]|más o menos|a veces|supongo|depende|sí y no)\b")
 # Statements that answer their own question wherever they stand (each read on its own sentence).
 _NOT = r"(?<!\bno )(?<!\bnot )(?<!n't )(?<!never )"
 _SPECIFIC: tuple[tuple[str, Answer, re.Pattern[str]], ...] = (

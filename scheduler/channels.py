@@ -159,12 +159,14 @@ def html_body(message: Invitation) -> str:
     if message.sign_in_link is None:
         my_study = e(i18n.gettext(language, "You can stop taking part at any time from the \"My study\" page."))
     else:
+        linked = e(i18n.gettext(language, "sign in to My study"))
         my_study = (e(i18n.gettext(language, "Your surveys, the chat, and stopping at any time are on your "
                                              "\"My study\" page:"))
-                    + f" <a href=\"{e(message.sign_in_link)}\">{e(i18n.gettext(language, 'sign in to My study'))}</a> "
+                    + f" <a href=\"{e(message.sign_in_link)}\">{linked}</a> "
                     + e(i18n.gettext(language, "(this link works once, until the survey closes).")))
+    hello = e(i18n.gettext(language, "Hello,"))
     return (f"<!doctype html><html lang=\"{e(language)}\"><body style=\"font-family:sans-serif;line-height:1.5\">"
-            f"<p>{e(i18n.gettext(language, 'Hello,'))}</p><p>{e(_opening(message))}</p>"
+            f"<p>{hello}</p><p>{e(_opening(message))}</p>"
             f"<p><a href=\"{e(message.link)}\">{e(message.survey_title)}</a></p>"
             f"<p>{e(_until(message))}<br>{my_study}</p>"
             f"<p>{e(message.study_title)}</p></body></html>")
@@ -238,6 +240,7 @@ class EmailChannel:
         email = self._headers(message.to_email, subject(message), message.idempotency_key, "the contact email")
         email.set_content(text_body(message))
         email.add_alternative(html_body(message), subtype="html")
+        email["Content-Language"] = message.language  # after the content, which sets its own Content- headers
         return email
 
     def compose_notice(self, notice: OnCallNotice) -> EmailMessage:
@@ -252,6 +255,7 @@ class EmailChannel:
         email = self._headers(message.to_email, i18n.gettext(message.language, "Your sign-in link"),
                               message.idempotency_key, "the contact email")
         email.set_content(sign_in_text(message))
+        email["Content-Language"] = message.language
         return email
 
     def send(self, message: Invitation) -> None:

@@ -30,7 +30,8 @@ from pydantic import (
 )
 
 from study.durations import Duration, Repeat
-from study.i18n import N_, gettext, interface_languages
+from study.i18n import N_, gettext
+from study.translated import ConsentTranslation, Language, PublicText, languages_complete
 from study.validation import email_address
 
 ROLES = ("concierge", "collaborator", "coach")
@@ -45,13 +46,6 @@ class _Strict(BaseModel):
 
 
 PUBLIC_TITLE_FALLBACK = N_("Research study")
-
-
-class PublicText(_Strict):
-    """What participants see of the study, in another of the protocol's languages."""
-
-    public_title: str = Field(min_length=1, max_length=200)
-    public_description: str = Field(default="", max_length=5000)
 
 
 class StudyInfo(_Strict):
@@ -114,34 +108,6 @@ class Confirmation(_Strict):
     id: str = Slug
     text: str = Field(min_length=1)
     required: bool = True
-
-
-class ConsentTranslation(_Strict):
-    """The consent in another of the protocol's languages: its text and each confirmation's, by id.
-    It is part of the consent version: changing it needs a new ``version``, like the text."""
-
-    text: str = Field(min_length=20, description="Markdown shown to participants reading the study in this language")
-    confirmations: dict[str, str] = Field(description="each confirmation's text in this language, by its id")
-
-
-class InstrumentCatalog(dict[str, frozenset[str]]):
-    """The instruments a study may use (``surveys.registry.catalog``): id -> its item ids and score
-    names; ``languages``: id -> the languages it can be shown in (its own, and those of the study
-    team's translations loaded for its newest version)."""
-
-    def __init__(self, names: Mapping[str, frozenset[str]], languages: Mapping[str, frozenset[str]]) -> None:
-        super().__init__(names)
-        self.languages = dict(languages)
-
-
-def _language(code: str) -> str:
-    if code not in interface_languages():
-        raise ValueError(f"'{code}' is not a language of the interface (it has: {', '.join(interface_languages())}); "
-                         "a new one needs its catalog in study/locale (`make messages`, then translate)")
-    return code
-
-
-Language = Annotated[str, AfterValidator(_language)]
 
 
 class Consent(_Strict):
@@ -486,9 +452,9 @@ class Protocol(_Strict):
     followups: list[FollowUp] = Field(default_factory=list)
     quiet_hours: QuietHours = QuietHours()
     channels: list[Literal["email", "webhook", "in_app"]] = Field(default=["in_app"], min_length=1)
-    crisis_resources: dict[str, str] = Field(
-        description="Crisis resources text per region code; 'default' is shown when no region matches"
-    )
+    crisis_resources: dict[str, str | dict[str, str]] = Field(
+        description="Crisis resources text per region code ('default' is shown when no region matches), or a "
+                    "region's text per language; a study in several languages gives 'default' in each")
     enrollment: Enrollment = Enrollment()
     withdrawal: Withdrawal = Withdrawal()
     pushback: Pushback = Pushback()
@@ -498,7 +464,7 @@ class Protocol(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> Protocol:
-        self._languages_complete((info.context or {}).get("instruments"))
+        languages_complete(self, (info.context or {}).get("instruments"))
         names = [arm.name for arm in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")
@@ -507,6 +473,11 @@ class Protocol(_Strict):
             raise ValueError("follow-up ids must be unique")
         if "default" not in self.crisis_resources:
             raise ValueError("crisis_resources needs a 'default' entry")
+        default = self.crisis_resources["default"]
+        lacking = [code for code in self.languages if not isinstance(default, dict) or code not in default]
+        if len(self.languages) > 1 and lacking:
+            raise ValueError(f"crisis_resources.default: no text in {', '.join(lacking)} (a study in several languages "
+                             "gives its default crisis resources in each: default: {en: ..., es: ...})")
         if self.recruitment is not None:
             waves = {"baseline", *ids}
             for field in ("completion", "payments"):
@@ -521,47 +492,25 @@ class Protocol(_Strict):
                                  f"not ask (baseline or followups: {', '.join(sorted(asked))})")
         return self
 
-    def _languages_complete(self, known: object) -> None:
-        """Every language but the first has the consent in it, and every instrument the study asks can
-        be shown in every language (when ``known`` is an ``InstrumentCatalog``, which knows)."""
-        if len(set(self.languages)) != len(self.languages):
-            raise ValueError("languages: each language once")
-        missing = [code for code in self.languages[1:] if code not in self.consent.translations]
-        if missing:
-            raise ValueError(f"consent.translations: no consent text in {', '.join(missing)} (each language but the "
-                             "first needs its text and every confirmation's)")
-        for section, given in (("consent", self.consent.translations), ("study", self.study.translations)):
-            extra = sorted(set(given) - set(self.languages[1:]))
-            if extra:
-                raise ValueError(f"{section}.translations: {', '.join(extra)} is not among the study's other languages "
-                                 f"({', '.join(self.languages[1:]) or 'none'})")
-        untitled = [code for code in self.languages[1:] if code not in self.study.translations]
-        if self.study.public_title and untitled:
-            raise ValueError(f"study.translations: no public_title in {', '.join(untitled)} (participants reading "
-                             "the study in it see the public title and description)")
-        if not isinstance(known, InstrumentCatalog):
-            return
-        for instrument in sorted(self.instruments()):
-            shown = known.languages.get(instrument, frozenset())
-            lacking = [code for code in self.languages if code not in shown]
-            if lacking:
-                raise ValueError(f"instrument {instrument} has no translation in {', '.join(lacking)}: load the study "
-                                 f"team's translation file with `afterward instruments load FILE` (translation_of: "
-                                 f"{instrument}, language: {lacking[0]}, every item, label and option)")
-
     def arm(self, name: str) -> Arm:
         for arm in self.arms:
             if arm.name == name:
                 return arm
         raise KeyError(name)
 
-    def crisis_resources_for(self, timezone: str | None) -> tuple[str, str]:
+    def crisis_resources_for(self, timezone: str | None, language: str | None = None) -> tuple[str, str]:
         """The crisis resources to show someone in this time zone: (region code, text), falling
-        back to the 'default' entry when the zone's country has none."""
+        back to the 'default' entry when the zone's country has none; in ``language`` where the
+        entry is given per language (else in its first)."""
         region = country_of_timezone(timezone) if timezone else None
-        if region and region in self.crisis_resources:
-            return region, self.crisis_resources[region]
-        return "default", self.crisis_resources["default"]
+        found = region if region and region in self.crisis_resources else "default"
+        return found, self.crisis_resources_in(found, language)
+
+    def crisis_resources_in(self, region: str, language: str | None) -> str:
+        entry = self.crisis_resources[region]
+        if isinstance(entry, str):
+            return entry
+        return entry.get(language or "") or entry.get(self.languages[0]) or next(iter(entry.values()))
 
     def instruments(self) -> set[str]:
         return set(self.baseline) | {f.instrument for f in self.followups}

@@ -9,9 +9,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from study.i18n import N_
+
 ItemType = Literal["likert", "slider", "number", "single_choice", "multiple_choice", "text"]
 NUMERIC_TYPES = {"likert", "slider", "number"}
-_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+PLACEHOLDER = re.compile(r"\{(\w+)\}")  # a value piped in, e.g. {decision}
 # A placeholder with the closing quotes or brackets and the full stop after it, in a template.
 _PIPED_SENTENCE = re.compile(r"\{(\w+)\}([\"'”’»)\]]*)(\.?)")
 TEXT_LIMIT = 5000
@@ -54,9 +56,9 @@ class Item(_Strict):
         """The answer in canonical form, or ValueError with a message naming the problem."""
         if self.type in NUMERIC_TYPES:
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError("must be a number")
+                raise ValueError(N_("must be a number"))
             if self.type == "likert" and value != int(value):
-                raise ValueError("must be a whole number")
+                raise ValueError(N_("must be a whole number"))
             if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
                 raise ValueError(f"must be between {_num(self.min)} and {_num(self.max)}")
             return int(value) if self.type == "likert" else value
@@ -127,9 +129,9 @@ class Instrument(_Strict):
         for item in self.items:
             if item.block is not None and item.block not in blocks:
                 raise ValueError(f"item {item.id} names unknown block {item.block}")
-        used = set(_PLACEHOLDER.findall(self.instructions))
+        used = set(PLACEHOLDER.findall(self.instructions))
         for item in self.items:
-            used |= set(_PLACEHOLDER.findall(item.text))
+            used |= set(PLACEHOLDER.findall(item.text))
         if used - set(self.context):
             raise ValueError(f"placeholders not declared in context: {', '.join(sorted(used - set(self.context)))}")
         return self
@@ -175,7 +177,7 @@ class Instrument(_Strict):
             except ValueError as exc:
                 problems.append((item_id, str(exc)))
         if complete:
-            problems += [(i.id, "is required") for i in self.items if i.required and i.id not in clean
+            problems += [(i.id, N_("is required")) for i in self.items if i.required and i.id not in clean
                          and i.id not in {p[0] for p in problems}]
         return clean, problems
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from study import audit
 from study.errors import Conflict, NotFound
 from study.i18n import SOURCE
-from study.protocol import InstrumentCatalog
+from study.translated import InstrumentCatalog
 from surveys.definitions import Instrument, parse_instrument
 from surveys.models import CustomInstrument, InstrumentTranslation
 from surveys.translations import Translation, is_translation, parse_translation

@@ -30,7 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from study.i18n import interface_languages
-from surveys.definitions import Instrument, InstrumentError
+from surveys.definitions import PLACEHOLDER, Instrument, InstrumentError
 
 
 class _Strict(BaseModel):
@@ -73,6 +73,7 @@ class Translation(_Strict):
             found.append("instructions: missing")
         if self.instructions and not instrument.instructions:
             found.append("instructions: the instrument has none")
+        found += _placeholders("instructions", instrument.instructions, self.instructions)
         blocks = {block.id: block for block in instrument.blocks}
         found += [f"blocks.{name}: not a block of {instrument.key}" for name in sorted(set(self.blocks) - set(blocks))]
         for block in instrument.blocks:
@@ -88,6 +89,7 @@ class Translation(_Strict):
             if text is None:
                 found.append(f"items.{item.id}: missing")
                 continue
+            found += _placeholders(f"items.{item.id}.text", item.text, text.text)
             found += [f"items.{item.id}.labels.{point}: missing"
                       for point in sorted(set(item.labels) - set(text.labels))]
             found += [f"items.{item.id}.labels.{point}: not a label of the item"
@@ -115,6 +117,14 @@ class Translation(_Strict):
             item["options"] = [{**option, "label": text.options.get(option["value"], option["label"])}
                                for option in item["options"]]
         return Instrument.model_validate(document)
+
+
+def _placeholders(where: str, original: str, translated: str) -> list[str]:
+    """A translated text must keep the original's placeholders (``{decision}``: what the participant
+    decided, piped in), and add none."""
+    wanted, given = set(PLACEHOLDER.findall(original)), set(PLACEHOLDER.findall(translated))
+    return ([f"{where}: keep the placeholder {{{name}}}" for name in sorted(wanted - given)]
+            + [f"{where}: {{{name}}} is not a placeholder of the instrument" for name in sorted(given - wanted)])
 
 
 def is_translation(source_yaml: str) -> bool:

@@ -189,6 +189,10 @@ SPANISH_STUDY = {"public_title": "Conversaciones con un asistente de IA: un estu
                                        "te va durante las próximas cuatro semanas."}
 
 
+SPANISH_HELP = ("Si estás en peligro o piensas en hacerte daño, llama ahora al número de emergencias de tu zona. "
+                "En https://findahelpline.com encontrarás una línea de ayuda gratuita y confidencial de tu país.")
+
+
 def bilingual(example_protocol: str, **changes: Any) -> str:
     """The example study offered in English and Spanish: the consent in both, the GAD-7 (translated by
     ``GAD7_SPANISH``) at baseline and one week on, instead of instruments nobody translated."""
@@ -198,6 +202,9 @@ def bilingual(example_protocol: str, **changes: Any) -> str:
     document["languages"] = ["en", "es"]
     document["consent"]["translations"] = {"es": SPANISH_CONSENT}
     document["study"]["translations"] = {"es": SPANISH_STUDY}
+    document["crisis_resources"]["default"] = {"en": document["crisis_resources"]["default"], "es": SPANISH_HELP}
+    document["crisis_resources"]["ES"] = ("Si estás en peligro, llama al **112**. Línea 024 de atención a la conducta "
+                                          "suicida: **024** (gratuita, confidencial, 24 horas).")
     document["baseline"] = ["gad-7"]
     document["followups"] = [{"id": "gad-week-1", "instrument": "gad-7", "anchor": "enrollment", "offset": "P7D",
                               "window": "P3D", "reminders": ["P1D"], "send_at_local": "10:00"}]

@@ -94,6 +94,18 @@ def test_a_production_start_without_its_secrets_refuses_in_one_line(command: lis
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", [["study", "list"], ["instruments", "list"]])
+def test_a_database_never_upgraded_is_named_with_what_to_run(command: list[str], tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AFTERWARD_")}
+    env["AFTERWARD_DATABASE_URL"] = f"sqlite:///{tmp_path / 'new.db'}"
+    done = subprocess.run([sys.executable, "-m", "api", *command], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 1
+    assert "no such table" in done.stderr
+    assert done.stderr.strip().endswith("run `afterward db upgrade` first")
+    assert "Traceback" not in done.stderr
+
+
 def test_study_load_reports_field_and_line(cli_database: Engine, tmp_path: Path, example_protocol: str) -> None:
     broken = tmp_path / "protocol.yaml"
     broken.write_text(example_protocol.replace("  - name: control\n    mode: default",

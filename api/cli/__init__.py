@@ -9,10 +9,12 @@ export, analyze) and ``processes`` (api, scheduler, dashboard). ``main`` is the 
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from api.cli import (
     audit,
@@ -36,6 +38,7 @@ from study import wiring
 from study.errors import DomainError
 
 app = typer.Typer(no_args_is_help=True, help="Afterward: longitudinal well-being studies of LLM chat.")
+MISSING_TABLE = re.compile(r"no such table|relation \S+ does not exist")  # SQLite's words, PostgreSQL's
 for command, name in ((development.demo, "demo"), (research.simulate, "simulate"), (research.power, "power"),
                       (research.export, "export"), (research.analyze, "analyze"),
                       (processes.scheduler_process, "scheduler"), (development.mailbox, "mailbox"),
@@ -56,6 +59,13 @@ def main() -> None:
         app()
     except DomainError as exc:
         typer.secho(exc.message, fg=typer.colors.RED, err=True)
+        sys.exit(1)
+    except (OperationalError, ProgrammingError) as exc:
+        if not MISSING_TABLE.search(str(exc.orig)):
+            raise
+        # A database never migrated (or behind the code): say what to run, not a traceback.
+        typer.secho(f"the database has no table the command needs ({str(exc.orig).splitlines()[0]}): run "
+                    "`afterward db upgrade` first", fg=typer.colors.RED, err=True)
         sys.exit(1)
     except ValidationError as exc:
         if exc.title != "Settings":

@@ -56,6 +56,7 @@ from chat.turn import Outcome
 from scheduler import planner
 from study import audit, i18n
 from study.errors import Unavailable
+from study.i18n import N_
 from study.models import Participant
 from study.safety import SafetyCheckIn, SafetyEvent
 from study.settings import get_settings
@@ -109,7 +110,7 @@ async def in_transaction(request: Request, work: Callable[[Session], T]) -> T:
     return await run_unit(request, work)
 
 
-GENERIC_CRISIS_RESOURCES = (
+GENERIC_CRISIS_RESOURCES = N_(
     "If you are in danger or thinking about harming yourself, call your local emergency number now. "
     "You can find a free, confidential helpline at https://findahelpline.com.")
 
@@ -119,12 +120,14 @@ def crisis_resources(session: Session, participant: Participant | None,
     """The resources for the participant's region that fit ``category``: the protocol's crisis
     lines for a risk to self (and by default), ``chat.resources`` for danger from or to someone
     else; generic ones for someone not signed in."""
+    language = (participant.language if participant is not None else None) or i18n.SOURCE
     found = chat_resources.category_resources(category or "", participant.timezone if participant else None)
     if found is not None:
-        return CrisisResourcesRead(region=found[0], text=found[1])
+        return CrisisResourcesRead(region=found[0], text=i18n.gettext(language, found[1]))
     if participant is None:
         return CrisisResourcesRead(region="default", text=GENERIC_CRISIS_RESOURCES)
-    region, text = current_protocol(session, participant.study_id).crisis_resources_for(participant.timezone)
+    region, text = current_protocol(session, participant.study_id).crisis_resources_for(participant.timezone,
+                                                                                           language)
     return CrisisResourcesRead(region=region, text=text)
 
 

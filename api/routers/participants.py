@@ -134,10 +134,10 @@ def signed_consent(
     signed = i18n.gettext(language, "Consent version %(version)s, signed as \"%(signature)s\" by participant "
                           "%(code)s on %(at)s UTC.", version=copy.version, signature=copy.typed_signature,
                           code=copy.participant_code, at=f"{copy.signed_at:%Y-%m-%d %H:%M}")
+    confirmed, shown, digest = (i18n.gettext(language, label) for label in (
+        N_("Confirmed"), N_("Language"), N_("SHA-256 of the consent text")))
     text = (f"{about.study_title}\n\n{copy.text_markdown}\n\n---\n\n{contacts}{signed}\n"
-            f"{i18n.gettext(language, 'Confirmed')}: {', '.join(copy.confirmations)}\n"
-            f"{i18n.gettext(language, 'Language')}: {language}\n"
-            f"{i18n.gettext(language, 'SHA-256 of the consent text')}: {copy.signed_text_sha256}\n")
+            f"{confirmed}: {', '.join(copy.confirmations)}\n{shown}: {language}\n{digest}: {copy.signed_text_sha256}\n")
     return PlainTextResponse(text, media_type="text/markdown", headers={
         "Content-Disposition": f'attachment; filename="consent-{copy.version}-{copy.participant_code}.md"'})
 

@@ -53,7 +53,7 @@ ANSWERABLE = {409: "the survey was already completed, with another submission_id
 
 def _summary(session: SessionDep, assignment: SurveyAssignment,
              instrument: Instrument | None = None) -> SurveySummaryRead:
-    instrument = instrument or registry.get(session, assignment.instrument_id, assignment.instrument_version)
+    instrument = instrument or service.shown(session, assignment)[0]  # its title in the participant's language
     return SurveySummaryRead(assignment_id=assignment.id, instrument=instrument.id, title=instrument.title,
                              purpose=assignment.purpose, intended_at=assignment.intended_at,
                              closes_at=assignment.closes_at)

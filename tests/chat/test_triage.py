@@ -104,6 +104,29 @@ def test_a_short_answer_answers_the_question_asked(text: str, answer: str) -> No
     assert (reading.answer, reading.specific, reading.unclear) == (answer, {}, False)
 
 
+@pytest.mark.parametrize(("text", "answer"), [
+    ("sí", "yes"), ("Si", "yes"), ("Sí.", "yes"), ("claro", "yes"), ("por supuesto", "yes"), ("sí, a veces", "yes"),
+    ("no", "no"), ("No, nunca", "no"), ("nunca", "no"), ("para nada", "no"), ("claro que no", "no"),
+    ("prefiero no decirlo", "declined"), ("no quiero responder", "declined"), ("paso", "declined"),
+])
+def test_a_short_answer_in_spanish_answers_the_question_asked(text: str, answer: str) -> None:
+    """The check-in's questions and buttons are translated, so its short answers in words are read in
+    Spanish too ("si" alone is a yes; "si ..." begins a condition)."""
+    reading = read_words(text, SELF)
+    assert (reading.answer, reading.specific, reading.unclear) == (answer, {}, False)
+
+
+@pytest.mark.parametrize("text", ["no sé", "No lo sé", "quizás", "tal vez", "no, pero a veces", "sí y no",
+                                  "más o menos"])
+def test_unclear_spanish_answers_answer_nothing(text: str) -> None:
+    reading = read_words(text, SELF)
+    assert (reading.answer, reading.answers_anything, reading.unclear) == (None, False, True)
+
+
+def test_a_spanish_condition_is_not_a_yes() -> None:
+    assert read_words("si me siento mal te escribo", SELF).answer is None
+
+
 @pytest.mark.parametrize("text", ["maybe", "idk", "I don't know", "sort of", "kinda", "not sure", "yes and no",
                                   "no but sometimes", "no, actually yes", "yeah no", "i guess", "sometimes"])
 def test_unclear_words_answer_nothing_and_never_count_as_no(text: str) -> None:

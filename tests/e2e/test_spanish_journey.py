@@ -131,6 +131,7 @@ def test_the_whole_journey_in_spanish(browser: Browser, live_server: str, engine
         assert report.sent == 1, report
         [email] = inbox.to("ana@example.org")
     assert f"GAD-7 ({SPANISH_STUDY['public_title']})" in str(email["Subject"])  # the study's Spanish title
+    assert email["Content-Language"] == "es"
     body = email.get_body(("plain",)).get_content()  # type: ignore[union-attr]
     assert es("It's time for a short follow-up survey in the study you joined.") in body
     assert "de marzo de 2026" in body  # the window's end, written in Spanish

@@ -26,16 +26,22 @@ from study import i18n, studies
 from study.db import session_scope
 from study.errors import Conflict
 from study.models import ConsentSignature, Participant
-from study.protocol import InstrumentCatalog, ProtocolError, parse_protocol
+from study.protocol import ProtocolError, parse_protocol
+from study.translated import InstrumentCatalog
 from surveys import registry
+from surveys import service as survey_service
+from surveys.models import SurveyAssignment, SurveyResponse
 from tests.builders import (
     CONFIRMATIONS,
     SPANISH_CONSENT,
     TEST_ACTOR,
     bilingual,
+    enroll_fully,
     load_spanish_gad7,
     load_study,
     make_invites,
+    put_in_arm,
+    start_chat,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,6 +133,9 @@ def test_a_protocol_names_languages_with_a_consent_text_in_each(example_protocol
     document = yaml.safe_load(bilingual(example_protocol))
     del document["study"]["translations"]
     assert "no public_title in es" in refused(yaml.safe_dump(document))
+    document = yaml.safe_load(bilingual(example_protocol))
+    document["crisis_resources"]["default"] = "Call your local emergency number."
+    assert "no text in en, es (a study in several languages" in refused(yaml.safe_dump(document))
     # Every instrument the study asks must be translated into every language, named with what to do.
     problems = refused(bilingual(example_protocol), _catalog())
     assert "instrument gad-7 has no translation in es" in problems
@@ -243,3 +252,38 @@ def test_follow_up_and_sign_in_emails_are_written_in_the_participants_language()
     assert "https://x/l" in sign_in
     assert "mañana" in sign_in
     assert "Someone asked" not in sign_in
+
+
+def test_what_a_spanish_participant_reads_around_the_study_is_in_spanish(app_client: TestClient, engine: Engine,
+                                                                         spanish_study: str) -> None:
+    """The crisis resources, the survey list's titles, a survey link opened in a browser that asks for
+    English, and the exit check's rating recorded in the language it was asked in."""
+    (invite,) = make_invites(engine, spanish_study)
+    who = enroll_fully(app_client, invite, timezone="Europe/Madrid")
+    assert app_client.put("/api/v1/me/language", headers=who.headers, json={"language": "es"}).status_code == 200
+    help_text = app_client.get("/api/v1/me/crisis-resources", headers=who.headers).json()
+    assert (help_text["region"], help_text["text"]) == ("ES", bilingual_resources(spanish_study, engine))
+    listed = app_client.get("/api/v1/me/surveys", headers=who.headers).json()
+    assert [s["title"] for s in listed] == ["GAD-7"]  # the translation's title (the same word)
+    with session_scope(engine) as session:
+        assignment = session.scalars(sa.select(SurveyAssignment)).one()
+        token = survey_service.link_token(assignment)
+    app_client.cookies.clear()
+    page = app_client.get(f"/s/{token}", headers={"Accept-Language": "en-US"})
+    assert '<html lang="es">' in page.text
+    assert "Dificultad para relajarte" in page.text
+    put_in_arm(engine, who.code, "wellbeing")
+    conversation = start_chat(app_client, who, "coach")
+    ended = app_client.post(f"/api/v1/me/conversations/{conversation}/end", headers=who.headers,
+                            json={"rating": 6, "made_decision": False})
+    assert ended.status_code == 200, ended.text
+    with session_scope(engine) as session:
+        rating = session.scalars(sa.select(SurveyResponse).where(
+            SurveyResponse.instrument_id == "immediate-rating")).one()
+        assert rating.language == "es"  # asked in the exit check's words, in Spanish
+
+
+def bilingual_resources(slug: str, engine: Engine) -> str:
+    with session_scope(engine) as session:
+        protocol = studies.current_protocol(session, studies.get_study(session, slug).id)
+        return protocol.crisis_resources_in("ES", "es")

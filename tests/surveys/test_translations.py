@@ -120,3 +120,23 @@ def test_a_participant_reading_spanish_answers_the_spanish_items_and_the_export_
     scores = pd.read_csv(tmp_path / "scores.csv")
     assert set(scores["language"]) == {"es", "en"}
     assert set(scores.loc[scores["name"] == "total", "value"]) == {7.0}
+
+
+def test_a_translation_keeps_the_placeholders_the_participants_answers_are_piped_into() -> None:
+    regret = registry.builtin()["decision-regret"]
+    assert "{decision}" in regret.instructions
+    texts: dict[str, dict[str, object]] = {
+        item.id: {"text": f"Pregunta {item.id}", "labels": dict(item.labels),
+                  "options": {o.value: o.label for o in item.options}} for item in regret.items}
+    document = {"translation_of": "decision-regret", "version": regret.version, "language": "es",
+                "title": "Arrepentimiento",
+                "instructions": "Piensa en la decisión que tomaste.",
+                "blocks": {b.id: {k: v for k, v in (("title", b.title), ("anchors", b.anchors)) if v}
+                           for b in regret.blocks},
+                "items": texts}
+    with pytest.raises(InstrumentError) as caught:
+        parse_translation(yaml.safe_dump(document, allow_unicode=True), regret)
+    wanted = f"decision-regret@{regret.version} in es: instructions: keep the placeholder {{decision}}"
+    assert wanted in caught.value.problems
+    document["instructions"] = "Piensa en la decisión que tomaste: {decision}"
+    assert parse_translation(yaml.safe_dump(document, allow_unicode=True), regret).instructions.endswith("{decision}")
