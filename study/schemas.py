@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from study.i18n import LANGUAGE_TAG
 from study.models import StudyStatus, WithdrawalLevel
 from study.protocol import PANEL_ID_PATTERN, TIME_ZONE_SCHEMA, Protocol, validate_timezone
 from study.recruitment import InviteListing, InviteStatus
@@ -107,12 +108,12 @@ class ConsentSign(_In):
     version: Line = Field(min_length=1, max_length=40, json_schema_extra=trimmed(1, 40))
     confirmations: list[Line] = Field(max_length=50)
     typed_signature: Line = Field(min_length=1, max_length=200, json_schema_extra=trimmed(1, 200))
-    language: Line | None = Field(default=None, max_length=16, description=(
+    language: str | None = Field(default=None, pattern=LANGUAGE_TAG, description=(
         "the language the consent was shown in (one of ConsentRead.languages); default: the participant's"))
 
 
 class LanguageUpdate(_In):
-    language: Line = Field(min_length=2, max_length=16, description="one of the study's languages, e.g. 'es'")
+    language: str = Field(pattern=LANGUAGE_TAG, description="one of the study's languages, e.g. 'es'")
 
 
 class SignedConsentRead(BaseModel):

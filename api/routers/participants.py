@@ -96,7 +96,8 @@ def consent_status(session: SessionDep, participant: CurrentParticipant) -> Cons
 @router.post("/me/consent", status_code=status.HTTP_201_CREATED, responses=refusals({
     403: WITHDRAWN,
     409: "this consent version is not the one in force: read the current one (GET /me/consent)",
-    422: "a required confirmation is not ticked (code confirmation_missing), or the signature is empty"}))
+    422: "a required confirmation is not ticked (code confirmation_missing), the signature is empty, or the "
+         "consent is not written in the language named (code consent_language)"}))
 def sign_consent(body: ConsentSign, session: SessionDep, participant: CurrentParticipant) -> SignedConsentRead:
     """Sign the consent version in force (also how a participant re-consents after a revision)."""
     service.sign_consent(session, participant, version=body.version, confirmations=body.confirmations,
