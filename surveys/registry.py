@@ -51,12 +51,21 @@ def in_language(session: Session, instrument: Instrument, language: str | None) 
     translation of that version when one is loaded, else as written (English)."""
     if language is None or language == INSTRUMENT_LANGUAGE:
         return instrument, INSTRUMENT_LANGUAGE
-    row = session.scalar(select(InstrumentTranslation).where(
+    found = session.execute(select(InstrumentTranslation.source_sha256, InstrumentTranslation.definition).where(
         InstrumentTranslation.instrument_id == instrument.id, InstrumentTranslation.version == instrument.version,
-        InstrumentTranslation.language == language))
-    if row is None:
+        InstrumentTranslation.language == language)).first()
+    if found is None:
         return instrument, INSTRUMENT_LANGUAGE
-    return Translation.model_validate(row.definition).apply(instrument), language
+    key = (instrument.key, found.source_sha256)  # a translation's text never changes under its digest
+    shown = _translated.get(key)
+    if shown is None:
+        if len(_translated) > 256:
+            _translated.clear()
+        shown = _translated[key] = Translation.model_validate(found.definition).apply(instrument)
+    return shown, language
+
+
+_translated: dict[tuple[str, str], Instrument] = {}
 
 
 def catalog(session: Session) -> InstrumentCatalog:
