@@ -137,8 +137,11 @@ def signed_consent(
                           code=copy.participant_code, at=f"{copy.signed_at:%Y-%m-%d %H:%M}")
     confirmed, shown, digest = (i18n.gettext(language, label) for label in (
         N_("Confirmed"), N_("Language"), N_("SHA-256 of the consent text")))
-    text = (f"{about.study_title}\n\n{copy.text_markdown}\n\n---\n\n{contacts}{signed}\n"
-            f"{confirmed}: {', '.join(copy.confirmations)}\n{shown}: {language}\n{digest}: {copy.signed_text_sha256}\n")
+    _, version = service.signed_consent_text(session, participant)
+    ticked = "".join(f"- {c['text']} ({c['id']})\n" for c in version.confirmations_in(language)
+                     if c["id"] in copy.confirmations)  # each statement as it was shown
+    text = (f"{about.study_title}\n\n{copy.text_markdown}\n\n---\n\n{contacts}{signed}\n{confirmed}:\n{ticked}"
+            f"{shown}: {language}\n{digest}: {copy.signed_text_sha256}\n")
     return PlainTextResponse(text, media_type="text/markdown", headers={
         "Content-Disposition": f'attachment; filename="consent-{copy.version}-{copy.participant_code}.md"'})
 

@@ -192,6 +192,7 @@ def test_a_spanish_browser_reads_and_signs_the_consent_in_spanish(app_client: Te
     copy = app_client.get("/api/v1/me/consent/signed?download=true", headers=headers).text
     assert SPANISH_CONSENT["text"] in copy
     assert "Idioma: es" in copy
+    assert "- Tengo 18 años o más. (adult)\n" in copy  # each statement ticked, as it was shown
     with session_scope(engine) as session:
         signature = session.scalars(sa.select(ConsentSignature)).one()
         assert signature.language == "es"
