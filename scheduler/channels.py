@@ -114,11 +114,6 @@ class SignInChannel(Protocol):
     def send_sign_in(self, message: SignInLinkMessage) -> None: ...
 
 
-def local_time_text(moment: dt.datetime, timezone: str | None, language: str = "en") -> str:
-    """A moment as the participant reads it, e.g. "Thursday 5 March 2026, 18:00 CET (Europe/Berlin)"."""
-    return i18n.moment_text(moment, timezone, language)
-
-
 def subject(message: Invitation) -> str:
     values = {"survey": message.survey_title, "study": message.study_title}
     if message.kind == "reminder":

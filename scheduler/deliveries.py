@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Row, Select, select, update
 from sqlalchemy.orm import Session
 
-from scheduler.channels import Channel, DeliveryError, Invitation, local_time_text
+from scheduler.channels import Channel, DeliveryError, Invitation
 from scheduler.models import Delivery, FollowUp, FollowUpStatus
 from scheduler.outbox import OutboxKind
 from study import i18n, signin
@@ -76,7 +76,7 @@ class Deliveries(OutboxKind[Invitation]):
                 email = decrypt_contact(participant.contact_email_encrypted)
             except ValueError as exc:  # a key was rotated out: no retry can read it
                 raise DeliveryError("unreadable_contact", str(exc), permanent=True) from None
-        closes = (local_time_text(assignment.closes_at, participant.timezone, language) if assignment.closes_at
+        closes = (i18n.moment_text(assignment.closes_at, participant.timezone, language) if assignment.closes_at
                   else i18n.gettext(language, "it is done"))
         # Signs the participant in to My study once, for as long as the survey is open.
         sign_in = signin.link_url(self.settings.base_url, signin.link_token(

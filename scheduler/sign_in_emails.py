@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
-from scheduler.channels import DeliveryError, SignInChannel, SignInLinkMessage, local_time_text
+from scheduler.channels import DeliveryError, SignInChannel, SignInLinkMessage
 from scheduler.outbox import OutboxKind
-from study import signin
+from study import i18n, signin
 from study.clock import now
 from study.models import Participant, SignInEmail
 from study.security import decrypt_contact
@@ -56,11 +56,11 @@ class SignInEmails(OutboxKind[SignInLinkMessage]):
         except ValueError as exc:  # a key was rotated out: no retry can read it
             raise DeliveryError("unreadable_contact", str(exc), permanent=True) from None
         token = signin.link_token(signin.EMAIL_LINK, participant.id, email.idempotency_key, email.expires_at)
+        language = participant.language or i18n.SOURCE
         return SignInLinkMessage(
             idempotency_key=email.idempotency_key, to_email=address,
             link=signin.link_url(self.settings.base_url, token),
-            expires_at_text=local_time_text(email.expires_at, participant.timezone, participant.language or "en"),
-            language=participant.language or "en"), None
+            expires_at_text=i18n.moment_text(email.expires_at, participant.timezone, language), language=language), None
 
     def sender(self, row: Row[Any]) -> tuple[str, Callable[[SignInLinkMessage], None] | None]:
         return "the sign-in email", self.channel.send_sign_in

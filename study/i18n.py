@@ -81,6 +81,7 @@ def name_of(language: str) -> str:
     return name[:1].upper() + name[1:]
 
 
+@cache
 def known(language: str) -> bool:
     """Whether Babel knows ``language`` (a protocol may only declare a language it can name and date)."""
     try:

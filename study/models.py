@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import hashlib
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -109,6 +110,10 @@ class ConsentVersion(Base):
     def text_in(self, language: str) -> str:
         """The consent text as shown in ``language`` (its own text where it has no translation)."""
         return (self.translations or {}).get(language, {}).get("text") or self.text_markdown
+
+    def digest_in(self, language: str) -> str:
+        """SHA-256 of the text as shown in ``language``: what a signature in that language records."""
+        return hashlib.sha256(self.text_in(language).encode()).hexdigest()
 
     def confirmations_in(self, language: str) -> list[dict[str, Any]]:
         """The confirmations, each with its text in ``language``."""

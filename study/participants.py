@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import random
 import re
 from collections.abc import Sequence
@@ -300,7 +299,7 @@ def sign_consent(
         raise Invalid("; ".join(parts), code="confirmation_missing")
     if not typed_signature.strip():
         raise Invalid("type your name (or initials) to sign")
-    text_sha256 = hashlib.sha256(current.text_in(shown).encode()).hexdigest()
+    text_sha256 = current.digest_in(shown)
     signature = ConsentSignature(
         participant_id=participant.id, consent_version_id=current.id, language=shown,
         signed_text_sha256=text_sha256, typed_signature=typed_signature.strip(),
@@ -322,8 +321,7 @@ def signed_consent_text(session: Session, participant: Participant) -> tuple[Con
         raise NotFound("you have not signed a consent form yet")
     version = session.get(ConsentVersion, status.signed.consent_version_id)
     assert version is not None
-    signed_text = version.text_in(status.signed.language)
-    if hashlib.sha256(signed_text.encode()).hexdigest() != status.signed.signed_text_sha256:  # it must never change
+    if version.digest_in(status.signed.language) != status.signed.signed_text_sha256:  # it must never change
         raise Conflict("the stored consent text no longer matches what was signed; "
                        "the study team has been told", code="consent_integrity")
     return status.signed, version

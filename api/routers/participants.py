@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
@@ -15,7 +14,7 @@ from scheduler import service as scheduler_service
 from study import audit, i18n, signin
 from study import participants as service
 from study.i18n import N_
-from study.models import ConsentVersion, Participant, Study
+from study.models import ConsentSignature, ConsentVersion, Participant, Study
 from study.schemas import (
     ConsentAboutRead,
     ConsentConfirmationRead,
@@ -43,7 +42,7 @@ def _consent_read(session: SessionDep, consent: ConsentVersion, participant: Par
     language = service.consent_language(participant, consent)
     text = consent.text_in(language)
     return ConsentRead(version=consent.version, language=language, languages=consent.languages, text_markdown=text,
-                       text_sha256=hashlib.sha256(text.encode()).hexdigest(),
+                       text_sha256=consent.digest_in(language),
                        confirmations=[ConsentConfirmationRead(**c) for c in consent.confirmations_in(language)],
                        about=ConsentAboutRead.of(protocol_for_consent(session, consent.id), language))
 
@@ -105,8 +104,9 @@ def sign_consent(body: ConsentSign, session: SessionDep, participant: CurrentPar
     return _signed_copy(session, participant)
 
 
-def _signed_copy(session: SessionDep, participant: Participant) -> SignedConsentRead:
-    signature, version = service.signed_consent_text(session, participant)
+def _signed_copy(session: SessionDep, participant: Participant,
+                 signed: tuple[ConsentSignature, ConsentVersion] | None = None) -> SignedConsentRead:
+    signature, version = signed or service.signed_consent_text(session, participant)
     return SignedConsentRead(
         participant_code=participant.code, version=version.version, language=signature.language,
         about=ConsentAboutRead.of(protocol_for_consent(session, version.id), signature.language),
@@ -124,7 +124,8 @@ def signed_consent(
     download: Annotated[bool, Query(description="Return a Markdown file to keep")] = False,
 ) -> SignedConsentRead | PlainTextResponse:
     """A copy of exactly what the participant signed (the latest signature)."""
-    copy = _signed_copy(session, participant)
+    signature, version = service.signed_consent_text(session, participant)
+    copy = _signed_copy(session, participant, (signature, version))
     if not download:
         return copy
     about, language = copy.about, copy.language  # the copy is in the language it was signed in
@@ -137,7 +138,6 @@ def signed_consent(
                           code=copy.participant_code, at=f"{copy.signed_at:%Y-%m-%d %H:%M}")
     confirmed, shown, digest = (i18n.gettext(language, label) for label in (
         N_("Confirmed"), N_("Language"), N_("SHA-256 of the consent text")))
-    _, version = service.signed_consent_text(session, participant)
     ticked = "".join(f"- {c['text']} ({c['id']})\n" for c in version.confirmations_in(language)
                      if c["id"] in copy.confirmations)  # each statement as it was shown
     text = (f"{about.study_title}\n\n{copy.text_markdown}\n\n---\n\n{contacts}{signed}\n{confirmed}:\n{ticked}"
