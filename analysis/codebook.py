@@ -247,12 +247,16 @@ def _field(column: Column, export_format: str) -> dict[str, Any]:
 
 
 def write_datapackage(path: Path, name: str, title: str, tables: list[TableSpec], export_format: str,
-                      row_counts: dict[str, int], description: str) -> None:
+                      row_counts: dict[str, int], description: str,
+                      parts: dict[str, list[Path]] | None = None) -> None:
+    """The Data Package of an export. ``parts``: a table's files where it is not one file named after it
+    (a partitioned Parquet table's parts, a multipart resource)."""
     extension, media = _MEDIA[export_format]
     resources = []
     for table in tables:
+        files = [part.relative_to(path.parent).as_posix() for part in (parts or {}).get(table.name, [])]
         resource: dict[str, Any] = {
-            "name": table.name.replace("_", "-"), "path": file_name(table.name, export_format),
+            "name": table.name.replace("_", "-"), "path": files or file_name(table.name, export_format),
             "format": extension, "mediatype": media, "description": table.description,
             "schema": {"fields": [_field(c, export_format) for c in table.columns]},
             "stats": {"rows": row_counts.get(table.name, 0)},

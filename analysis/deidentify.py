@@ -2,7 +2,7 @@
 back by a random number of days stored nowhere, the participants renamed ``D0001``, ``D0002``, ...
 in a random order, every id passed through a keyed permutation drawn for this export alone (the
 same in every table, so the tables still join), and the rows written in the participants' random
-order."""
+order. Free text in every export is scrubbed of email addresses and phone numbers (``scrub``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pickle
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,8 +19,26 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from analysis.codebook import TableSpec
-from analysis.export_formats import TableWriter
+from analysis.export_formats import ParquetDataset, TableWriter
 from study.models import Participant
+
+# Scrubbing of free text (turn content, decision text, free-text answers). An email address: a
+# local part, '@', and a domain with a dot. A phone number: an optional '+', then digits with
+# spaces, dots, dashes, slashes or parentheses between them, 9 or more digits in all (so dates
+# and times, at most 8 digits, are kept).
+EMAIL_PATTERN = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+PHONE_PATTERN = re.compile(r"(?<![\w+])\+?\(?\d[\d\s().\-/]{5,}\d(?!\w)")
+PHONE_MIN_DIGITS = 9
+
+
+def scrub(text: Any) -> str | None:
+    """Replace email addresses with [email] and phone numbers with [phone]; missing stays missing."""
+    if not isinstance(text, str):
+        return None
+    text = EMAIL_PATTERN.sub("[email]", text)
+    return PHONE_PATTERN.sub(
+        lambda m: "[phone]" if sum(ch.isdigit() for ch in m.group()) >= PHONE_MIN_DIGITS else m.group(), text)
+
 
 SHIFT_MAX_DAYS = 364  # dates move back by 1..364 whole days, as REDCap does
 
@@ -126,7 +145,8 @@ class Shuffled:
     participant (de-identified safety records) last, in a random order. Rows wait in temporary
     files, one per bucket of ``bucket_size`` participants, so memory holds one bucket at a time."""
 
-    def __init__(self, writer: TableWriter, names: Deidentified, folder: Path, bucket_size: int) -> None:
+    def __init__(self, writer: TableWriter | ParquetDataset, names: Deidentified, folder: Path,
+                 bucket_size: int) -> None:
         self.writer, self.names, self.bucket_size = writer, names, bucket_size
         self.folder = folder / writer.path.stem
         self.folder.mkdir()

@@ -3,9 +3,14 @@ Arrow; CSV text cells neutralized against formulas, ``analysis.spreadsheet``), o
 (.sav) or Stata (.dta) with labelled values (pyreadstat cannot append); chunks normalized to their
 table's spec so every chunk and every format has the same types; Stata's 32-character names.
 
-SPSS and Stata files are read back for Frictionless validation by ``ReadstatPlugin``, through
+With ``partition``, a Parquet table is a folder of files instead (``ParquetDataset``): the Hive layout
+``<table>/study=<slug>/part-00000.parquet`` that DuckDB, Spark and warehouses read as one table, a new part
+every ``ROWS_PER_FILE`` rows, and several studies' exports side by side read as one dataset.
+
+SPSS and Stata files are read back for Frictionless validation by ``ExportReaders``, through
 ReadStat (pyreadstat), the library R's haven reads them with (frictionless's own SPSS reader needs
-savReaderWriter, which does not import on Python 3.10 or later, and it has none for Stata)::
+savReaderWriter, which does not import on Python 3.10 or later, and it has none for Stata), and so
+are the parts of a partitioned Parquet table (frictionless's own reader reads only the first)::
 
     python -m analysis.export_formats validate exports/datapackage.json
 """
@@ -27,12 +32,13 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pyreadstat
 
-from analysis.codebook import TableSpec
+from analysis.codebook import TableSpec, file_name
 from analysis.spreadsheet import neutralized
 
 STATA_NAME_LIMIT = 32
 READSTAT_FORMATS = {"sav": pyreadstat.read_sav, "dta": pyreadstat.read_dta}  # file extension -> reader
 READ_CHUNK_ROWS = 10_000
+ROWS_PER_FILE = 1_000_000  # a partitioned Parquet table starts a new part after this many rows
 
 
 def stata_names(spec: TableSpec) -> tuple[TableSpec, dict[str, str]]:
@@ -87,6 +93,11 @@ _ARROW: dict[str, pa.DataType] = {"integer": pa.int64(), "number": pa.float64(),
                                   "boolean": pa.bool_(), "datetime": pa.timestamp("us", tz="UTC")}
 
 
+def arrow_schema(spec: TableSpec) -> pa.Schema:
+    """A table's Arrow schema, from its spec's column types."""
+    return pa.schema([pa.field(c.name, _ARROW[c.type]) for c in spec.columns])
+
+
 class TableWriter:
     """Writes one table chunk by chunk: Parquet and CSV through Arrow (CSV datetimes as ISO 8601
     with their UTC offset, booleans as true/false, missing values empty); SPSS and Stata whole
@@ -94,7 +105,8 @@ class TableWriter:
 
     def __init__(self, path: Path, spec: TableSpec, export_format: str) -> None:
         self.path, self.spec, self.format = path, spec, export_format
-        self.schema = pa.schema([pa.field(c.name, _ARROW[c.type]) for c in spec.columns])
+        self.schema = arrow_schema(spec)
+        self.files = [path]
         self.arrow: pq.ParquetWriter | pa_csv.CSVWriter | None = None
         self.parts: list[pd.DataFrame] = []
         self.rows = 0
@@ -126,6 +138,63 @@ class TableWriter:
         else:
             frame = pd.concat(self.parts, ignore_index=True) if self.parts else normalize(pd.DataFrame(), self.spec)
             _write_labelled(self.path, frame, self.spec, self.format)
+
+
+PARTITIONED_NOTE = ("- layout: each table a folder of Parquet parts partitioned by study, `<table>/study=<slug>/"
+                    "part-00000.parquet`; read one as a table with DuckDB's `read_parquet('<table>/*/*.parquet', "
+                    "hive_partitioning = true)` (Spark: `spark.read.parquet('<table>')`), which adds the `study` "
+                    "column")
+
+
+def table_writer(out_dir: Path, spec: TableSpec, export_format: str, partition: str | None,
+                 rows_per_file: int = ROWS_PER_FILE) -> TableWriter | ParquetDataset:
+    """A table's writer: one file ``<table>.<extension>``, or with ``partition`` (Parquet only) a folder
+    ``<table>/<partition>/`` of parts."""
+    if partition is None:
+        return TableWriter(out_dir / file_name(spec.name, export_format), spec, export_format)
+    if export_format != "parquet":
+        raise ValueError("only a Parquet export can be partitioned")
+    return ParquetDataset(out_dir / spec.name, spec, partition, rows_per_file)
+
+
+class ParquetDataset:
+    """Writes one table as a Hive-partitioned folder of Parquet files, ``path/<partition>/part-00000.parquet``
+    (``partition`` is ``key=value``, e.g. ``study=wellbeing-pilot``), a new part after every ``rows_per_file``
+    rows (checked between chunks, so a part holds at most one chunk more). Read back as one table::
+
+        SELECT * FROM read_parquet('out/turns/*/*.parquet', hive_partitioning = true)   -- DuckDB
+
+    Every part has the table's full schema; an empty table is one part with no rows."""
+
+    def __init__(self, path: Path, spec: TableSpec, partition: str, rows_per_file: int = ROWS_PER_FILE) -> None:
+        if rows_per_file < 1:
+            raise ValueError("rows_per_file must be at least 1")
+        key, _, value = partition.partition("=")
+        if not key or not value or "/" in partition:
+            raise ValueError(f"a partition is key=value without '/', not {partition!r}")
+        self.path, self.spec, self.rows_per_file = path, spec, rows_per_file
+        self.folder = path / partition
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.schema = arrow_schema(spec)
+        self.files: list[Path] = []
+        self.part: pq.ParquetWriter | None = None
+        self.rows = self.rows_in_part = 0
+
+    def _next_part(self) -> pq.ParquetWriter:
+        if self.part is not None:
+            self.part.close()
+        self.files.append(self.folder / f"part-{len(self.files):05d}.parquet")
+        self.part, self.rows_in_part = pq.ParquetWriter(self.files[-1], self.schema), 0
+        return self.part
+
+    def write(self, chunk: pd.DataFrame) -> None:
+        part = self.part if self.part is not None and self.rows_in_part < self.rows_per_file else self._next_part()
+        part.write_table(pa.Table.from_pandas(chunk, schema=self.schema, preserve_index=False))
+        self.rows += len(chunk)
+        self.rows_in_part += len(chunk)
+
+    def close(self) -> None:
+        (self.part or self._next_part()).close()
 
 
 def _write_labelled(path: Path, frame: pd.DataFrame, spec: TableSpec, export_format: str) -> None:
@@ -162,7 +231,7 @@ def _write_labelled(path: Path, frame: pd.DataFrame, spec: TableSpec, export_for
                              file_label=spec.name[:80], version=15)
 
 
-# Frictionless validation of SPSS and Stata files
+# Frictionless validation of SPSS and Stata files, and of partitioned Parquet tables
 
 
 def _cell(value: Any) -> Any:
@@ -190,21 +259,42 @@ class ReadstatParser(frictionless.Parser):
                 yield [_cell(value) for value in row]
 
 
-class ReadstatPlugin(frictionless.Plugin):
-    """Frictionless reads .sav and .dta resources as tables with ``ReadstatParser``."""
+class ParquetPartsParser(frictionless.Parser):
+    """Reads a partitioned table's Parquet parts (a multipart resource) one after the other, each as
+    frictionless's own Parquet reader reads a file (through pandas)."""
 
-    def create_parser(self, resource: frictionless.Resource) -> ReadstatParser | None:
-        return ReadstatParser(resource) if resource.format in READSTAT_FORMATS else None
+    supported_types = ["boolean", "datetime", "integer", "number", "string"]
+
+    def read_cell_stream_create(self) -> Iterator[list[Any]]:
+        for n, path in enumerate(self.resource.normpaths):
+            with frictionless.resources.TableResource(data=pq.read_table(path).to_pandas(), format="pandas") as part:
+                cells = iter(part.cell_stream)
+                header = next(cells)
+                if n == 0:
+                    yield header
+                yield from cells
+
+
+class ExportReaders(frictionless.Plugin):
+    """Frictionless reads .sav and .dta resources as tables with ``ReadstatParser``, and a Parquet
+    resource of several parts with ``ParquetPartsParser``."""
+
+    def create_parser(self, resource: frictionless.Resource) -> frictionless.Parser | None:
+        if resource.format in READSTAT_FORMATS:
+            return ReadstatParser(resource)
+        if resource.format == "parquet" and resource.multipart:
+            return ParquetPartsParser(resource)
+        return None
 
     def detect_resource(self, resource: frictionless.Resource) -> None:
         if resource.format in READSTAT_FORMATS:
             resource.datatype = resource.datatype or "table"
 
 
-def register_readstat() -> None:
-    """Let frictionless read SPSS and Stata files (a registered plugin comes before its own SPSS
-    reader). Registering again replaces the plugin."""
-    frictionless.system.register("readstat", ReadstatPlugin())
+def register_readers() -> None:
+    """Let frictionless read SPSS and Stata files and partitioned Parquet tables (a registered plugin
+    comes before its own readers). Registering again replaces the plugin."""
+    frictionless.system.register("readstat", ExportReaders())
     # register() drops frictionless's cached plugin list only when its table of hooks was built
     # too (frictionless 5.x): drop both, so the plugin is seen whichever was built first.
     for cached in ("plugins", "methods"):
@@ -212,16 +302,16 @@ def register_readstat() -> None:
 
 
 def validate_package(path: Path | str) -> frictionless.Report:
-    """``frictionless validate`` of an export's ``datapackage.json``, SPSS and Stata files read by
-    ``ReadstatPlugin``: every row of every table against its schema (types, allowed codes, row
+    """``frictionless validate`` of an export's ``datapackage.json``, SPSS and Stata files and Parquet
+    parts read by ``ExportReaders``: every row of every table against its schema (types, allowed codes, row
     counts)."""
-    register_readstat()
+    register_readers()
     return frictionless.validate(str(path))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The ``frictionless`` command line with ``ReadstatPlugin`` registered."""
-    register_readstat()
+    """The ``frictionless`` command line with ``ExportReaders`` registered."""
+    register_readers()
     from frictionless.console import console
 
     console(args=sys.argv[1:] if argv is None else argv, prog_name="frictionless")

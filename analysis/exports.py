@@ -38,13 +38,23 @@ from analysis.codebook import (
     StudyCodes,
     TableSpec,
     coded,
-    file_name,
     study_codes,
     write_codebook_markdown,
     write_datapackage,
 )
-from analysis.deidentify import ID_SPACES, PSEUDONYM, SHIFT_MAX_DAYS, Deidentified, Shuffled, shift_participant_dates
-from analysis.export_formats import TableWriter, normalize, stata_names
+from analysis.deidentify import (
+    EMAIL_PATTERN,
+    ID_SPACES,
+    PHONE_MIN_DIGITS,
+    PHONE_PATTERN,
+    PSEUDONYM,
+    SHIFT_MAX_DAYS,
+    Deidentified,
+    Shuffled,
+    scrub,
+    shift_participant_dates,
+)
+from analysis.export_formats import PARTITIONED_NOTE, ROWS_PER_FILE, normalize, stata_names, table_writer
 from analysis.features import FEATURES
 from analysis.panel import PANEL_COLUMNS, SURVIVAL_COLUMNS, iter_conversations_and_panel, survival
 from analysis.plan import outcome_view
@@ -77,24 +87,6 @@ Format = Literal["csv", "parquet", "spss", "stata"]
 FORMATS: tuple[str, ...] = ("csv", "parquet", "spss", "stata")
 CHUNK_ROWS = 20_000
 CHUNK_PARTICIPANTS = 2_000  # the conversations and panel tables are computed this many participants at a time
-# Scrubbing of free text (turn content, decision text, free-text answers). An email address: a
-# local part, '@', and a domain with a dot. A phone number: an optional '+', then digits with
-# spaces, dots, dashes, slashes or parentheses between them, 9 or more digits in all (so dates
-# and times, at most 8 digits, are kept).
-EMAIL_PATTERN = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
-PHONE_PATTERN = re.compile(r"(?<![\w+])\+?\(?\d[\d\s().\-/]{5,}\d(?!\w)")
-PHONE_MIN_DIGITS = 9
-
-
-def scrub(text: Any) -> str | None:
-    """Replace email addresses with [email] and phone numbers with [phone]; missing stays missing."""
-    if not isinstance(text, str):
-        return None
-    text = EMAIL_PATTERN.sub("[email]", text)
-    return PHONE_PATTERN.sub(
-        lambda m: "[phone]" if sum(ch.isdigit() for ch in m.group()) >= PHONE_MIN_DIGITS else m.group(), text)
-
-
 class ExportRefused(Forbidden):
     """The actor may not export this study's row-level data."""
 
@@ -583,24 +575,29 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
                  shift_dates: bool = False, drop_free_text: bool = False, actor: audit.Actor,
                  chunk_rows: int = CHUNK_ROWS, chunk_participants: int = CHUNK_PARTICIPANTS,
                  shift_seed: int | None = None, audit_in: Session | None = None,
-                 unblind: str | None = None) -> ExportResult:
+                 unblind: str | None = None, partitioned: bool = False,
+                 rows_per_file: int = ROWS_PER_FILE) -> ExportResult:
     """Write every table of the study in ``format`` to ``out_dir`` with its codebook and README,
     and audit it. ``shift_dates`` makes it a de-identified export: dates shifted per participant,
     participants and ids renamed for this export, rows in a random order. ``shift_seed`` fixes
     the random draws (tests); by default they come from the operating system and are kept only
     in memory. ``audit_in``: record the audit entry in this session instead of a transaction of
     its own. While the study is blinded (``analysis.plan.blinding``) it is refused (``Blinded``)
-    unless an admin gives the reason to ``unblind`` (audited)."""
+    unless an admin gives the reason to ``unblind`` (audited). ``partitioned`` (Parquet only): each table a
+    folder ``<table>/study=<slug>/part-*.parquet`` of ``rows_per_file`` rows (``export_formats.ParquetDataset``)."""
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; one of {', '.join(FORMATS)}")
+    if partitioned and format != "parquet":
+        raise ValueError("only a Parquet export can be partitioned")
     out_dir.mkdir(parents=True, exist_ok=True)
     exported_at = dt.datetime.now(dt.UTC)
-    options = {"turns": turns, "shift_dates": shift_dates, "drop_free_text": drop_free_text}
+    options = {"turns": turns, "shift_dates": shift_dates, "drop_free_text": drop_free_text} | (
+        {"partitioned": True} if partitioned else {})
     rng = random.Random(shift_seed) if shift_seed is not None else random.SystemRandom()
     offsets: dict[str, int] = {}
     specs: list[TableSpec] = []
     counts: dict[str, int] = {}
-    files: list[Path] = []
+    table_files: dict[str, list[Path]] = {}
     # Read in one read-only transaction (a consistent snapshot; on SQLite no write lock is held
     # while a large study is read).
     with (engine.execution_options(**{READ_ONLY: True}).connect() as connection,
@@ -622,29 +619,30 @@ def export_study(engine: Engine, study_slug: str, out_dir: Path, *, format: Form
                 if drop_free_text:
                     spec.columns = [c for c in spec.columns if not c.free_text]
                 written, short = stata_names(spec) if format == "stata" else (spec, {})
-                path = out_dir / file_name(spec.name, format)
-                plain = TableWriter(path, written, format)
+                plain = table_writer(out_dir, written, format, f"study={study.slug}" if partitioned else None,
+                                     rows_per_file)
                 writer = plain if names is None else Shuffled(plain, names, Path(scratch), chunk_participants)
-                outputs.append((spec, written, short, writer, path))
+                outputs.append((spec, written, short, writer, plain))
             for parts in chunks(connection):
                 for (spec, _, short, writer, _), chunk in zip(outputs, parts, strict=True):
                     frame = normalize(chunk, spec)
                     if names is not None:
                         frame = names.rename(shift_participant_dates(frame, spec, offsets, rng))
                     writer.write(frame.rename(columns=short))
-            for spec, written, _, writer, path in outputs:
+            for spec, written, _, writer, plain in outputs:
                 writer.close()
                 specs.append(written)
                 counts[spec.name] = writer.rows
-                files.append(path)
+                table_files[spec.name] = plain.files
         protocols = connection.execute(select(ProtocolVersion.version, ProtocolVersion.loaded_at,
                                               ProtocolVersion.source_sha256)
                                        .where(ProtocolVersion.study_id == study.id)
                                        .order_by(ProtocolVersion.version)).all()
     title = f"{study.title} ({study.slug})"
     description = f"Export of study {study.slug} at {exported_at.isoformat()}."
+    files = [path for paths in table_files.values() for path in paths]
     write_datapackage(out_dir / "datapackage.json", re.sub(r"[^a-z0-9._-]", "-", study.slug.lower()), title,
-                      specs, format, counts, description)
+                      specs, format, counts, description, parts=table_files if partitioned else None)
     write_codebook_markdown(out_dir / "CODEBOOK.md", title, specs, counts, format)
     _write_readme(out_dir / "README.md", title, protocols, exported_at, counts, format, options)
     files += [out_dir / "datapackage.json", out_dir / "CODEBOOK.md", out_dir / "README.md"]
@@ -661,6 +659,7 @@ def _write_readme(path: Path, title: str, protocols: Any, exported_at: dt.dateti
              f"- packages: {packages_line()}",
              f"- format: {export_format}",
              "- options: " + ", ".join(f"{k}={v}" for k, v in options.items()),
+             *([PARTITIONED_NOTE] if options.get("partitioned") else []),
              "- protocol versions: " + "; ".join(f"v{v} loaded {at.isoformat()} (sha256 {sha[:12]})"
                                                  for v, at, sha in protocols), "",
              "## Tables", "", "| table | rows |", "|---|---|",

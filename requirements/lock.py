@@ -5,8 +5,8 @@
     python requirements/lock.py check              # CI: exit 1 when a lock and pyproject.toml disagree
     python requirements/lock.py check --offline    # only the checks that need no package index
 
-``runtime.txt`` is what the Dockerfile installs, ``dev.txt`` (runtime plus the ``dev`` extra, held to the
-runtime pins) what ``make`` installs, ``extra.txt`` (from ``extra.in``, without dependencies) goes beside both.
+``runtime.txt`` is what the Dockerfile installs, ``dev.txt`` (runtime plus the ``dev`` and ``duckdb`` extras, held
+to the runtime pins) what ``make`` installs, ``extra.txt`` (from ``extra.in``, without dependencies) goes beside both.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class Lock:
 
 LOCKS = (
     Lock("requirements/runtime.txt", ("pyproject.toml",)),
-    Lock("requirements/dev.txt", ("pyproject.toml", "--extra", "dev", "-c", "requirements/runtime.txt"), ("dev",)),
+    Lock("requirements/dev.txt", ("pyproject.toml", "--extra", "dev", "--extra", "duckdb", "-c",
+                                  "requirements/runtime.txt"), ("dev", "duckdb")),
     Lock("requirements/extra.txt", ("requirements/extra.in", "--no-deps")),
 )
 

@@ -156,6 +156,8 @@ def export(
                                                  "(researcher or admin of the study; any role for "
                                                  "aggregates)")] = None,
     unblind: Annotated[str | None, typer.Option("--unblind", metavar="REASON", help=UNBLIND_HELP)] = None,
+    partitioned: Annotated[bool, typer.Option("--partitioned", help="Parquet only: each table a folder "
+                                              "<table>/study=<slug>/part-NNNNN.parquet (DuckDB, Spark)")] = False,
 ) -> None:
     """Export a study's tables with a codebook (datapackage.json, CODEBOOK.md) and a README; audited.
     While the study is blinded until its analysis plan is frozen, only aggregates (outcome tables pooled
@@ -171,6 +173,8 @@ def export(
         fail(f"unknown format '{format}'; one of {', '.join((*FORMATS, *special))}")
     if format in special and (turns or shift_dates or drop_free_text):
         fail(f"--turns, --shift-dates and --drop-free-text do not apply to --format {format}")
+    if partitioned and format != "parquet":
+        fail("--partitioned applies to --format parquet only")
     actor = audit.Actor("staff", as_staff) if as_staff else CLI_ACTOR
     lines: list[str] = []
     try:
@@ -185,7 +189,7 @@ def export(
                       if format == "aggregates"
                       else export_study(get_engine(), study, out, format=format,  # type: ignore[arg-type]
                                         turns=turns, shift_dates=shift_dates, drop_free_text=drop_free_text,
-                                        actor=actor, unblind=unblind))
+                                        actor=actor, unblind=unblind, partitioned=partitioned))
             note = " (cells under 5 participants suppressed)" if format == "aggregates" else ""
             if isinstance(result, AggregateExport) and result.pooled:
                 note += "; blinded until the analysis plan is frozen: outcome tables pooled over the arms"

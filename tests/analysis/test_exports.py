@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow.dataset as ds
 import pyreadstat
 import pytest
 from fastapi.testclient import TestClient
@@ -519,6 +521,42 @@ def test_drop_free_text_drops_the_free_text_columns(engine: Engine, study: Built
     assert len(decisions) == 1
     assert "Stay" not in (tmp_path / "dropped" / "decisions.csv").read_text()
     assert not any(c.free_text for spec in dropped.tables for c in spec.columns)
+
+
+def test_a_partitioned_parquet_export_holds_the_same_rows_in_parts_by_study(engine: Engine, study: Built,
+                                                                          tmp_path: Path) -> None:
+    plain = export_study(engine, study.slug, tmp_path / "plain", format="parquet", turns=True, actor=ACTOR)
+    parted = export_study(engine, study.slug, tmp_path / "parted", format="parquet", turns=True, actor=ACTOR,
+                          partitioned=True, rows_per_file=2, chunk_rows=2)  # 2 rows a chunk and a part
+    assert parted.row_counts == plain.row_counts
+    assert [spec.name for spec in parted.tables] == [spec.name for spec in plain.tables]
+    out = tmp_path / "parted"
+    package = json.loads((out / "datapackage.json").read_text())
+    for resource, spec in zip(package["resources"], parted.tables, strict=True):
+        folder = out / spec.name / f"study={study.slug}"
+        parts = sorted(folder.iterdir())
+        assert resource["path"] == [part.relative_to(out).as_posix() for part in parts], spec.name
+        assert {part.name for part in parts} == {f"part-{n:05d}.parquet" for n in range(len(parts))}
+        read = ds.dataset(out / spec.name, format="parquet", partitioning="hive").to_table().to_pandas()
+        assert set(read.pop("study").astype(str)) == ({study.slug} if len(read) else set()), spec.name
+        pd.testing.assert_frame_equal(read, pd.read_parquet(tmp_path / "plain" / f"{spec.name}.parquet"),
+                                      check_dtype=False, obj=spec.name)
+    assert [len(pd.read_parquet(part)) for part in sorted((out / "turns" / f"study={study.slug}").iterdir())] == [
+        2, 2, 2]
+    assert not list(out.glob("*.parquet"))
+    report = validate_package(out / "datapackage.json")  # every part against its table's schema
+    assert report.valid, report.flatten(["rowNumber", "fieldName", "type", "note"])
+    assert "partitioned by study" in (out / "README.md").read_text()
+    # As the README says to read it: DuckDB, the study from the folder's name.
+    found = duckdb.connect().execute(f"SELECT study, count(*) FROM read_parquet('{out}/turns/*/*.parquet', "
+                                     "hive_partitioning = true) GROUP BY study").fetchall()
+    assert found == [(study.slug, 6)]
+    # De-identified too: the rows go through the shuffle into the parts.
+    shifted = export_study(engine, study.slug, tmp_path / "shifted", format="parquet", turns=True, actor=ACTOR,
+                           partitioned=True, rows_per_file=2, shift_dates=True, shift_seed=3)
+    assert shifted.row_counts == plain.row_counts
+    with pytest.raises(ValueError, match="Parquet"):
+        export_study(engine, study.slug, tmp_path / "csv", format="csv", partitioned=True, actor=ACTOR)
 
 
 def test_every_export_is_audited_and_viewers_are_refused(engine: Engine, study: Built, tmp_path: Path) -> None:
