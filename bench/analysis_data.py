@@ -195,11 +195,14 @@ class Waves:
 
 
 def generate(engine: sa.Engine, turns: int, seed: int = 7, *, conversations_each: int = CONVERSATIONS_PER_PARTICIPANT,
-             turns_each: int = TURNS_PER_CONVERSATION, waves: bool = False) -> tuple[str, list[str]]:
+             turns_each: int = TURNS_PER_CONVERSATION, waves: bool = False,
+             like: dict[str, dict[str, Any]] | None = None) -> tuple[str, list[str]]:
     """A study with about ``turns`` turns (``conversations_each`` conversations of ``turns_each``
     turns per participant); returns its slug and the participant codes. With ``waves`` every
     participant also gets the protocol's baseline and follow-ups (see ``Waves``), and their first
-    conversation ends in a decision so the decision-anchored wave exists for everyone."""
+    conversation ends in a decision so the decision-anchored wave exists for everyone. ``like``:
+    per speaker, columns of a turn the services stored (its ``features`` merged under the generated
+    ones), so rows are as wide as real ones (``bench/table_sizes.py``)."""
     rng = random.Random(seed)
     with session_scope(engine) as session:
         study = studies.load_protocol(session, PROTOCOL.read_text(), audit.Actor.system("bench"),
@@ -274,6 +277,10 @@ def generate(engine: sa.Engine, turns: int, seed: int = 7, *, conversations_each
                                            "conversation_id": conversation_id, "turn_id": turn_id,
                                            "category": "risk_to_self", "source": "lexicon", "cue": None,
                                            "created_at": at})
+                    if like is not None:
+                        stored = like[row["speaker"]]
+                        row.update({k: v for k, v in stored.items() if k != "features"},
+                                   features={**stored.get("features", {}), **row["features"]})
                     turn_rows.append(row)
             if waves:
                 survey.add(people[-1], first_decision)

@@ -143,7 +143,7 @@ def run_bare_processes(processes: int, participants: int, turns: int) -> tuple[l
     return [lat for latencies, _ in results for lat in latencies], elapsed
 
 
-def serve(url: str, workers: int) -> tuple[subprocess.Popen[bytes], int]:
+def serve(url: str, workers: int, wait_seconds: float = 30) -> tuple[subprocess.Popen[bytes], int]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -152,7 +152,8 @@ def serve(url: str, workers: int) -> tuple[subprocess.Popen[bytes], int]:
                                 "--workers", str(workers), "--no-access-log"], env=env, cwd=ROOT,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
         try:
             if httpx.get(f"{base}/healthz").status_code == 200:
                 return process, port

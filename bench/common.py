@@ -27,11 +27,13 @@ PROTOCOL = ROOT / "examples" / "wellbeing-pilot.yaml"
 
 
 def enrolled(engine: sa.Engine, n: int, *, arm: str | None = None,
-             then: Callable[[Session, Participant], int] | None = None) -> list[tuple[str, int]]:
-    """n participants through consent and profile (optionally forced into ``arm``); returns
-    (token, what ``then`` returned for each, or 0)."""
+             then: Callable[[Session, Participant], int] | None = None,
+             protocol: str | None = None) -> list[tuple[str, int]]:
+    """n participants through consent and profile (optionally forced into ``arm``) in the study of
+    ``protocol`` (its text; the example protocol by default); returns (token, what ``then`` returned
+    for each, or 0)."""
     with session_scope(engine) as session:
-        study = studies.load_protocol(session, PROTOCOL.read_text(), ACTOR,
+        study = studies.load_protocol(session, protocol or PROTOCOL.read_text(), ACTOR,
                                       instruments=registry.catalog(session)).study
         codes = participants.create_invites(session, study, ACTOR, count=n)
     out = []
