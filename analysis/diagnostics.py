@@ -4,9 +4,10 @@ predicted random effects with their normal QQ (the mixed model only), and the pa
 most influence on the primary coefficient.
 
 Residuals: the mixed model's are conditional (the outcome less the fixed part and the participant's
-predicted random effects: statsmodels' ``resid`` and ``fittedvalues``); the regret model's are
-OLS residuals. Random effects: statsmodels' ``random_effects``, the best linear unbiased
-predictions (shrunk towards zero, so narrower than the variance component says).
+predicted random effects: the fit's ``resid`` and ``fittedvalues``, as statsmodels defines them); the
+regret model's are OLS residuals. Random effects: the fit's predictions (statsmodels'
+``random_effects``), the best linear unbiased predictions (shrunk towards zero, so narrower than
+the variance component says).
 
 Influence, leave one participant out: for each participant, the change in the primary coefficient
 (the PERMA model's arm x time term, the regret model's focal-role term) when all of that
@@ -16,8 +17,9 @@ participant's rows are removed, divided by the coefficient's standard error in t
 deletion: the generalised least squares estimate without the participant, the variance components
 held at the full fit's; for OLS this is the refit itself), with Cook's distance by participant
 beside it (all fixed effects; cut-off 4 / participants). The ``TOP`` participants by absolute
-DFBETAS are also refitted by statsmodels without them (variance components re-estimated) and that
-change is shown beside the closed form's.
+DFBETAS are also refitted without them (variance components re-estimated; random intercepts by
+``analysis.estimates.mixed``, random slopes by statsmodels) and that change is shown beside the
+closed form's.
 
     >>> checks = diagnose(suite.perma, suite.regret)   # one Diagnostics per PERMA outcome, and regret
     >>> checks[0].top()                                 # the most influential participants
@@ -36,6 +38,7 @@ import statsmodels.api as sm
 from scipy import stats
 
 from analysis.estimates import PermaTrajectories, RegretModel
+from analysis.estimates.mixed import RandomInterceptFit, fit_random_intercept
 from analysis.estimates.perma import OPTIMIZERS
 from analysis.report_html import _Col, _notes, _table
 from analysis.report_plots import diagnostics_plot, figure_html
@@ -151,7 +154,8 @@ def _refitted(frame: pd.DataFrame, refit: Any, top: int) -> pd.DataFrame:
 
 
 def mixed_diagnostics(result: Any, term: str, outcome: str, *, top: int = TOP) -> Diagnostics:
-    """Diagnostics of a statsmodels ``MixedLM`` fit (``analysis.estimates.perma``'s) for ``term``."""
+    """Diagnostics of a mixed model fit of ``analysis.estimates.perma`` (a ``RandomInterceptFit`` or a
+    statsmodels ``MixedLM`` result) for ``term``."""
     model = result.model
     names = list(model.exog_names)
     j = names.index(term)
@@ -164,8 +168,14 @@ def mixed_diagnostics(result: Any, term: str, outcome: str, *, top: int = TOP) -
                                                    j, se)
 
     def refit(code: str) -> float:
-        """Without the participant, from statsmodels' defaults, the optimizers in the order the model tries them."""
+        """Without the participant: random intercepts as the model fitted them; with slopes from
+        statsmodels' defaults, the optimizers in the order the model tries them."""
         keep = groups != code
+        if isinstance(result, RandomInterceptFit):
+            try:
+                return float(fit_random_intercept(y[keep], x[keep], groups[keep]).fe_params.iloc[j]) - estimate
+            except np.linalg.LinAlgError:
+                return np.nan
         for optimizers in OPTIMIZERS:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -180,8 +190,9 @@ def mixed_diagnostics(result: Any, term: str, outcome: str, *, top: int = TOP) -
 
     frame = _refitted(frame, refit, top)
     labels = ["intercept", "slope (per week)"][: cov_re.shape[0]]
-    effects = pd.DataFrame([(str(code), *np.asarray(values, float)) for code, values in result.random_effects.items()],
-                           columns=["participant_code", *labels])
+    effects = (result.predicted_intercepts() if isinstance(result, RandomInterceptFit) else
+               pd.DataFrame([(str(code), *np.asarray(values, float)) for code, values in result.random_effects.items()],
+                            columns=["participant_code", *labels]))
     residuals = pd.DataFrame({"participant_code": groups.astype(str), "fitted": np.asarray(result.fittedvalues, float),
                               "residual": np.asarray(result.resid, float)})
     shape = pd.DataFrame([_shape("conditional residuals", residuals["residual"].to_numpy()),

@@ -1,5 +1,5 @@
 """The report's methods paragraph, written from what was fitted rather than from what was meant to be:
-each model's formula read off the statsmodels design it was fitted with, the estimation method the
+each model's formula read off the design it was fitted with, the estimation method the
 fit reports (REML), the degrees of freedom its intervals used, its random-effects structure and any
 fallback the fit took (its notes), the participants and observations in it, the missing-data
 handling (complete case, and the sensitivity analyses when they ran), the multiplicity rules (the
@@ -14,6 +14,7 @@ import html
 import platform
 from typing import TYPE_CHECKING, Any
 
+from analysis.estimates.mixed import RandomInterceptFit
 from analysis.plan import MULTIPLICITY
 from analysis.plan_report import PlanRun
 from analysis.software import afterward_version, installed_versions
@@ -63,7 +64,9 @@ def _perma(suite: ModelSuite) -> str:
         waves = ", ".join(f"{w} at day {d:.1f}" for w, d in zip(means["wave"], means["days"], strict=True))
         if hasattr(result, "cov_re"):
             how = "restricted maximum likelihood (REML)" if result.method == "REML" else "maximum likelihood (ML)"
-            method = f"fitted by {how} with statsmodels' MixedLM; random effects: {structure}"
+            engine = ("from per-participant sums (analysis.estimates.mixed, equal to statsmodels' MixedLM)"
+                      if isinstance(result, RandomInterceptFit) else "with statsmodels' MixedLM")
+            method = f"fitted by {how} {engine}; random effects: {structure}"
         else:
             method = ("fitted by ordinary least squares (one observation per participant: no random effect is "
                       "identified)")

@@ -40,6 +40,7 @@ import statsmodels.api as sm
 
 from analysis.estimates import PermaTrajectories, StudyData, perma_trajectories
 from analysis.estimates.common import OBSERVABLE, floats, perma_rows
+from analysis.estimates.mixed import RandomInterceptFit, fit_random_intercept
 from analysis.estimates.perma import OPTIMIZERS, rubin
 from analysis.report_html import _Col, _notes, _table
 from analysis.report_plots import figure_html, tipping_plot
@@ -106,8 +107,11 @@ def imputed_rows(data: StudyData, outcome: str, result: Any, days: dict[int, flo
 
 
 def _refit(result: Any, shift: np.ndarray) -> Any:
-    """The imputed data set's model refitted with ``shift`` added to its scores (started from its fit)."""
+    """The imputed data set's model refitted with ``shift`` added to its scores (random intercepts as
+    ``analysis.estimates.mixed`` fitted them; random slopes by statsmodels, started from its fit)."""
     model = result.model
+    if isinstance(result, RandomInterceptFit):
+        return fit_random_intercept(np.asarray(model.endog) + shift, model.exog, model.groups, model.exog_names)
     for optimizers in OPTIMIZERS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

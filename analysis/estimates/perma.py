@@ -1,6 +1,7 @@
 """PERMA over the follow-up waves by arm (and role): the linear mixed model of well-being
-trajectories (statsmodels ``MixedLM``, REML), complete-case or with multiple imputation by
-chained equations pooled with Rubin's rules.
+trajectories (REML: random intercepts by ``analysis.estimates.mixed``, from per-participant sums;
+random slopes by statsmodels ``MixedLM``), complete-case or with multiple imputation by chained
+equations pooled with Rubin's rules.
 
 Not to be confused with ``analysis.trajectories``: the export of conversations labelled with the
 outcomes that followed them (a training signal), not a model.
@@ -31,6 +32,7 @@ from analysis.estimates.common import (
     sample_of,
     warnings_as_notes,
 )
+from analysis.estimates.mixed import fit_random_intercept
 from analysis.panel import PERMA_SCORES
 
 Z95 = float(stats.norm.ppf(0.975))
@@ -139,7 +141,18 @@ def _fit_mixed_once(y: pd.Series, design: pd.DataFrame, groups: pd.Series,
     variance estimate lies on the boundary (a variance of zero, lme4's "singular fit") is
     usable and remarked on; a failed, unconverged fit or one with non-finite standard errors
     is not. statsmodels' default optimizers first, then Powell, then Nelder-Mead, each from the
-    start (an optimizer that fails with an error does not stop the next)."""
+    start (an optimizer that fails with an error does not stop the next). Random intercepts alone
+    (``slopes`` None): ``analysis.estimates.mixed.fit_random_intercept``, the same REML fit from
+    per-participant sums, whose one-dimensional optimum needs no fallback."""
+    if slopes is None:
+        try:
+            fitted = fit_random_intercept(y, design, groups)
+        except np.linalg.LinAlgError as error:
+            return None, [f"the fit failed ({error})"], []
+        if not np.all(np.isfinite(fitted.bse_fe)):
+            return None, ["some standard errors are not finite (the information matrix is singular)"], []
+        return fitted, [], ([f"a variance is estimated {BOUNDARY} of the parameter space (zero), a singular fit"]
+                            if fitted.on_boundary else [])
     problems: list[str] = []
     for optimizers in OPTIMIZERS:
         with warnings_as_notes(Warning) as caught:
@@ -230,8 +243,9 @@ class PermaTrajectories:
     enrollment). ``marginal_means``: the model's mean per outcome,
     group and wave at the sample's mean baseline, with intervals and the observed means beside
     them (the trajectory plot). ``contrasts``: group minus reference at each wave.
-    ``random_effects``: variance components. ``samples``: per outcome. ``fits``: the statsmodels
-    results (per imputation with ``method`` mice)."""
+    ``random_effects``: variance components. ``samples``: per outcome. ``fits``: the fit results
+    (``analysis.estimates.mixed.RandomInterceptFit`` for random intercepts, statsmodels' for random
+    slopes or OLS; per imputation with ``method`` mice)."""
 
     fixed_effects: pd.DataFrame
     marginal_means: pd.DataFrame
@@ -259,7 +273,8 @@ def perma_trajectories(data: StudyData, *, outcomes: Sequence[str] = ("overall_w
                        wave_term: Literal["linear", "categorical"] = "linear", random_slopes: bool = True,
                        reference_arm: str | None = None, impute: Literal["none", "mice"] = "none",
                        imputations: int = 20, burn_in: int = 10, seed: int = 0) -> PermaTrajectories:
-    """Linear mixed model (statsmodels ``MixedLM``, REML) of each PERMA score in ``outcomes`` at the
+    """Linear mixed model (REML; ``analysis.estimates.mixed`` for random intercepts, statsmodels
+    ``MixedLM`` with random slopes) of each PERMA score in ``outcomes`` at the
     enrollment-anchored follow-ups on time x arm (x the first conversation's role within
     well-being-mode arms, with ``by_role``), adjusted for the baseline score, with participant
     random intercepts and random slopes on time where they are identified and fit.

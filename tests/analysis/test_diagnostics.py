@@ -19,7 +19,7 @@ from statsmodels.stats.outliers_influence import OLSInfluence
 from analysis.diagnostics import TOP, diagnose, diagnostics_section, ols_diagnostics
 from analysis.estimates import StudyData, perma_trajectories, regret_model
 from analysis.panel import PERMA
-from tests.analysis.estimates.drawn import REGRET_COLUMNS, Drawn, draw_study, perma_table, same
+from tests.analysis.estimates.drawn import REGRET_COLUMNS, Drawn, agrees, draw_study, perma_table, same
 
 TERM = "wellbeing vs control x day"
 
@@ -42,13 +42,13 @@ def test_residuals_and_random_effects_are_the_fits_own(drawn: Drawn) -> None:
     assert [(d.model, d.outcome, d.term) for d in checks] == [("perma", "overall_wellbeing", TERM)]
     d = checks[0]
     table, design, direct = _direct(drawn)
-    same(np.asarray(direct.fe_params), np.asarray(fit.fits["overall_wellbeing"].fe_params))
+    agrees(np.asarray(direct.fe_params), np.asarray(fit.fits["overall_wellbeing"].fe_params))
 
     # The random effects: statsmodels' predictions, and the BLUPs by hand, G Z' V^-1 (y - X beta).
     predicted = d.random_effects.set_index("participant_code")["intercept"]
     expected = pd.Series([float(np.asarray(value)[0]) for value in direct.random_effects.values()],
                          index=[str(code) for code in direct.random_effects])
-    same(predicted.loc[expected.index], expected)
+    agrees(predicted.loc[expected.index], expected)
     beta, tau, sigma2 = np.asarray(direct.fe_params), float(direct.cov_re.iloc[0, 0]), float(direct.scale)
     for code in list(expected.index[:5]):
         rows = (table["participant_code"] == code).to_numpy()
@@ -60,8 +60,8 @@ def test_residuals_and_random_effects_are_the_fits_own(drawn: Drawn) -> None:
     # Conditional residuals: the score less the fixed part and the participant's effect, by hand.
     by_hand = table["y"].to_numpy(float) - design.to_numpy(float) @ beta - predicted.loc[table["participant_code"]
                                                                                          ].to_numpy()
-    same(d.residuals["residual"], by_hand)
-    same(d.residuals["fitted"], table["y"].to_numpy(float) - by_hand)
+    agrees(d.residuals["residual"], by_hand)
+    agrees(d.residuals["fitted"], table["y"].to_numpy(float) - by_hand)
     assert list(d.residuals["participant_code"]) == list(table["participant_code"])
 
     # Their shape, by scipy from the residuals and effects above.
