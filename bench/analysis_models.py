@@ -7,8 +7,9 @@
 The suite: ``analysis.simulation.synthetic.synthetic_study`` draws the analysis tables of a study straight from
 the generative model (the example protocol: baseline, perma-week-1, perma-week-4 and the
 decision-anchored regret-day-3 and regret-day-14), then ``analysis.report.fit_models`` fits every
-model of the report and ``render_report`` writes it. Seconds per model and in total, and peak RSS
-after each step. Baseline, in the same run: one statsmodels ``MixedLM`` fit (REML, participant
+model of the report and ``render_report`` writes it, in a process of its own as ``afterward models
+fit`` runs (the frames handed over as Parquet; ``--in-process``: in this one). Seconds per model and
+in total, and peak RSS after each step. Baseline, in the same run: one statsmodels ``MixedLM`` fit (REML, participant
 random intercepts) of the same PERMA follow-ups on baseline, wave, arm and arm x wave, from a table
 built here.
 
@@ -20,8 +21,11 @@ the null the share of p < 0.05 (Wilson 95% intervals beside both).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import math
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -85,28 +89,78 @@ def run_suite(args: argparse.Namespace) -> None:
     step(f"baseline: one MixedLM ({rows:,} rows)", seconds)
     baseline = seconds
 
-    suite = fit_models(data, n_boot=args.bootstrap, seed=args.seed, progress=lambda name, s: step(f"model {name}", s))
-    began = time.perf_counter()
-    deleted = {str(arm): int(n) for arm, n in study.people[study.people["data_deleted"]].groupby("arm").size().items()}
-    versions = pd.DataFrame({"version": [1], "loaded_at": [study.start], "sha256": ["(synthetic)"]})
-    assert data.read_at is not None
-    header = ReportHeader("synthetic", f"Synthetic study, {args.participants:,} participants", data.read_at,
-                          participant_numbers(panel, deleted), versions)
-    page = render_report(header, suite)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) / "report.html"
-    out.write_text(page, encoding="utf-8")
-    step("render and write the report", time.perf_counter() - began)
-
-    models = sum(suite.seconds.values())
-    total = models + steps[-1][1]
-    print(f"\nnot estimated: {suite.not_estimated or 'none'}")
+    if args.in_process:
+        suite_seconds, suite_rss = suite_and_report(data, study, args, out, step)
+    else:
+        # The suite in a process of its own, as `afterward models fit` runs it: the frames handed over
+        # as Parquet (the synthetic draw's own memory is not the suite's), its peak RSS its own.
+        folder = Path(tempfile.mkdtemp())
+        for name in ("panel", "conversations", "survival"):
+            getattr(data, name).to_parquet(folder / f"{name}.parquet")
+        assert data.read_at is not None
+        (folder / "study.txt").write_text(f"{study.start.isoformat()}\n{data.read_at.isoformat()}")
+        study.people[["arm", "data_deleted"]].to_parquet(folder / "people.parquet")
+        del data, panel, study
+        began = time.perf_counter()
+        child = subprocess.run([sys.executable, __file__, "--suite-from", str(folder), "--out", str(out),
+                                "--bootstrap", str(args.bootstrap), "--seed", str(args.seed),
+                                "--participants", str(args.participants)], check=True, capture_output=True, text=True)
+        print(child.stdout, end="", flush=True)
+        found = dict(line.split("=", 1) for line in child.stdout.splitlines() if line.startswith("suite_"))
+        suite_seconds, suite_rss = float(found["suite_seconds"]), float(found["suite_peak_rss_mb"])
+        print(f"  (the child process, started to finished: {time.perf_counter() - began:.1f} s)")
     print(f"report: {out} ({out.stat().st_size / 1e6:.1f} MB)")
     print("\n| step | seconds | peak RSS MB |\n|---|---|---|")
     for name, s, rss in steps:
         print(f"| {name} | {s:.2f} | {rss:.0f} |")
-    print(f"\nmodels {models:.1f} s + report {steps[-1][1]:.1f} s = suite {total:.1f} s "
-          f"({total / baseline:.1f}x the baseline MixedLM fit of {baseline:.1f} s); with the draw and shaping "
-          f"{total + steps[0][1] + steps[1][1]:.1f} s; peak RSS {max(r for _, _, r in steps):.0f} MB")
+    print(f"\nsuite (models + report) {suite_seconds:.1f} s, peak RSS {suite_rss:.0f} MB"
+          f"{'' if args.in_process else ' in its own process'}; {suite_seconds / baseline:.2f}x the baseline "
+          f"MixedLM fit of {baseline:.1f} s in the same run")
+
+
+def suite_and_report(data: StudyData, study: SyntheticStudy | None, args: argparse.Namespace, out: Path,
+                     step: Callable[[str, float], None], people: pd.DataFrame | None = None,
+                     start: Any = None) -> tuple[float, float]:
+    """fit_models and render_report: (seconds, peak RSS MB of this process)."""
+    suite = fit_models(data, n_boot=args.bootstrap, seed=args.seed, progress=lambda name, s: step(f"model {name}", s))
+    began = time.perf_counter()
+    people = study.people if study is not None else people
+    assert people is not None
+    deleted = {str(arm): int(n) for arm, n in people[people["data_deleted"]].groupby("arm").size().items()}
+    versions = pd.DataFrame({"version": [1], "loaded_at": [study.start if study is not None else start],
+                             "sha256": ["(synthetic)"]})
+    assert data.read_at is not None
+    header = ReportHeader("synthetic", f"Synthetic study, {args.participants:,} participants", data.read_at,
+                          participant_numbers(data.panel, deleted), versions)
+    page = render_report(header, suite)
+    out.write_text(page, encoding="utf-8")
+    rendering = time.perf_counter() - began
+    step("render and write the report", rendering)
+    print(f"\nnot estimated: {suite.not_estimated or 'none'}")
+    return sum(suite.seconds.values()) + rendering, peak_rss_mb()
+
+
+def run_suite_from(args: argparse.Namespace) -> None:
+    """The child: read the frames, fit and render, print the figures."""
+    folder = Path(args.suite_from)
+    print(f"  suite process: peak RSS after the imports {peak_rss_mb():.0f} MB")
+    began = time.perf_counter()
+    start, read_at = (folder / "study.txt").read_text().splitlines()
+    data = StudyData(panel=pd.read_parquet(folder / "panel.parquet"),
+                     conversations=pd.read_parquet(folder / "conversations.parquet"),
+                     survival=pd.read_parquet(folder / "survival.parquet"), study="synthetic",
+                     read_at=dt.datetime.fromisoformat(read_at))
+    print(f"  {'read the frames (Parquet)':<34} {time.perf_counter() - began:7.2f} s   peak RSS "
+          f"{peak_rss_mb():7.0f} MB", flush=True)
+
+    def step(name: str, seconds: float) -> None:
+        print(f"  {name:<34} {seconds:7.2f} s   peak RSS {peak_rss_mb():7.0f} MB", flush=True)
+
+    seconds, rss = suite_and_report(data, None, args, Path(args.out), step,
+                                    people=pd.read_parquet(folder / "people.parquet"),
+                                    start=dt.datetime.fromisoformat(start))
+    print(f"suite_seconds={seconds}\nsuite_peak_rss_mb={rss}")
 
 
 # Coverage
@@ -233,9 +287,15 @@ def main() -> None:
     parser.add_argument("--coverage", action="store_true", help="run the coverage section instead of the suite")
     parser.add_argument("--replicates", type=int, default=100, help="coverage: seeds")
     parser.add_argument("--coverage-participants", type=int, default=400, help="coverage: participants per study")
+    parser.add_argument("--in-process", action="store_true",
+                        help="fit the suite in this process (its peak RSS then includes the synthetic draw's)")
+    parser.add_argument("--suite-from", help=argparse.SUPPRESS)  # the suite's own process: the frames' folder
     args = parser.parse_args()
-    print(f"afterward at {ROOT}")
-    if args.coverage:
+    if not args.suite_from:
+        print(f"afterward at {ROOT}")
+    if args.suite_from:
+        run_suite_from(args)
+    elif args.coverage:
         run_coverage(args)
     else:
         run_suite(args)
