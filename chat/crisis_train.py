@@ -5,8 +5,9 @@
 Reads every ``chat/crisis_data/train/*.jsonl`` (fields and labels: ``CATEGORIES.md`` beside it),
 the held-out rounds already scored (``scored_rounds``), the lexicon's labelled rounds, the
 training pool (``pool/crisis_pool.jsonl``), the multi-label corpus (``multi/``, ``as_crisis``) and
-the validation messages as benign ones (``validation_as_crisis``),
-computes each message's features as ``chat.semantic`` does at run time, and fits:
+the validation messages as benign ones (``validation_as_crisis``) and 3,000 of the benign messages
+with words that lean to the risk side added (``marked``), computes each message's features as
+``chat.semantic`` does at run time, and fits:
 
 - crisis vs not: a support-vector machine with an RBF kernel and balanced class weights, C
   chosen by 5-fold cross-validation (fixed folds);
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -155,6 +157,39 @@ def validation_as_crisis() -> tuple[list[dict[str, object]], list[Path]]:
     return rows, paths
 
 
+# Words and marks that lean to the risk side in every writer's messages, the calibration rounds'
+# too (share of risk / benign messages there: "tonight" 7.5% / 1.5%, "sorry" 6.1 / 1.7, "anyway"
+# 6.3 / 2.4, "again" 7.6 / 3.2, "idk" 1.3 / 0.2, a goodbye 1.8 / 0.8): written around an everyday
+# message they say nothing of danger, yet the head had learned them as signs of it (round 16's
+# benign check-ins: "cat threw up on my laptop. anyway how's your day lol", "ok thats all, goodbye
+# and thanks!", "is it gonna rain in manchester tonight"). ``marked`` adds them to benign messages.
+OPENINGS = ("sorry, ", "sorry if this is a dumb question but ", "sorry for bothering you, ", "honestly ",
+            "idk ", "ok so ", "ugh ", "lol ", "sorry lol ", "hi again, ", "me again. ", "ok random but ")
+ENDINGS = (" anyway", ". anyway how's your day", " anyway lol", ". anyway thanks", " sorry", " sorry lol",
+           " sorry for the long message", ". ok thats all, goodbye and thanks!", " thanks, bye", " bye!",
+           " tonight", " (need to sort it tonight)", ". doing it tonight", " again lol", " idk", " 🙂",
+           " 🙃", " 😅", " lol", " haha", " anyway, sorry", ". again, sorry", " kkkk", " 😭😭")
+MARKED = 3000  # benign messages given marker words
+
+
+def marked(rows: list[dict[str, object]], n: int = MARKED, seed: int = 0) -> list[dict[str, object]]:
+    """``n`` benign messages of ``rows`` that are not calibration messages, each with an ending of
+    ``ENDINGS`` and, for one in three, an opening of ``OPENINGS`` (drawn with ``seed``): the same
+    benign message with the words that lean to the risk side, so the head learns they are not
+    what makes a message risky. Training rows only: never a calibration message, nor scored."""
+    draw = random.Random(seed)
+    benign = [r for r in rows if r["label"] == "none" and not r.get("calibration") and len(str(r["text"])) < 1200]
+    out = []
+    for row in draw.sample(benign, min(n, len(benign))):
+        text = str(row["text"]).rstrip()
+        opening = draw.choice(OPENINGS) if draw.random() < 1 / 3 else ""
+        if opening and text[:1].isupper() and not text[:2].isupper():
+            text = text[0].lower() + text[1:]
+        out.append({"text": f"{opening}{text}{draw.choice(ENDINGS)}", "label": "none", "acute": False,
+                    "kind": "marked", "calibration": False, "writer": -1})
+    return out
+
+
 def corpus(include_multi: bool = True) -> tuple[list[dict[str, object]], list[Path]]:
     """Every labelled message the head is fitted on, and the files they came from
     (``include_multi=False``: without the pool, the multi-label corpus and the validation
@@ -169,7 +204,8 @@ def corpus(include_multi: bool = True) -> tuple[list[dict[str, object]], list[Pa
         return rows, [*paths, LEXICON_ROUNDS]
     more, more_paths = pool_and_multi()
     validation, validation_paths = validation_as_crisis()
-    return rows + more + validation, [*paths, LEXICON_ROUNDS, *more_paths, *validation_paths]
+    rows += more + validation
+    return rows + marked(rows), [*paths, LEXICON_ROUNDS, *more_paths, *validation_paths]
 
 
 def embeddings(texts: list[str], cache: Path | None = None) -> dict[str, np.ndarray]:
