@@ -138,12 +138,14 @@ def test_distress_gets_a_check_in_with_resources_and_danger_from_others_its_own_
     afraid = say(app_client, chatter, conversation, "My boyfriend hits me when he drinks")
     assert (afraid["stance"], afraid["concern"]) == ("check_in", "risk_from_others")
     assert "1-800-799-7233" in afraid["crisis_resources"]["text"]  # domestic violence, not the suicide line
-    # A threat to kill if she leaves, after a disclosure of being hit: the check-in about being safe
-    # now, whose answers (or its going unanswered) escalate. (The fits round 14 and 15 scored called
-    # it acute and escalated at once; the crisis head refitted on 2026-12-07 does not: READING.md.)
-    # Its help is still the domestic violence line's, not the suicide line's.
+    # A threat to kill if she leaves, after a disclosure of being hit: answered either way, at once
+    # (an escalation) or by the check-in about being safe now, whose answers (or its going
+    # unanswered) escalate. Which of the two is the crisis head's call, measured on the held-out
+    # rounds (READING.md), and has changed between fits; its help is the domestic violence line's,
+    # not the suicide line's, whichever it is.
     threatened = say(app_client, chatter, conversation, "He said he'd kill me if I leave him")
-    assert (threatened["stance"], threatened["concern"]) == ("check_in", "risk_from_others")
+    assert threatened["stance"] in ("check_in", "escalate"), threatened
+    assert threatened["concern"] == "risk_from_others"
     assert "1-800-799-7233" in threatened["crisis_resources"]["text"]
     assert "988" not in threatened["crisis_resources"]["text"]
 
@@ -238,18 +240,30 @@ def test_override_is_honoured_recorded_and_not_repeated(
 
 
 # Each a new instance of the same concern: a one-sided account and a plan built on it (the offline
-# model names it, as FRAMING).
-# Four one-sided framings the shipped reading finds as such and as nothing else (the test is of the
-# rate at which an overridden concern is raised again, not of detection). With the fit round 15
-# scored, "Everyone at the club hates me, so I'm not going to the dinner on Friday", "My sister
-# always ruins birthdays, so I'm not inviting her this year" and "My flatmates never listen, so I'm
-# moving my food to my room" no longer read as framings; with earlier fits "Nobody in my family ever
-# calls, so I'm skipping Christmas this year" and "My landlord never listens, so I'm not paying rent
-# from next month" read as validation-seeking too (READING.md, "What it misses").
-NEW_FRAMINGS = ["My in-laws clearly look down on us, so we're skipping their party",
-                "The whole team ignores my ideas, so I'm skipping the offsite",
-                "She clearly hates me, so I'm going over her head to the director",
-                "My coach clearly dislikes me, so I'm quitting the team"]
+# model names it, as FRAMING). The test is of the rate at which an overridden concern is raised
+# again, not of detection, so it takes the first four of these framings that the shipped reading
+# finds as such and as nothing else a role would raise. Which ones those are moves with the fit and
+# a little with the processor (the quantized encoder's integer products on AVX2 without VNNI:
+# READING.md, "What it misses"): with the fit round 15 scored, "Everyone at the club hates me, so
+# I'm not going to the dinner on Friday" no longer read as a framing; on an AMD EPYC machine "The
+# whole team ignores my ideas, so I'm skipping the offsite" also reads as validation-seeking.
+FRAMING_CANDIDATES = ["My in-laws clearly look down on us, so we're skipping their party",
+                      "The whole team ignores my ideas, so I'm skipping the offsite",
+                      "She clearly hates me, so I'm going over her head to the director",
+                      "My coach clearly dislikes me, so I'm quitting the team",
+                      "My boss clearly dislikes me, so I'm skipping the Christmas party",
+                      "My cousin clearly looks down on me, so I'm not going to the reunion",
+                      "My manager obviously has it in for me, so I'm not going to the team lunch",
+                      "My teacher clearly has favourites, so I'm dropping the class"]
+
+
+def new_framings() -> list[str]:
+    """Four framings the shipped reading finds as a framing and as no other concern."""
+    found = [text for text in FRAMING_CANDIDATES
+             if (lambda a: (a.validation_cue, a.dependence_cue, a.crisis) == (None, None, None)
+                 and a.reading is not None and "one_sided" in a.reading.flagged)(assess_message(text, list, list))]
+    assert len(found) >= 4, f"only {found} read as a framing alone: add candidates"
+    return found[:4]
 
 
 @pytest.mark.parametrize(("setting", "raised_again_at"), [("1", 1), ("3", 3), ("never", None)])
@@ -257,19 +271,17 @@ def test_an_overridden_concern_is_raised_again_on_a_new_instance_at_the_protocol
     engine: Engine, app_client: TestClient, example_protocol: str, setting: str, raised_again_at: int | None,
 ) -> None:
     assert "raise_again_after: 3" in example_protocol
-    for text in NEW_FRAMINGS:  # the framing alone: the reading finds no other concern a role would raise
-        found = assess_message(text, list, list)
-        assert (found.validation_cue, found.dependence_cue, found.crisis) == (None, None, None), text
+    framings = new_framings()
     slug = load_study(engine, example_protocol.replace("raise_again_after: 3", f"raise_again_after: {setting}"))
     who = wellbeing_participant(engine, app_client, slug)
     conversation = start_chat(app_client, who, "coach")
     challenge = say(app_client, who, conversation, FRAMING)
     assert (challenge["stance"], challenge["concern"]) == ("challenge", "unsupported_framing")
     assert post(app_client, who, f"{conversation}/turns/{challenge['id']}/override").status_code == 200
-    stances = [say(app_client, who, conversation, text)["stance"] for text in NEW_FRAMINGS]
+    stances = [say(app_client, who, conversation, text)["stance"] for text in framings]
     # The n-th message after the override (n = 1, 2, ...) is pushed back on once n reaches the rate.
     assert stances == ["agree" if raised_again_at is None or n < raised_again_at else "challenge"
-                       for n in range(1, len(NEW_FRAMINGS) + 1)]
+                       for n in range(1, len(framings) + 1)]
 
 
 def test_escalation_shows_crisis_resources_is_not_overridable_and_alerts_staff(
