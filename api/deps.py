@@ -167,6 +167,14 @@ def consented_participant(session: SessionDep, token: Annotated[str, Depends(par
 
 
 ConsentedParticipant = Annotated[Participant, Depends(consented_participant)]
+ParticipantToken = Annotated[str, Depends(participant_token)]
+
+
+async def run_as_consented(request: Request, token: str, work: Callable[[Session, Participant], T]) -> T:
+    """``work`` in one unit of work as the consented participant (refused as ``CONSENTED`` says): the
+    whole request on one worker thread, for hot write paths (a survey's autosave and submit), where
+    the session, the participant and the handler as dependencies cost a thread-pool hop each."""
+    return await run_unit(request, lambda session: work(session, consented_participant(session, token)))
 
 
 STAFF_SIGNED_OUT = "no staff token, or one that is unknown, expired or revoked"

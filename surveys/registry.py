@@ -33,17 +33,29 @@ def builtin() -> dict[str, Instrument]:
 
 
 def get(session: Session, instrument_id: str, version: str | None = None) -> Instrument:
-    """The instrument (newest version unless ``version`` is given)."""
+    """The instrument (newest version unless ``version`` is given). A custom one is read by its row
+    and digest (a small query); its definition is read and validated once per digest."""
     known = builtin().get(instrument_id)
     if known is not None and version in (None, known.version):
         return known
-    query = select(CustomInstrument).where(CustomInstrument.instrument_id == instrument_id)
+    query = select(CustomInstrument.id, CustomInstrument.source_sha256).where(
+        CustomInstrument.instrument_id == instrument_id)
     if version is not None:
         query = query.where(CustomInstrument.version == version)
-    row = session.scalar(query.order_by(CustomInstrument.id.desc()).limit(1))
+    row = session.execute(query.order_by(CustomInstrument.id.desc()).limit(1)).first()
     if row is None:
         raise NotFound(f"no instrument '{instrument_id}'" + (f" version {version}" if version else ""))
-    return Instrument.model_validate(row.definition)
+    key = (row.id, row.source_sha256)  # a stored definition never changes under its row and digest
+    instrument = _custom.get(key)
+    if instrument is None:
+        definition = session.scalar(select(CustomInstrument.definition).where(CustomInstrument.id == row.id))
+        if len(_custom) > 256:
+            _custom.clear()
+        instrument = _custom[key] = Instrument.model_validate(definition)
+    return instrument
+
+
+_custom: dict[tuple[int, str], Instrument] = {}
 
 
 def in_language(session: Session, instrument: Instrument, language: str | None) -> tuple[Instrument, str]:

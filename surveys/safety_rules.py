@@ -84,7 +84,12 @@ def apply(session: Session, participant: Participant, response: SurveyResponse,
 def notice(session: Session, participant: Participant, assignment_id: int) -> SafetyNotice | None:
     """The notice to show with the answers to the assignment when they raised a safety event (now
     or at an earlier save), with the crisis resources for the participant's region; None otherwise."""
-    response = session.scalar(select(SurveyResponse).where(SurveyResponse.assignment_id == assignment_id))
+    return notice_for(session, participant,
+                      session.scalar(select(SurveyResponse).where(SurveyResponse.assignment_id == assignment_id)))
+
+
+def notice_for(session: Session, participant: Participant, response: SurveyResponse | None) -> SafetyNotice | None:
+    """``notice`` for the response in hand (the one just saved or submitted), without reading it again."""
     raised = response is not None and session.scalar(select(SafetyEvent.id).where(
         SafetyEvent.participant_id == participant.id, SafetyEvent.source == SOURCE,
         SafetyEvent.cue.startswith(_cue_prefix(response), autoescape=True)).limit(1)) is not None

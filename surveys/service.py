@@ -140,9 +140,12 @@ def _response(session: Session, assignment: SurveyAssignment) -> SurveyResponse 
 def _response_for_update(session: Session, assignment: SurveyAssignment) -> SurveyResponse:
     """The assignment's response, created if missing, with the assignment row locked first: two
     requests for one survey (an autosave and "Next", a double submit) take turns instead of
-    racing to insert the same response."""
-    session.refresh(assignment, with_for_update=True)
-    response = _response(session, assignment)
+    racing to insert the same response. One statement: the locked row read again with its response."""
+    _, response = session.execute(
+        select(SurveyAssignment, SurveyResponse)
+        .outerjoin(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id)
+        .where(SurveyAssignment.id == assignment.id)
+        .with_for_update(of=SurveyAssignment).execution_options(populate_existing=True)).one()
     if response is None:
         response = SurveyResponse(assignment_id=assignment.id, participant_id=assignment.participant_id,
                                   instrument_id=assignment.instrument_id,

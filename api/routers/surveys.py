@@ -6,17 +6,21 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
+from sqlalchemy.orm import Session
 
 from api.deps import (
+    CONSENTED,
     CSRF_MISSING,
     SESSION_ENDED,
     Bearer,
     ConsentedParticipant,
     CurrentStaff,
+    ParticipantToken,
     RowId,
     SessionDep,
     current_participant,
     participant_cookie,
+    run_as_consented,
     token_from,
 )
 from api.errors import DocumentedRoute, refusals, refuses
@@ -68,13 +72,13 @@ def _survey_read(session: SessionDep, assignment: SurveyAssignment) -> SurveyRea
                       items=rendered.items, saved_answers=rendered.saved_answers, status=assignment.status)
 
 
-def _safety(session: SessionDep, participant: Participant, response: SurveyResponse) -> SafetyNoticeRead | None:
-    found = safety_rules.notice(session, participant, response.assignment_id)
+def _safety(session: Session, participant: Participant, response: SurveyResponse) -> SafetyNoticeRead | None:
+    found = safety_rules.notice_for(session, participant, response)
     return None if found is None else SafetyNoticeRead(message=found.message, region=found.region,
                                                       resources=found.resources)
 
 
-def _submitted(session: SessionDep, participant: Participant, response: SurveyResponse) -> SubmittedRead:
+def _submitted(session: Session, participant: Participant, response: SurveyResponse) -> SubmittedRead:
     assert response.submitted_at is not None
     scores = service.scores(session, response)
     return SubmittedRead(assignment_id=response.assignment_id, instrument=response.instrument_id,
@@ -86,7 +90,7 @@ def _submitted(session: SessionDep, participant: Participant, response: SurveyRe
                                                                                    response.assignment_id))))
 
 
-def _saved(session: SessionDep, participant: Participant, response: SurveyResponse) -> SavedRead:
+def _saved(session: Session, participant: Participant, response: SurveyResponse) -> SavedRead:
     return SavedRead(assignment_id=response.assignment_id, saved_answers=response.answers,
                      safety=_safety(session, participant, response),
                      updated_at=response.updated_at)
@@ -105,19 +109,27 @@ def my_survey(assignment_id: RowId, session: SessionDep, participant: ConsentedP
     return _survey_read(session, service.owned_assignment(session, participant, assignment_id))
 
 
-@router.put("/me/surveys/{assignment_id}/answers", responses=refusals(ANSWERABLE))
-def save_my_answers(assignment_id: RowId, body: AnswersUpdate, session: SessionDep,
-                    participant: ConsentedParticipant) -> SavedRead:
-    assignment = service.owned_assignment(session, participant, assignment_id)
-    return _saved(session, participant, service.save_partial(session, participant, assignment, body.answers))
+# Autosave and submit run as one unit of work on one worker thread (``run_as_consented``): the hot
+# write paths, where a session, a participant and a sync handler would each cost a thread-pool hop.
 
 
-@router.post("/me/surveys/{assignment_id}/submit", responses=refusals(ANSWERABLE))
-def submit_my_survey(assignment_id: RowId, body: SurveySubmit, session: SessionDep,
-                     participant: ConsentedParticipant) -> SubmittedRead:
-    assignment = service.owned_assignment(session, participant, assignment_id)
-    return _submitted(session, participant,
-                      service.submit(session, participant, assignment, body.answers, body.submission_id))
+@router.put("/me/surveys/{assignment_id}/answers", responses=refusals({**CONSENTED, **ANSWERABLE}))
+async def save_my_answers(assignment_id: RowId, body: AnswersUpdate, request: Request,
+                          token: ParticipantToken) -> SavedRead:
+    def work(session: Session, participant: Participant) -> SavedRead:
+        assignment = service.owned_assignment(session, participant, assignment_id)
+        return _saved(session, participant, service.save_partial(session, participant, assignment, body.answers))
+    return await run_as_consented(request, token, work)
+
+
+@router.post("/me/surveys/{assignment_id}/submit", responses=refusals({**CONSENTED, **ANSWERABLE}))
+async def submit_my_survey(assignment_id: RowId, body: SurveySubmit, request: Request,
+                           token: ParticipantToken) -> SubmittedRead:
+    def work(session: Session, participant: Participant) -> SubmittedRead:
+        assignment = service.owned_assignment(session, participant, assignment_id)
+        return _submitted(session, participant,
+                          service.submit(session, participant, assignment, body.answers, body.submission_id))
+    return await run_as_consented(request, token, work)
 
 
 # By signed link (from an email); refused if someone else is signed in

@@ -109,3 +109,29 @@ def test_custom_instrument_answers_feed_a_followup(
     survey = app_client.get(f"/api/v1/me/surveys/{survey_id}", headers=who.headers).json()
     assert survey["instrument_version"] == "1"
     assert "reverse" not in survey["items"][1]  # scoring details are not shown to participants
+
+
+def test_a_custom_instrument_is_never_served_stale(engine: Engine) -> None:
+    """The parsed definition is kept by row and digest: a new version, or a row rewritten under the
+    same version (a repair by hand), is read afresh."""
+    from sqlalchemy import update
+
+    from surveys.models import CustomInstrument
+
+    with session_scope(engine) as session:
+        registry.load_custom(session, CUSTOM, TEST_ACTOR)
+        first = registry.get(session, "sleep-quality")
+        assert registry.get(session, "sleep-quality", "1") is first  # served from the cache
+    with session_scope(engine) as session:
+        registry.load_custom(session, CUSTOM.replace('version: "1"', 'version: "2"')
+                             .replace("I woke up rested.", "I woke up refreshed."), TEST_ACTOR)
+    with session_scope(engine) as session:
+        newest = registry.get(session, "sleep-quality")
+        assert (newest.version, newest.items[0].text) == ("2", "I woke up refreshed.")
+        assert registry.get(session, "sleep-quality", "1").items[0].text == "I woke up rested."
+        repaired = first.model_dump(mode="json")
+        repaired["items"][0]["text"] = "I woke up well rested."
+        session.execute(update(CustomInstrument).where(CustomInstrument.version == "1")
+                        .values(definition=repaired, source_sha256="0" * 64))
+    with session_scope(engine) as session:
+        assert registry.get(session, "sleep-quality", "1").items[0].text == "I woke up well rested."
