@@ -127,7 +127,7 @@ def run_fit(engine: Engine, fit_id: int) -> StoredFit:
         study_id, options, requested_by = claimed.study_id, dict(claimed.options), claimed.requested_by
     began = time.perf_counter()
     try:
-        data = StudyData.load(engine, study_id)
+        data = StudyData.load(engine, study_id).for_models()
         # The tables pages show: without the report's diagnostics and sensitivity analyses (minutes more).
         suite = fit_models(data, n_boot=int(options["n_boot"]), seed=int(options["seed"]), checks=False)
         tables = {name: _stored(frame) for name, frame in suite_tables(suite).items()}

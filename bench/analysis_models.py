@@ -33,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 import statsmodels.api as sm
 from common import ROOT  # first: sets the environment and sys.path
 
 from analysis.estimates import StudyData, dropout_survival, perma_trajectories, regret_model
+from analysis.estimates.common import model_columns
 from analysis.panel import PERMA
 from analysis.report import ReportHeader, fit_models, participant_numbers, render_report
 from analysis.simulation.synthetic import SyntheticStudy, null_effects, synthetic_study
@@ -147,10 +149,12 @@ def run_suite_from(args: argparse.Namespace) -> None:
     print(f"  suite process: peak RSS after the imports {peak_rss_mb():.0f} MB")
     began = time.perf_counter()
     start, read_at = (folder / "study.txt").read_text().splitlines()
-    data = StudyData(panel=pd.read_parquet(folder / "panel.parquet"),
-                     conversations=pd.read_parquet(folder / "conversations.parquet"),
-                     survival=pd.read_parquet(folder / "survival.parquet"), study="synthetic",
-                     read_at=dt.datetime.fromisoformat(read_at))
+    # Only the columns the suite reads, as `afterward models fit` narrows what it loads (StudyData.for_models).
+    panel, conversations = (pd.read_parquet(path, columns=model_columns(pq.read_schema(path).names))
+                            for path in (folder / "panel.parquet", folder / "conversations.parquet"))
+    data = StudyData(panel=panel, conversations=conversations, survival=pd.read_parquet(folder / "survival.parquet"),
+                     study="synthetic", read_at=dt.datetime.fromisoformat(read_at)).for_models()
+    del panel, conversations
     print(f"  {'read the frames (Parquet)':<34} {time.perf_counter() - began:7.2f} s   peak RSS "
           f"{peak_rss_mb():7.0f} MB", flush=True)
 

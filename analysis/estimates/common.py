@@ -10,13 +10,13 @@ import datetime as dt
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.features import FEATURES, conversation_features
+from analysis.features import FEATURES, WAVE_FEATURES, conversation_features
 from analysis.panel import PERMA, panel, survival
 from analysis.reading import Source
 from study.clock import now
@@ -78,6 +78,65 @@ class StudyData:
         read_at = now()
         return cls(panel=panel(source, study), conversations=conversation_features(source, study),
                    survival=survival(source, study), study=study, read_at=read_at)
+
+    def for_models(self, perma_outcomes: Sequence[str] = ("overall_wellbeing",)) -> StudyData:
+        """The frames narrowed to what the model suite reads (:func:`model_columns`), the coded
+        strings held once per value: the same figures from a fraction of the memory."""
+        return replace(self, panel=narrowed(self.panel, model_columns(self.panel.columns, perma_outcomes)),
+                       conversations=narrowed(self.conversations, model_columns(self.conversations.columns)))
+
+
+# What the model suite reads of the panel (analysis.estimates, diagnostics, sensitivity, the report's
+# numbers), besides the PERMA scores of the outcomes fitted; of the conversation features it reads
+# these and every number (the feature screen screens each numeric column).
+MODEL_PANEL = ("participant_code", "arm", "mode", "roles_used", "first_role", "participant_status", "enrolled_at",
+               "timezone_region", "wave", "anchor_key", "decision_id", "decision_conversation_id", "instrument_id",
+               "days_since_enrollment", "response_status", "regret")
+MODEL_CONVERSATIONS = ("conversation_id", "participant_code", "arm", "mode", "starting_role", "final_role",
+                       "roles_used", "status")
+# Strings with a few distinct values: held once each (a row points to its value's one string).
+CODED = ("arm", "mode", "roles_used", "first_role", "starting_role", "final_role", "participant_status",
+         "timezone_region", "wave", "anchor_key", "instrument_id", "response_status", "status")
+
+
+NUMBERS = ("integer", "number", "boolean")
+
+
+def model_columns(columns: Sequence[str] | pd.Index, perma_outcomes: Sequence[str] = ()) -> list[str]:
+    """Of a panel's or conversation table's ``columns``, those the model suite reads (in their
+    order): the panel's ``MODEL_PANEL`` and the PERMA scores (and baselines) of overall well-being
+    and ``perma_outcomes`` and the numeric ``conv_*`` features (screened against PERMA change); the
+    conversations' ``MODEL_CONVERSATIONS`` and their numeric features,
+    told apart by the panel's ``wave`` column. For Parquet: pass the file's schema names and read
+    only these."""
+    names = [str(c) for c in columns]
+    if "wave" not in names:
+        return [c for c in names if c in MODEL_CONVERSATIONS
+                or (c in FEATURES and FEATURES[c].type in NUMBERS)]
+    scores = {name for outcome in ("overall_wellbeing", *perma_outcomes)
+              for name in (f"perma_{outcome}", f"baseline_perma_{outcome}")}
+    return [c for c in names if c in MODEL_PANEL or c in scores
+            or (c.startswith("conv_") and c[5:] in WAVE_FEATURES and WAVE_FEATURES[c[5:]].type in NUMBERS)]
+
+
+def narrowed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``frame``'s ``columns``, the ``CODED`` strings held once per distinct value, 64-bit integers
+    that fit in 32 bits as int32."""
+    return pd.DataFrame({c: _narrow(c, frame[c]) for c in columns}, index=frame.index)
+
+
+def _narrow(name: str, column: pd.Series) -> pd.Series:
+    if name in CODED and column.dtype == object:
+        # One string object per distinct value, still of dtype object: a categorical would change
+        # what the models' groupbys and indicators see (every category, observed or not).
+        shared = column.astype("category").astype(object)
+        return shared.where(column.notna(), column)
+    if column.dtype == np.int64 and len(column) and _INT32.min <= column.min() and column.max() <= _INT32.max:
+        return column.astype(np.int32)  # counts and ids: exact, half the memory
+    return column
+
+
+_INT32 = np.iinfo(np.int32)
 
 
 @dataclass(frozen=True)
