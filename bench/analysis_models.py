@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import statsmodels.api as sm
 from common import ROOT  # first: sets the environment and sys.path
 
 from analysis.estimates import StudyData, dropout_survival, perma_trajectories, regret_model
-from analysis.estimates.common import model_columns
+from analysis.estimates.common import model_columns, narrowed_column
 from analysis.panel import PERMA
 from analysis.report import ReportHeader, fit_models, participant_numbers, render_report
 from analysis.simulation.synthetic import SyntheticStudy, null_effects, synthetic_study
@@ -143,18 +144,29 @@ def suite_and_report(data: StudyData, study: SyntheticStudy | None, args: argpar
     return sum(suite.seconds.values()) + rendering, peak_rss_mb()
 
 
+def read_for_models(path: Path) -> pd.DataFrame:
+    """Only the columns the suite reads, each narrowed as it comes out of Arrow, as
+    ``StudyData.for_models`` narrows what ``afterward models fit`` loads (no second whole copy)."""
+    table = pq.read_table(path, columns=model_columns(pq.read_schema(path).names))
+    columns = {}
+    for name in table.column_names:
+        columns[name] = narrowed_column(name, table.select([name]).to_pandas()[name])
+    frame = pd.DataFrame(columns)
+    del table, columns
+    pa.default_memory_pool().release_unused()
+    return frame
+
+
 def run_suite_from(args: argparse.Namespace) -> None:
     """The child: read the frames, fit and render, print the figures."""
     folder = Path(args.suite_from)
     print(f"  suite process: peak RSS after the imports {peak_rss_mb():.0f} MB")
     began = time.perf_counter()
     start, read_at = (folder / "study.txt").read_text().splitlines()
-    # Only the columns the suite reads, as `afterward models fit` narrows what it loads (StudyData.for_models).
-    panel, conversations = (pd.read_parquet(path, columns=model_columns(pq.read_schema(path).names))
-                            for path in (folder / "panel.parquet", folder / "conversations.parquet"))
-    data = StudyData(panel=panel, conversations=conversations, survival=pd.read_parquet(folder / "survival.parquet"),
-                     study="synthetic", read_at=dt.datetime.fromisoformat(read_at)).for_models()
-    del panel, conversations
+    data = StudyData(panel=read_for_models(folder / "panel.parquet"),
+                     conversations=read_for_models(folder / "conversations.parquet"),
+                     survival=pd.read_parquet(folder / "survival.parquet"), study="synthetic",
+                     read_at=dt.datetime.fromisoformat(read_at))
     print(f"  {'read the frames (Parquet)':<34} {time.perf_counter() - began:7.2f} s   peak RSS "
           f"{peak_rss_mb():7.0f} MB", flush=True)
 

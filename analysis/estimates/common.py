@@ -122,10 +122,11 @@ def model_columns(columns: Sequence[str] | pd.Index, perma_outcomes: Sequence[st
 def narrowed(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """``frame``'s ``columns``, the ``CODED`` strings held once per distinct value, 64-bit integers
     that fit in 32 bits as int32."""
-    return pd.DataFrame({c: _narrow(c, frame[c]) for c in columns}, index=frame.index)
+    return pd.DataFrame({c: narrowed_column(c, frame[c]) for c in columns}, index=frame.index)
 
 
-def _narrow(name: str, column: pd.Series) -> pd.Series:
+def narrowed_column(name: str, column: pd.Series) -> pd.Series:
+    """One column as :func:`narrowed` holds it (to narrow a table read column by column)."""
     if name in CODED and column.dtype == object:
         # One string object per distinct value, still of dtype object: a categorical would change
         # what the models' groupbys and indicators see (every category, observed or not).
@@ -133,6 +134,8 @@ def _narrow(name: str, column: pd.Series) -> pd.Series:
         return shared.where(column.notna(), column)
     if column.dtype == np.int64 and len(column) and _INT32.min <= column.min() and column.max() <= _INT32.max:
         return column.astype(np.int32)  # counts and ids: exact, half the memory
+    if column.dtype == "Int64" and column.notna().any() and _INT32.min <= column.min() and column.max() <= _INT32.max:
+        return column.astype("Int32")
     return column
 
 
