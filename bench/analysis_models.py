@@ -46,6 +46,11 @@ from analysis.simulation.synthetic import SyntheticStudy, null_effects, syntheti
 
 
 def peak_rss_mb() -> float:
+    """This process's peak RSS: VmHWM, which starts afresh at exec (ru_maxrss keeps the forking
+    parent's, so the suite's process reported the 5.5 GB parent's peak from its first line)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
