@@ -5,6 +5,7 @@ instruments stored in the database (versioned), and the study team's translation
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -45,17 +46,30 @@ def get(session: Session, instrument_id: str, version: str | None = None) -> Ins
     row = session.execute(query.order_by(CustomInstrument.id.desc()).limit(1)).first()
     if row is None:
         raise NotFound(f"no instrument '{instrument_id}'" + (f" version {version}" if version else ""))
-    key = (row.id, row.source_sha256)  # a stored definition never changes under its row and digest
-    instrument = _custom.get(key)
-    if instrument is None:
-        definition = session.scalar(select(CustomInstrument.definition).where(CustomInstrument.id == row.id))
-        if len(_custom) > 256:
-            _custom.clear()
-        instrument = _custom[key] = Instrument.model_validate(definition)
-    return instrument
+    # A stored definition never changes under its row and digest.
+    return _custom.get((row.id, row.source_sha256), lambda: Instrument.model_validate(
+        session.scalar(select(CustomInstrument.definition).where(CustomInstrument.id == row.id))))
 
 
-_custom: dict[tuple[int, str], Instrument] = {}
+class _ByDigest:
+    """Instruments built from stored text, kept by a key that holds the text's digest (the text never
+    changes under it), so a hot path validates a definition once; at most ``limit``, then started afresh."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self._kept: dict[tuple[object, str], Instrument] = {}
+        self._limit = limit
+
+    def get(self, key: tuple[object, str], build: Callable[[], Instrument]) -> Instrument:
+        found = self._kept.get(key)
+        if found is None:
+            if len(self._kept) >= self._limit:
+                self._kept.clear()
+            found = self._kept[key] = build()
+        return found
+
+
+_custom = _ByDigest()
+_translated = _ByDigest()
 
 
 def in_language(session: Session, instrument: Instrument, language: str | None) -> tuple[Instrument, str]:
@@ -68,16 +82,9 @@ def in_language(session: Session, instrument: Instrument, language: str | None) 
         InstrumentTranslation.language == language)).first()
     if found is None:
         return instrument, INSTRUMENT_LANGUAGE
-    key = (instrument.key, found.source_sha256)  # a translation's text never changes under its digest
-    shown = _translated.get(key)
-    if shown is None:
-        if len(_translated) > 256:
-            _translated.clear()
-        shown = _translated[key] = Translation.model_validate(found.definition).apply(instrument)
-    return shown, language
-
-
-_translated: dict[tuple[str, str], Instrument] = {}
+    # A translation's text never changes under its digest.
+    return _translated.get((instrument.key, found.source_sha256),
+                           lambda: Translation.model_validate(found.definition).apply(instrument)), language
 
 
 def catalog(session: Session) -> InstrumentCatalog:
