@@ -657,17 +657,18 @@ def write_report(engine: Engine, study: str, out: Path, *, actor: audit.Actor, n
             found = open_study(connection, study, actor)
         except ExportRefused as exc:
             raise ReportRefused(f"{exc.message}: the analysis report is for its researchers and admins") from exc
+        frozen = frozen_plan(connection, found.id)
+        if frozen is not None:  # before narrowing the frames: the plan's outcomes are among the columns kept
+            perma_outcomes = list(dict.fromkeys([*perma_outcomes, *frozen.plan.perma_outcomes()]))
+            focal_role = frozen.plan.focal_role
         data = StudyData.load(connection, found.id).for_models(perma_outcomes)
         assert data.read_at is not None
         header = ReportHeader(found.slug, found.title, data.read_at,
                               participant_numbers(data.panel, deleted_by_arm(connection, found.id)),
                               _protocol_versions(connection, found.id),
                               flow=participant_flow(connection, found.id, data.panel))
-        frozen = frozen_plan(connection, found.id)
     check: FileCheck | None = None
     if frozen is not None:
-        perma_outcomes = list(dict.fromkeys([*perma_outcomes, *frozen.plan.perma_outcomes()]))
-        focal_role = frozen.plan.focal_role
         path = plan_file or Path(frozen.source_path)
         check = check_file(frozen, str(path), lambda: path.read_text(encoding="utf-8"))
     primary = frozen.plan.primary if frozen is not None else None

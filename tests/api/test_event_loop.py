@@ -64,6 +64,8 @@ def test_only_handlers_that_await_something_are_coroutines(engine: Engine) -> No
         "api.chat_pages.chat_reconsider", "api.chat_pages.chat_role",
         # It awaits its access check (one unit) and the archive built in the thread pool.
         "api.routers.exports.download_export",
+        # Hot write paths: the whole request one unit on one worker thread (api.deps.run_as_consented).
+        "api.routers.surveys.save_my_answers", "api.routers.surveys.submit_my_survey",
         # No database work: HTML built in memory, a file streamed by Starlette.
         "api.docs.swagger_ui", "api.docs.redoc", "api.app.favicon",
     }
