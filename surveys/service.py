@@ -140,12 +140,12 @@ def _response(session: Session, assignment: SurveyAssignment) -> SurveyResponse 
 def _response_for_update(session: Session, assignment: SurveyAssignment) -> SurveyResponse:
     """The assignment's response, created if missing, with the assignment row locked first: two
     requests for one survey (an autosave and "Next", a double submit) take turns instead of
-    racing to insert the same response. One statement: the locked row read again with its response."""
-    _, response = session.execute(
-        select(SurveyAssignment, SurveyResponse)
-        .outerjoin(SurveyResponse, SurveyResponse.assignment_id == SurveyAssignment.id)
-        .where(SurveyAssignment.id == assignment.id)
-        .with_for_update(of=SurveyAssignment).execution_options(populate_existing=True)).one()
+    racing to insert the same response. Two statements, not one: on PostgreSQL a statement that
+    waited for the lock sees the locked row as it is now but every other table as it was when the
+    statement began, so a response the lock's holder inserted would be missed and inserted again."""
+    session.refresh(assignment, with_for_update=True)  # as the lock's holder left it (a submit closes it)
+    response = session.scalar(select(SurveyResponse).where(SurveyResponse.assignment_id == assignment.id)
+                              .execution_options(populate_existing=True))
     if response is None:
         response = SurveyResponse(assignment_id=assignment.id, participant_id=assignment.participant_id,
                                   instrument_id=assignment.instrument_id,
