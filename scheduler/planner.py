@@ -64,18 +64,27 @@ class Timing:
     occurrence: int = 0  # of a repeating follow-up, from 0
 
 
-def timings(spec: FollowUpSpec, anchored_at: dt.datetime, timezone: str, quiet: QuietHours) -> list[Timing]:
+def timings(spec: FollowUpSpec, anchored_at: dt.datetime, timezone: str, quiet: QuietHours,
+            known: dict[tuple[int, dt.datetime, str], list[Timing]] | None = None) -> list[Timing]:
     """When each occurrence of one follow-up is due for one anchor (one, unless it repeats).
     Offsets, repetitions and reminders are wall-clock arithmetic in the participant's zone, so a
-    daily 20:00 stays at 20:00 across a DST change; the results are UTC."""
+    daily 20:00 stays at 20:00 across a DST change; the results are UTC. Everything after the first
+    wall time depends on it, the follow-up and the zone alone: ``known`` keeps what was worked out
+    for them, for a caller planning many participants with the same ``spec`` and ``quiet``."""
     zone = ZoneInfo(timezone)
     anchor_wall = anchored_at.astimezone(zone).replace(tzinfo=None)
     send = _clock(spec.send_at_local)
     wall = (anchor_wall + spec.offset).replace(hour=send.hour, minute=send.minute, second=0, microsecond=0)
     if wall <= anchor_wall:
         wall += dt.timedelta(days=1)  # never before the anchor itself
-    days = [wall.date()] if spec.repeat is None else spec.repeat.dates(wall.date())
-    return [_timing(spec, dt.datetime.combine(day, wall.time()), zone, quiet, n) for n, day in enumerate(days)]
+    key = (id(spec), wall, timezone)
+    found = None if known is None else known.get(key)
+    if found is None:
+        days = [wall.date()] if spec.repeat is None else spec.repeat.dates(wall.date())
+        found = [_timing(spec, dt.datetime.combine(day, wall.time()), zone, quiet, n) for n, day in enumerate(days)]
+        if known is not None:
+            known[key] = found
+    return found
 
 
 def timing(spec: FollowUpSpec, anchored_at: dt.datetime, timezone: str, quiet: QuietHours) -> Timing:
@@ -114,24 +123,26 @@ def record_anchor(session: Session, participant: Participant, kind: str, key: st
 
 
 def _timings(protocol: Protocol, anchors: Iterable[Anchor | _AnchorRow], timezone: str,
-             existing: Collection[tuple[str, str, int]] = ()
+             existing: Collection[tuple[str, str, int]] = (),
+             known: dict[tuple[int, dt.datetime, str], list[Timing]] | None = None,
              ) -> Iterator[tuple[FollowUpSpec, Anchor | _AnchorRow, Timing]]:
     """Each follow-up occurrence the anchors call for, with its timing: what ``plan`` writes and
-    ``preview`` shows."""
+    ``preview`` shows (``known``: see ``timings``)."""
     for anchor in anchors:
         for spec in protocol.followups:
             if spec.anchor == anchor.kind:
-                for when in timings(spec, anchor.anchored_at, timezone, protocol.quiet_hours):
+                for when in timings(spec, anchor.anchored_at, timezone, protocol.quiet_hours, known):
                     if (spec.id, anchor.key, when.occurrence) not in existing:
                         yield spec, anchor, when
 
 
 def _rows(participant: Participant, anchors: Iterable[Anchor | _AnchorRow], protocol: Protocol, version: int,
-          existing: set[tuple[str, str, int]], at: dt.datetime) -> list[dict[str, object]]:
+          existing: set[tuple[str, str, int]], at: dt.datetime,
+          known: dict[tuple[int, dt.datetime, str], list[Timing]] | None = None) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     if participant.timezone is None:
         return rows
-    for spec, anchor, when in _timings(protocol, anchors, participant.timezone, existing):
+    for spec, anchor, when in _timings(protocol, anchors, participant.timezone, existing, known):
         if when.closes_at <= at:
             continue  # its whole window is already over (a follow-up added late)
         rows.append(dict(
@@ -228,10 +239,11 @@ def plan_many(session: Session, participants: list[Participant]) -> int:
     if followups_stopped(session, study_id):
         return 0
     rows: list[dict[str, object]] = []
+    known: dict[tuple[int, dt.datetime, str], list[Timing]] = {}  # one protocol's specs: alive throughout
     for participant in enrolled:
         assert participant.enrolled_at is not None
         anchor = _AnchorRow("enrollment", "enrollment", participant.enrolled_at, {})
-        rows += _rows(participant, [anchor], protocol, version, set(), at)
+        rows += _rows(participant, [anchor], protocol, version, set(), at, known)
     bulk_insert(session, FollowUp, rows)
     return len(rows)
 
