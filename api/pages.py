@@ -518,10 +518,8 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
     if not re.fullmatch(SUBMISSION_ID_PATTERN, submission_id):
         submission_id = secrets.token_hex(8)
     try:  # a submit takes this screen's answers itself: a resent one (a double click) is answered as the first
-        if finishing:
-            survey_service.submit(session, participant, assignment, answers, submission_id=submission_id)
-        else:
-            survey_service.save_partial(session, participant, assignment, answers)
+        stored = (survey_service.submit(session, participant, assignment.id, answers, submission_id=submission_id)
+                  if finishing else survey_service.save_partial(session, participant, assignment.id, answers))
     except DomainError as exc:  # invalid answers name their fields; a closed survey says so itself
         errors = ({f["field"]: i18n.gettext(request.state.language, f["message"]) for f in exc.fields}
                   if isinstance(exc, survey_service.AnswerError) else None)
@@ -529,10 +527,9 @@ def _survey_post(request: Request, session: Session, form: FormData, assignment:
             request, session, assignment, step, action, status_code=409 if errors is None else 422, errors=errors))
     if finishing:
         panel = participant_service.completion_url(session, participant, survey_service.wave_of(assignment))
-        safety = safety_rules.notice(session, participant, assignment.id)
-        if safety is not None:  # shown at once, not after a redirect that could be missed
+        if stored.notice is not None:  # shown at once, not after a redirect that could be missed
             return page(request, "message.html", title=N_("Thank you"), body=N_("Your answers were saved."),
-                        back=panel or "/help", back_label="Continue" if panel else "More help", safety=safety)
+                        back=panel or "/help", back_label="Continue" if panel else "More help", safety=stored.notice)
         return see_other(panel or done)  # a panel participant goes back to the panel with its completion code
     target = step - 1 if form.get("go") == "back" else step + 1
     return see_other(f"{action}?step={target}")

@@ -277,7 +277,7 @@ def exit_check(session: Session, participant: Participant, conversation_id: int,
     if rating is not None:
         assignment = effects.assign_survey(session, participant, "immediate-rating", purpose="exit",
                                            context={"conversation_id": str(conversation_id)})
-        effects.submit_survey(session, participant, assignment, {"helpful": rating},
+        effects.submit_survey(session, participant, assignment.id, {"helpful": rating},
                               submission_id=f"exit-{conversation_id}")
         survey_id = assignment.id
     conversation = service.get_conversation(session, participant, conversation_id)

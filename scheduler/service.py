@@ -112,9 +112,16 @@ def schedule_preview(session: Session, study: Study, query: SchedulePreviewQuery
 
 
 def _on_completion(session: Session, assignment: SurveyAssignment) -> None:
-    for followup in session.scalars(select(FollowUp).where(FollowUp.assignment_id == assignment.id)):
-        followup.status, followup.ended_at, followup.updated_at = FollowUpStatus.COMPLETED, now(), now()
-        cancel_deliveries(session, followup.id, "the survey was completed")
+    """A completed survey completes its follow-up and cancels the follow-up's deliveries not sent yet.
+    Only a follow-up's own survey has one (``scheduler.opening`` opens it with the follow-up's key), so
+    another (baseline, exit) costs no statement, and a follow-up's two."""
+    if assignment.followup_key is None:
+        return
+    at, answered = now(), FollowUp.assignment_id == assignment.id
+    session.execute(update(FollowUp).where(answered)
+                    .values(status=FollowUpStatus.COMPLETED, ended_at=at, updated_at=at))
+    _cancel_deliveries(session, Delivery.followup_id.in_(select(FollowUp.id).where(answered)),
+                       "the survey was completed")
 
 
 PENDING = (FollowUpStatus.PLANNED, FollowUpStatus.SENT)  # follow-ups still to come: not yet sent, or sent and open

@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from study import audit
 from study.clock import now
 from study.models import Participant
-from study.protocol import AnswerRule
+from study.protocol import AnswerRule, Protocol
 from study.safety import SafetyEvent, SafetyLevel
 from study.studies import current_protocol
 from surveys.models import SurveyResponse
@@ -53,19 +53,20 @@ def _met(rule: AnswerRule, answers: dict[str, Any], scores: dict[str, float | No
 
 
 def apply(session: Session, participant: Participant, response: SurveyResponse,
-          scores: dict[str, float | None] | None = None) -> list[SafetyEvent]:
+          scores: dict[str, float | None] | None = None, *, created: bool = False) -> SafetyNotice | None:
     """Raise an event for each of the study's rules on this instrument that ``response``'s answers
     (and ``scores``, once submitted) now meet and that has none for this response yet; returns the
-    events raised now."""
+    notice to show when the response has an event (raised now or at an earlier save), else None.
+    A response ``created`` in this unit of work can have no earlier event, so none is read; any other
+    reads its events once, for the rules and the notice alike."""
     protocol = current_protocol(session, participant.study_id)
     rules = [rule for rule in protocol.safety.answer_rules if rule.instrument == response.instrument_id
              and (rule.item is not None or scores is not None)]
-    raised: list[SafetyEvent] = []
+    earlier = [] if created else list(session.scalars(_events_of(participant, response, SafetyEvent.cue)))
+    raised = False
     for rule in rules:
         value = _met(rule, response.answers, scores or {})
-        if value is None or session.scalar(select(SafetyEvent.id).where(
-                SafetyEvent.participant_id == participant.id, SafetyEvent.source == SOURCE,
-                SafetyEvent.cue.startswith(_cue_prefix(response, rule), autoescape=True))) is not None:
+        if value is None or any(cue.startswith(_cue_prefix(response, rule)) for cue in earlier):
             continue
         at, level = now(), SafetyLevel(rule.level)
         event = SafetyEvent(study_id=participant.study_id, participant_id=participant.id, category=rule.category,
@@ -77,8 +78,19 @@ def apply(session: Session, participant: Participant, response: SurveyResponse,
         audit.record(session, audit.Actor.system(), "survey.safety_rule", study_id=participant.study_id,
                      participant_code=participant.code, rule=rule.id, instrument=response.instrument_id,
                      level=level, event_id=event.id)
-        raised.append(event)
-    return raised
+        raised = True
+    return _notice(protocol, participant) if raised or earlier else None
+
+
+def _events_of(participant: Participant, response: SurveyResponse, column: Any) -> Select[Any]:
+    """SQL: ``column`` of the safety events the response's answers raised."""
+    return select(column).where(SafetyEvent.participant_id == participant.id, SafetyEvent.source == SOURCE,
+                                SafetyEvent.cue.startswith(_cue_prefix(response), autoescape=True))
+
+
+def _notice(protocol: Protocol, participant: Participant) -> SafetyNotice:
+    region, text = protocol.crisis_resources_for(participant.timezone)
+    return SafetyNotice(region=region, resources=text)
 
 
 def notice(session: Session, participant: Participant, assignment_id: int) -> SafetyNotice | None:
@@ -89,11 +101,7 @@ def notice(session: Session, participant: Participant, assignment_id: int) -> Sa
 
 
 def notice_for(session: Session, participant: Participant, response: SurveyResponse | None) -> SafetyNotice | None:
-    """``notice`` for the response in hand (the one just saved or submitted), without reading it again."""
-    raised = response is not None and session.scalar(select(SafetyEvent.id).where(
-        SafetyEvent.participant_id == participant.id, SafetyEvent.source == SOURCE,
-        SafetyEvent.cue.startswith(_cue_prefix(response), autoescape=True)).limit(1)) is not None
-    if not raised:
+    """``notice`` for the response in hand (one stored earlier), without reading it again."""
+    if response is None or session.scalar(_events_of(participant, response, SafetyEvent.id).limit(1)) is None:
         return None
-    region, text = current_protocol(session, participant.study_id).crisis_resources_for(participant.timezone)
-    return SafetyNotice(region=region, resources=text)
+    return _notice(current_protocol(session, participant.study_id), participant)

@@ -69,11 +69,13 @@ def pending(session: Session, participant: Participant) -> list[SurveyAssignment
     ).order_by(SurveyAssignment.intended_at, SurveyAssignment.id)))
 
 
+NOT_YOURS = "there is no such survey for you"  # someone else's survey looks exactly like a missing one
+
+
 def owned_assignment(session: Session, participant: Participant, assignment_id: int) -> SurveyAssignment:
     assignment = session.get(SurveyAssignment, assignment_id)
-    # Someone else's survey looks exactly like a missing one.
     if assignment is None or assignment.participant_id != participant.id:
-        raise NotFound("there is no such survey for you")
+        raise NotFound(NOT_YOURS)
     return assignment
 
 
@@ -137,52 +139,72 @@ def _response(session: Session, assignment: SurveyAssignment) -> SurveyResponse 
     return session.scalar(select(SurveyResponse).where(SurveyResponse.assignment_id == assignment.id))
 
 
-def _response_for_update(session: Session, assignment: SurveyAssignment) -> SurveyResponse:
-    """The assignment's response, created if missing, with the assignment row locked first: two
-    requests for one survey (an autosave and "Next", a double submit) take turns instead of
-    racing to insert the same response. Two statements, not one: on PostgreSQL a statement that
-    waited for the lock sees the locked row as it is now but every other table as it was when the
-    statement began, so a response the lock's holder inserted would be missed and inserted again."""
-    session.refresh(assignment, with_for_update=True)  # as the lock's holder left it (a submit closes it)
+@dataclass(frozen=True)
+class Stored:
+    """What a save or a submit stored, with what its unit of work already knows, so that nothing is
+    read back: the response, the scores (a submit's as computed, a repeated submission's as stored;
+    none for a save) and the safety notice to show (``safety_rules.apply``), or None."""
+
+    assignment: SurveyAssignment
+    response: SurveyResponse
+    scores: list[SurveyScore]
+    notice: safety_rules.SafetyNotice | None
+
+
+def _locked(session: Session, participant: Participant, assignment_id: int) -> tuple[SurveyAssignment,
+                                                                                     SurveyResponse, bool]:
+    """The participant's assignment with its response, created if missing (and True when created
+    now), the assignment row locked first: two requests for one survey (an autosave and "Next", a
+    double submit) take turns instead of racing to insert the same response. One statement, which
+    is also the ownership check: someone else's survey is refused as a missing one. The response is
+    read by a statement of its own: on PostgreSQL a statement that waited for the lock sees the locked
+    row as it is now but every other table as it was when it began, so a response the lock's holder
+    inserted would be missed and inserted again (tests/api/test_concurrency.py)."""
+    assignment = session.scalar(
+        select(SurveyAssignment)
+        .where(SurveyAssignment.id == assignment_id, SurveyAssignment.participant_id == participant.id)
+        .with_for_update().execution_options(populate_existing=True))
+    if assignment is None:
+        raise NotFound(NOT_YOURS)
     response = session.scalar(select(SurveyResponse).where(SurveyResponse.assignment_id == assignment.id)
                               .execution_options(populate_existing=True))
-    if response is None:
-        response = SurveyResponse(assignment_id=assignment.id, participant_id=assignment.participant_id,
-                                  instrument_id=assignment.instrument_id,
-                                  instrument_version=assignment.instrument_version, answers={})
-        session.add(response)
-    return response
+    if response is not None:
+        return assignment, response, False
+    response = SurveyResponse(assignment_id=assignment.id, participant_id=assignment.participant_id,
+                              instrument_id=assignment.instrument_id,
+                              instrument_version=assignment.instrument_version, answers={})
+    session.add(response)
+    return assignment, response, True
 
 
-def save_partial(session: Session, participant: Participant, assignment: SurveyAssignment,
-                 answers: dict[str, Any]) -> SurveyResponse:
+def save_partial(session: Session, participant: Participant, assignment_id: int,
+                 answers: dict[str, Any]) -> Stored:
     """Merge answers into the saved ones (resume later, from any device); ``None`` clears one.
-    The caller has checked consent (the API's ConsentedParticipant or ``assignment_for_link``)."""
+    The caller has checked consent (``api.deps.run_as_consented`` or ``assignment_for_link``)."""
+    assignment, response, created = _locked(session, participant, assignment_id)
     _require_answerable(assignment)
     instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
     clean, problems = instrument.check_answers(answers, complete=False)
     if problems:
         raise AnswerError(problems)
-    response = _response_for_update(session, assignment)
-    _require_answerable(assignment)  # again: it may have been submitted while we waited
     cleared = {k for k, v in answers.items() if v is None or v == "" or v == []}
     response.answers = {k: v for k, v in {**response.answers, **clean}.items() if k not in cleared}
     response.language = shown(session, assignment)[1]
     response.updated_at = now()
     session.flush()
-    safety_rules.apply(session, participant, response)
-    return response
+    return Stored(assignment, response, [], safety_rules.apply(session, participant, response, created=created))
 
 
-def submit(session: Session, participant: Participant, assignment: SurveyAssignment,
-           answers: dict[str, Any], submission_id: str) -> SurveyResponse:
+def submit(session: Session, participant: Participant, assignment_id: int,
+           answers: dict[str, Any], submission_id: str) -> Stored:
     """Validate the whole survey, score it, read it with the protocol's safety rules
     (``surveys.safety_rules``) and close the assignment. Submitting the same
     ``submission_id`` again returns the stored response instead of storing another. The caller
     has checked consent."""
-    response = _response_for_update(session, assignment)
+    assignment, response, created = _locked(session, participant, assignment_id)
     if response.submitted_at is not None and response.submission_id == submission_id:
-        return response
+        return Stored(assignment, response, scores(session, response),
+                      safety_rules.notice_for(session, participant, response))
     _require_answerable(assignment)
     instrument = registry.get(session, assignment.instrument_id, assignment.instrument_version)
     merged = {**response.answers, **answers}
@@ -196,15 +218,15 @@ def submit(session: Session, participant: Participant, assignment: SurveyAssignm
     assignment.status = "completed"
     assignment.completed_at = response.submitted_at
     session.flush()
-    scored = instrument.score(clean)
-    for name, (value, n_items, n_expected) in scored.items():
-        session.add(SurveyScore(response_id=response.id, participant_id=participant.id,
-                                instrument_version=instrument.version, name=name, value=value,
-                                n_items=n_items, n_expected=n_expected))
+    scored = [SurveyScore(response_id=response.id, participant_id=participant.id,
+                          instrument_version=instrument.version, name=name, value=value,
+                          n_items=n_items, n_expected=n_expected)
+              for name, (value, n_items, n_expected) in instrument.score(clean).items()]
+    session.add_all(scored)
     session.flush()
-    safety_rules.apply(session, participant, response, {name: value for name, (value, _, _) in scored.items()})
+    notice = safety_rules.apply(session, participant, response, {s.name: s.value for s in scored}, created=created)
     run_completion_hooks(session, assignment)
-    return response
+    return Stored(assignment, response, scored, notice)
 
 
 def wave_of(assignment: SurveyAssignment) -> str:

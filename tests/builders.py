@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
 
 from study import audit, participants, staff, studies
@@ -22,6 +24,21 @@ TEST_ACTOR = audit.Actor.system("tests")
 CONFIRMATIONS = ["read-and-understood", "adult", "voluntary"]
 # An unsupported framing: the monitors and the offline model push back on it.
 FRAMING = "Nobody at work ever listens to me, so I'm quitting tomorrow without another job lined up"
+
+
+@contextmanager
+def counting_statements(engine: Engine) -> Iterator[list[str]]:
+    """The SQL statements ``engine`` runs meanwhile, as sent (a round trip each; the pool's ping and the
+    commit are not statements)."""
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
 
 
 def load_study(engine: Engine, protocol_yaml: str) -> str:

@@ -430,9 +430,9 @@ class _Simulation:
                 person.baseline = instrument.score(answers)["overall_wellbeing"][0]
         if split:
             half = dict(list(answers.items())[: len(answers) // 2])
-            surveys.save_partial(session, participant, assignment, half)
+            surveys.save_partial(session, participant, assignment_id, half)
             return {k: v for k, v in answers.items() if k not in half}
-        surveys.submit(session, participant, assignment, answers, submission_id=f"sim-{self.run_id}-{assignment_id}")
+        surveys.submit(session, participant, assignment_id, answers, submission_id=f"sim-{self.run_id}-{assignment_id}")
         return answers
 
     # The generative model of answers

@@ -31,7 +31,7 @@ from study.validation import Line
 from surveys import registry, safety_rules, service
 from surveys import staff as surveys_staff
 from surveys.definitions import Instrument
-from surveys.models import SurveyAssignment, SurveyResponse
+from surveys.models import SurveyAssignment
 from surveys.schemas import (
     AnswersUpdate,
     SafetyNoticeRead,
@@ -72,28 +72,25 @@ def _survey_read(session: SessionDep, assignment: SurveyAssignment) -> SurveyRea
                       items=rendered.items, saved_answers=rendered.saved_answers, status=assignment.status)
 
 
-def _safety(session: Session, participant: Participant, response: SurveyResponse) -> SafetyNoticeRead | None:
-    found = safety_rules.notice_for(session, participant, response)
+def _safety(found: safety_rules.SafetyNotice | None) -> SafetyNoticeRead | None:
     return None if found is None else SafetyNoticeRead(message=found.message, region=found.region,
                                                       resources=found.resources)
 
 
-def _submitted(session: Session, participant: Participant, response: SurveyResponse) -> SubmittedRead:
+def _submitted(session: Session, participant: Participant, stored: service.Stored) -> SubmittedRead:
+    response = stored.response
     assert response.submitted_at is not None
-    scores = service.scores(session, response)
     return SubmittedRead(assignment_id=response.assignment_id, instrument=response.instrument_id,
                          instrument_version=response.instrument_version, submitted_at=response.submitted_at,
                          scores=[ScoreRead(name=s.name, value=s.value, n_items=s.n_items, n_expected=s.n_expected)
-                                 for s in scores], safety=_safety(session, participant, response),
-                         completion_url=participant_service.completion_url(
-                             session, participant, service.wave_of(session.get_one(SurveyAssignment,
-                                                                                   response.assignment_id))))
+                                 for s in stored.scores], safety=_safety(stored.notice),
+                         completion_url=participant_service.completion_url(session, participant,
+                                                                           service.wave_of(stored.assignment)))
 
 
-def _saved(session: Session, participant: Participant, response: SurveyResponse) -> SavedRead:
-    return SavedRead(assignment_id=response.assignment_id, saved_answers=response.answers,
-                     safety=_safety(session, participant, response),
-                     updated_at=response.updated_at)
+def _saved(stored: service.Stored) -> SavedRead:
+    return SavedRead(assignment_id=stored.response.assignment_id, saved_answers=stored.response.answers,
+                     safety=_safety(stored.notice), updated_at=stored.response.updated_at)
 
 
 # The signed-in participant
@@ -117,8 +114,7 @@ def my_survey(assignment_id: RowId, session: SessionDep, participant: ConsentedP
 async def save_my_answers(assignment_id: RowId, body: AnswersUpdate, request: Request,
                           token: ParticipantToken) -> SavedRead:
     def work(session: Session, participant: Participant) -> SavedRead:
-        assignment = service.owned_assignment(session, participant, assignment_id)
-        return _saved(session, participant, service.save_partial(session, participant, assignment, body.answers))
+        return _saved(service.save_partial(session, participant, assignment_id, body.answers))
     return await run_as_consented(request, token, work)
 
 
@@ -126,9 +122,8 @@ async def save_my_answers(assignment_id: RowId, body: AnswersUpdate, request: Re
 async def submit_my_survey(assignment_id: RowId, body: SurveySubmit, request: Request,
                            token: ParticipantToken) -> SubmittedRead:
     def work(session: Session, participant: Participant) -> SubmittedRead:
-        assignment = service.owned_assignment(session, participant, assignment_id)
         return _submitted(session, participant,
-                          service.submit(session, participant, assignment, body.answers, body.submission_id))
+                          service.submit(session, participant, assignment_id, body.answers, body.submission_id))
     return await run_as_consented(request, token, work)
 
 
@@ -155,14 +150,14 @@ def linked_survey(token: str, session: SessionDep, caller: LinkCaller) -> Survey
 @router.put("/survey-links/{token}/answers", responses=refusals({**LINK, **ANSWERABLE}))
 def save_linked_answers(token: str, body: AnswersUpdate, session: SessionDep, caller: LinkCaller) -> SavedRead:
     assignment, participant = service.assignment_for_link(session, token, caller)
-    return _saved(session, participant, service.save_partial(session, participant, assignment, body.answers))
+    return _saved(service.save_partial(session, participant, assignment.id, body.answers))
 
 
 @router.post("/survey-links/{token}/submit", responses=refusals({**LINK, **ANSWERABLE}))
 def submit_linked_survey(token: str, body: SurveySubmit, session: SessionDep, caller: LinkCaller) -> SubmittedRead:
     assignment, participant = service.assignment_for_link(session, token, caller)
     return _submitted(session, participant,
-                      service.submit(session, participant, assignment, body.answers, body.submission_id))
+                      service.submit(session, participant, assignment.id, body.answers, body.submission_id))
 
 
 # Staff

@@ -50,7 +50,7 @@ class PanelBuilder(StudyBuilder):
             assignment = session.scalars(select(SurveyAssignment).where(
                 SurveyAssignment.participant_id == who.id, SurveyAssignment.purpose == purpose,
                 SurveyAssignment.instrument_id == instrument, SurveyAssignment.status == "open")).one()
-            surveys.submit(session, who, assignment, answers, submission_id=f"{code}-{assignment.id}")
+            surveys.submit(session, who, assignment.id, answers, submission_id=f"{code}-{assignment.id}")
 
     def withdraw(self, code: str, level: WithdrawalLevel) -> None:
         with session_scope(self.engine) as session:

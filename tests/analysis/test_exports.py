@@ -74,7 +74,7 @@ def study(engine: Engine, example_protocol: str, frozen_clock: clock.FrozenClock
         answers = {item.id: int(((item.min or 0) + (item.max or 0)) // 2) if item.type in ("likert", "slider",
                                                                                            "number") else "ok"
                    for item in instrument.items}
-        survey_service.submit(session, who, assignment, answers, "sub-1")
+        survey_service.submit(session, who, assignment.id, answers, "sub-1")
 
     c1 = build.start(alice, "coach")
     frozen_clock.advance(MINUTE)

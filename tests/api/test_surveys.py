@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
@@ -14,6 +15,7 @@ from surveys.models import SurveyAssignment
 from tests.builders import (
     ParticipantHandle,
     assign_survey,
+    counting_statements,
     enroll,
     enroll_fully,
     load_study,
@@ -127,6 +129,35 @@ def test_double_submit_stores_one_response(engine: Engine, app_client: TestClien
     with engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM survey_responses")).scalar_one() == 1
         assert connection.execute(sa.text("SELECT count(*) FROM survey_scores")).scalar_one() == 1
+
+
+def _verb_and_table(statement: str) -> str:
+    """``SELECT survey_assignments``: what a statement does, and to which table (a read's first column's)."""
+    found = re.match(r"(SELECT) (\w+)\.|(INSERT) INTO (\w+)|(UPDATE) (\w+)|(DELETE) FROM (\w+)", statement)
+    assert found is not None, statement
+    return " ".join(part for part in found.groups() if part)
+
+
+def test_a_submit_reads_what_it_needs_once_and_nothing_back(
+    engine: Engine, app_client: TestClient, example_protocol: str,
+) -> None:
+    """A submit's round trips (issue 29): the participant with the consent check, the survey locked
+    with its response (which is also the ownership check), the protocol's answer rules, and the
+    writes. Nothing is read back: the scores returned are those computed, a response created in this
+    unit of work can have no earlier safety event, and a survey that is not a follow-up's has no
+    follow-up to complete."""
+    who = _participant(engine, app_client, example_protocol)
+    survey_id = assign_survey(engine, who.code, "decision-regret", context={"decision": "x"})
+    with counting_statements(engine) as statements:
+        submitted = app_client.post(f"/api/v1/me/surveys/{survey_id}/submit", headers=who.headers,
+                                    json={"answers": DRS_ANSWERS, "submission_id": "counted-0001"})
+    assert submitted.status_code == 200, submitted.text
+    # items 2 and 4 reversed: 2, 2, 1, 1, 2, mean 1.6, (1.6 - 1) x 25
+    assert submitted.json()["scores"] == [{"name": "regret", "value": 15.0, "n_items": 5, "n_expected": 5}]
+    assert submitted.json()["safety"] is None
+    sent = sorted(_verb_and_table(s) for s in statements if not s.startswith(("PRAGMA", "BEGIN")))  # SQLite's own
+    assert sent == sorted(["SELECT participants", "SELECT survey_assignments", "SELECT protocol_versions",
+                           "INSERT survey_responses", "UPDATE survey_assignments", "INSERT survey_scores"]), statements
 
 
 def test_links_refuse_another_participant_a_forgery_and_withdrawal(

@@ -4,8 +4,6 @@ offline provider, read back by study staff."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -18,6 +16,7 @@ from study.models import StaffRole
 from tests.builders import (
     FRAMING,
     ParticipantHandle,
+    counting_statements,
     enroll_fully,
     load_study,
     make_invites,
@@ -63,19 +62,6 @@ def audit_rows(engine: Engine, action: str) -> list[Any]:
 
 def detail_of(row: Any) -> dict[str, Any]:
     return row.detail if isinstance(row.detail, dict) else json.loads(row.detail)
-
-
-@contextmanager
-def counting_statements(engine: Engine) -> Iterator[list[str]]:
-    statements: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(statement)
-    sa.event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield statements
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", count)
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def _chat_and_answer(engine: Engine, code: str) -> None:
         who = session.scalars(sa.select(Participant).where(Participant.code == code)).one()
         baseline = survey_service.pending(session, who)[0]  # the baseline survey, the oldest
         first = registry.get(session, baseline.instrument_id).items[0]
-        survey_service.save_partial(session, who, baseline, {first.id: 5})
+        survey_service.save_partial(session, who, baseline.id, {first.id: 5})
 
 
 def _count(engine: Engine, table: str, code: str, where: str = "") -> int:
