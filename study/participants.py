@@ -37,7 +37,14 @@ from study.security import (
     token_digest,
 )
 from study.settings import get_settings
-from study.studies import SIMULATION_INVITE_LABEL, current_consent, current_protocol, current_version
+from study.studies import (
+    SIMULATION_INVITE_LABEL,
+    current_consent,
+    current_protocol,
+    current_version,
+    in_force_id,
+    note_in_force,
+)
 from study.validation import email_address
 from study.wiring import WithdrawalHook
 
@@ -240,8 +247,8 @@ def require_active(participant: Participant) -> None:
 def _signed_consent_in_force(participant_id: Any, study_id: Any) -> Exists:
     """SQL: the participant signed the consent version of the study's newest protocol version
     (values, or columns to correlate with an outer query)."""
-    in_force = (select(ProtocolVersion.consent_version_id).where(ProtocolVersion.study_id == study_id)
-                .order_by(ProtocolVersion.version.desc()).limit(1).scalar_subquery())
+    in_force = (select(ProtocolVersion.consent_version_id).where(ProtocolVersion.id == in_force_id(study_id))
+                .correlate_except(ProtocolVersion).scalar_subquery())
     return select(ConsentSignature.id).where(ConsentSignature.participant_id == participant_id,
                                              ConsentSignature.consent_version_id == in_force).exists()
 
@@ -258,16 +265,21 @@ def require_current_consent(session: Session, participant: Participant) -> None:
 
 
 def consented_participant_for_token(session: Session, token: str) -> Participant | None:
-    """The token's participant if active and consented to the version in force, in one query;
-    None for an unknown or expired token; otherwise the refusal ``require_current_consent`` gives."""
+    """The token's participant if active and consented to the version in force, in one query, which
+    also reads the study's protocol version in force for the rest of the transaction
+    (``study.studies.current_version``); None for an unknown or expired token; otherwise the refusal
+    ``require_current_consent`` gives."""
     row = session.execute(
-        select(Participant, _signed_consent_in_force(Participant.id, Participant.study_id))
+        select(Participant, ProtocolVersion, _signed_consent_in_force(Participant.id, Participant.study_id))
         .join(ParticipantSession)
+        .outerjoin(ProtocolVersion, ProtocolVersion.id == in_force_id(Participant.study_id))
         .where(ParticipantSession.token_sha256 == token_digest(token), ParticipantSession.revoked_at.is_(None),
                ParticipantSession.expires_at > now())).first()
     if row is None:
         return None
-    participant, consented = row
+    participant, version, consented = row
+    if version is not None:
+        note_in_force(session, version)
     if not consented or participant.is_withdrawn:
         require_current_consent(session, participant)  # raises, saying why
     return participant

@@ -14,9 +14,10 @@ import re
 import secrets
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ScalarSelect, event, func, or_, select
+from sqlalchemy.orm import Session, SessionTransaction
 
 from study import audit, recruitment
 from study.errors import Conflict, Invalid, NotFound
@@ -98,11 +99,13 @@ def _load(session: Session, protocol: Protocol, source_yaml: str, actor: audit.A
     consent = _consent_version(session, study, protocol, actor)
     version = (latest.version + 1) if latest else 1
     study.title = protocol.study.title
-    session.add(ProtocolVersion(
+    loaded = ProtocolVersion(
         study_id=study.id, version=version, protocol=protocol.model_dump(mode="json"),
         source_yaml=source_yaml, source_sha256=digest, consent_version_id=consent.id,
-    ))
+    )
+    session.add(loaded)
     session.flush()
+    note_in_force(session, loaded)
     audit.record(session, actor, "protocol.loaded", study_id=study.id, version=version,
                  sha256=digest, consent_version=consent.version)
     return LoadResult(study, version, created_study=created, changed=True)
@@ -168,12 +171,39 @@ def get_study(session: Session, slug: str) -> Study:
     return study
 
 
+def in_force_id(study_id: Any) -> ScalarSelect[int]:
+    """SQL: the id of the study's protocol version in force, its newest (``study_id``: a value, or a
+    column to correlate with an outer query, which may read protocol versions itself)."""
+    return (select(ProtocolVersion.id).where(ProtocolVersion.study_id == study_id)
+            .order_by(ProtocolVersion.version.desc()).limit(1).correlate_except(ProtocolVersion).scalar_subquery())
+
+
+_IN_FORCE = "afterward.protocol_in_force"  # Session.info: study id -> the version in force, for this transaction
+
+
 def current_version(session: Session, study_id: int) -> ProtocolVersion:
-    version = session.scalar(select(ProtocolVersion).where(ProtocolVersion.study_id == study_id)
-                             .order_by(ProtocolVersion.version.desc()).limit(1))
+    """The study's protocol version in force, read once per transaction (``note_in_force``)."""
+    version = session.info.get(_IN_FORCE, {}).get(study_id)
     if version is None:
-        raise NotFound("the study has no protocol loaded")
+        version = session.scalar(select(ProtocolVersion).where(ProtocolVersion.id == in_force_id(study_id)))
+        if version is None:
+            raise NotFound("the study has no protocol loaded")
+        note_in_force(session, version)
     return version
+
+
+def note_in_force(session: Session, version: ProtocolVersion) -> None:
+    """Keep ``version`` as its study's version in force until the transaction ends: read by
+    ``current_version``, with another read (the participant's consent check), or loaded now."""
+    session.info.setdefault(_IN_FORCE, {})[version.study_id] = version
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_in_force(session: Session, transaction: SessionTransaction) -> None:
+    """The next transaction reads the version in force again, and so does what follows a savepoint
+    (one that loaded a version may have been rolled back); a flush's inner transaction keeps it."""
+    if transaction.parent is None or transaction.nested:
+        session.info.pop(_IN_FORCE, None)
 
 
 _parsed: dict[tuple[int, str], Protocol] = {}
@@ -181,7 +211,8 @@ _parsed: dict[tuple[int, str], Protocol] = {}
 
 def current_protocol(session: Session, study_id: int) -> Protocol:
     """The protocol in force. Stored versions never change, so the parsed form is kept per
-    (version row, source hash) and a request pays one small query for it."""
+    (version row, source hash) and a transaction pays at most one small query for it (none after the
+    participant's consent check, which reads the version with the participant)."""
     return _protocol_of(current_version(session, study_id))
 
 

@@ -141,9 +141,9 @@ def _verb_and_table(statement: str) -> str:
 def test_a_submit_reads_what_it_needs_once_and_nothing_back(
     engine: Engine, app_client: TestClient, example_protocol: str,
 ) -> None:
-    """A submit's round trips (issue 29): the participant with the consent check, the survey locked
-    with its response (which is also the ownership check), the protocol's answer rules, and the
-    writes. Nothing is read back: the scores returned are those computed, a response created in this
+    """A submit's round trips (issue 29): the participant with the consent check and the protocol in
+    force (its answer rules), the survey locked with its response (which is also the ownership
+    check), and the writes. Nothing is read back: the scores returned are those computed, a response created in this
     unit of work can have no earlier safety event, and a survey that is not a follow-up's has no
     follow-up to complete."""
     who = _participant(engine, app_client, example_protocol)
@@ -156,8 +156,8 @@ def test_a_submit_reads_what_it_needs_once_and_nothing_back(
     assert submitted.json()["scores"] == [{"name": "regret", "value": 15.0, "n_items": 5, "n_expected": 5}]
     assert submitted.json()["safety"] is None
     sent = sorted(_verb_and_table(s) for s in statements if not s.startswith(("PRAGMA", "BEGIN")))  # SQLite's own
-    assert sent == sorted(["SELECT participants", "SELECT survey_assignments", "SELECT protocol_versions",
-                           "INSERT survey_responses", "UPDATE survey_assignments", "INSERT survey_scores"]), statements
+    assert sent == sorted(["SELECT participants", "SELECT survey_assignments", "INSERT survey_responses",
+                           "UPDATE survey_assignments", "INSERT survey_scores"]), statements
 
 
 def test_links_refuse_another_participant_a_forgery_and_withdrawal(

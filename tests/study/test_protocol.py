@@ -7,13 +7,14 @@ import re
 import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
 from study import studies
-from study.db import session_scope
+from study.db import session_factory, session_scope
 from study.errors import Conflict
 from study.models import ConsentVersion, ProtocolVersion
 from study.protocol import Protocol, ProtocolError, parse_protocol
-from tests.builders import TEST_ACTOR, load_study
+from tests.builders import TEST_ACTOR, counting_statements, load_study
 
 
 def test_example_protocol_parses(example_protocol: str) -> None:
@@ -85,6 +86,43 @@ def test_changed_protocol_creates_version_and_keeps_old(engine: Engine, example_
         assert [v.version for v in versions] == [1, 2]
         assert versions[0].source_yaml == example_protocol
         assert studies.current_protocol(session, versions[0].study_id).followups[0].window.days == 4
+
+
+def test_the_version_in_force_is_read_once_a_transaction_and_a_load_replaces_it(
+    engine: Engine, example_protocol: str,
+) -> None:
+    """``current_version`` reads the version in force once per transaction (the participant's consent
+    check reads it with the participant, so a request's later reads cost nothing); a version loaded in
+    the same transaction replaces it at once, a savepoint rolled back takes its version with it, and
+    the session's next transaction reads the version in force again."""
+    load_study(engine, example_protocol)
+
+    def loaded(session: Session, days: int) -> int:
+        text = example_protocol.replace("window: P3D", f"window: P{days}D", 1)
+        return studies.load_protocol(session, text, TEST_ACTOR).version
+
+    with session_scope(engine) as session:
+        study_id = session.scalars(select(ProtocolVersion.study_id)).one()
+        with counting_statements(engine) as statements:
+            assert studies.current_version(session, study_id).version == 1
+            assert studies.current_version(session, study_id).version == 1
+        assert len(statements) == 1
+        assert loaded(session, 4) == 2
+        with counting_statements(engine) as statements:
+            assert studies.current_protocol(session, study_id).followups[0].window.days == 4
+        assert statements == []
+        savepoint = session.begin_nested()
+        assert loaded(session, 5) == 3
+        assert studies.current_version(session, study_id).version == 3
+        savepoint.rollback()
+        assert studies.current_version(session, study_id).version == 2
+    with session_factory(engine)() as session:
+        assert studies.current_version(session, study_id).version == 2
+        session.commit()
+        with session_scope(engine) as other:  # another request, between two transactions of this session
+            assert loaded(other, 6) == 3
+        assert studies.current_version(session, study_id).version == 3
+        assert studies.current_protocol(session, study_id).followups[0].window.days == 6
 
 
 def test_consent_text_change_needs_new_version(engine: Engine, example_protocol: str) -> None:
