@@ -149,8 +149,9 @@ def quantize(graph: bytes) -> bytes:
     quantized per run). On round 11 the encoder took 2.3 times less CPU, and its embeddings kept a
     cosine similarity of at least 0.988 (median 0.994) with the float ones with the tuned layers of
     then (0.964 and 0.993 with today's; READING.md, "What it misses"); a scale per tensor instead of
-    per column kept only 0.86 (median 0.95), 7-bit weights (``reduce_range``) 0.956. The heads are fitted on the quantized
-    embeddings (the trainers use ``encoder()``), so what they learned is what runs. About a second."""
+    per column kept only 0.86 (median 0.95), 7-bit weights (``reduce_range``) 0.956. The heads are
+    fitted on the quantized embeddings (the trainers use ``encoder()``), so what they learned is what
+    runs. About a second."""
     import logging
     import tempfile
 

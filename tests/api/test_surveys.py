@@ -142,10 +142,11 @@ def test_a_submit_reads_what_it_needs_once_and_nothing_back(
     engine: Engine, app_client: TestClient, example_protocol: str,
 ) -> None:
     """A submit's round trips (issue 29): the participant with the consent check and the protocol in
-    force (its answer rules), the survey locked with its response (which is also the ownership
-    check), and the writes. Nothing is read back: the scores returned are those computed, a response created in this
-    unit of work can have no earlier safety event, and a survey that is not a follow-up's has no
-    follow-up to complete."""
+    force (its answer rules), the survey locked (which is also the ownership check), its response
+    read after the lock (a statement of its own: see ``surveys.service._locked``), and the writes.
+    Nothing is read back: the scores returned are those computed, a response created in this unit of
+    work can have no earlier safety event, and a survey that is not a follow-up's has no follow-up to
+    complete."""
     who = _participant(engine, app_client, example_protocol)
     survey_id = assign_survey(engine, who.code, "decision-regret", context={"decision": "x"})
     with counting_statements(engine) as statements:
@@ -156,7 +157,8 @@ def test_a_submit_reads_what_it_needs_once_and_nothing_back(
     assert submitted.json()["scores"] == [{"name": "regret", "value": 15.0, "n_items": 5, "n_expected": 5}]
     assert submitted.json()["safety"] is None
     sent = sorted(_verb_and_table(s) for s in statements if not s.startswith(("PRAGMA", "BEGIN")))  # SQLite's own
-    assert sent == sorted(["SELECT participants", "SELECT survey_assignments", "INSERT survey_responses",
+    assert sent == sorted(["SELECT participants", "SELECT survey_assignments", "SELECT survey_responses",
+                           "INSERT survey_responses",
                            "UPDATE survey_assignments", "INSERT survey_scores"]), statements
 
 
