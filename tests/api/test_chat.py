@@ -242,11 +242,11 @@ def test_override_is_honoured_recorded_and_not_repeated(
 # Each a new instance of the same concern: a one-sided account and a plan built on it (the offline
 # model names it, as FRAMING). The test is of the rate at which an overridden concern is raised
 # again, not of detection, so it takes the first four of these framings that the shipped reading
-# finds as such and as nothing else a role would raise. Which ones those are moves with the fit and
-# a little with the processor (the quantized encoder's integer products on AVX2 without VNNI:
-# READING.md, "What it misses"): with the fit round 15 scored, "Everyone at the club hates me, so
-# I'm not going to the dinner on Friday" no longer read as a framing; on an AMD EPYC machine "The
-# whole team ignores my ideas, so I'm skipping the offsite" also reads as validation-seeking.
+# finds as such and as nothing else a role would raise. Which ones those are moves with the fit
+# (READING.md, "What it misses"): with the fit round 15 scored, "Everyone at the club hates me, so
+# I'm not going to the dinner on Friday" no longer read as a framing; "The whole team ignores my
+# ideas, so I'm skipping the offsite" reads as validation-seeking too since the fit round 17 scored,
+# and with the fit round 18 scored only three of the first eight read as a framing alone.
 FRAMING_CANDIDATES = ["My in-laws clearly look down on us, so we're skipping their party",
                       "The whole team ignores my ideas, so I'm skipping the offsite",
                       "She clearly hates me, so I'm going over her head to the director",
@@ -254,7 +254,8 @@ FRAMING_CANDIDATES = ["My in-laws clearly look down on us, so we're skipping the
                       "My boss clearly dislikes me, so I'm skipping the Christmas party",
                       "My cousin clearly looks down on me, so I'm not going to the reunion",
                       "My manager obviously has it in for me, so I'm not going to the team lunch",
-                      "My teacher clearly has favourites, so I'm dropping the class"]
+                      "My teacher clearly has favourites, so I'm dropping the class",
+                      "The neighbours clearly hate us, so we're not inviting them to the barbecue"]
 
 
 def new_framings() -> list[str]:
