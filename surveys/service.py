@@ -136,7 +136,9 @@ def render(session: Session, assignment: SurveyAssignment) -> RenderedSurvey:
 
 
 def _response(session: Session, assignment: SurveyAssignment) -> SurveyResponse | None:
-    return session.scalar(select(SurveyResponse).where(SurveyResponse.assignment_id == assignment.id))
+    """The assignment's response as stored now (a copy already in the session is refreshed)."""
+    return session.scalar(select(SurveyResponse).where(SurveyResponse.assignment_id == assignment.id)
+                          .execution_options(populate_existing=True))
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,8 @@ def _locked(session: Session, participant: Participant, assignment_id: int) -> t
                                                                                      SurveyResponse, bool]:
     """The participant's assignment with its response, created if missing (and True when created
     now), the assignment row locked first: two requests for one survey (an autosave and "Next", a
-    double submit) take turns instead of racing to insert the same response. One statement, which
-    is also the ownership check: someone else's survey is refused as a missing one. The response is
+    double submit) take turns instead of racing to insert the same response. The locking read is
+    also the ownership check: someone else's survey is refused as a missing one. The response is
     read by a statement of its own: on PostgreSQL a statement that waited for the lock sees the locked
     row as it is now but every other table as it was when it began, so a response the lock's holder
     inserted would be missed and inserted again (tests/api/test_concurrency.py)."""
@@ -166,8 +168,7 @@ def _locked(session: Session, participant: Participant, assignment_id: int) -> t
         .with_for_update().execution_options(populate_existing=True))
     if assignment is None:
         raise NotFound(NOT_YOURS)
-    response = session.scalar(select(SurveyResponse).where(SurveyResponse.assignment_id == assignment.id)
-                              .execution_options(populate_existing=True))
+    response = _response(session, assignment)
     if response is not None:
         return assignment, response, False
     response = SurveyResponse(assignment_id=assignment.id, participant_id=assignment.participant_id,
