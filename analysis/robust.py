@@ -13,6 +13,7 @@ n x n computation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,10 +75,15 @@ def _apply(p: np.ndarray, f: np.ndarray, v: np.ndarray) -> np.ndarray:
     return v + p @ (f[:, :, None] * (p.transpose(0, 2, 1) @ v))
 
 
-def cr2(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cr2(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray,
+        df_for: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(CR2 covariance of the OLS coefficients, Bell-McCaffrey degrees of freedom of each) for
-    design ``x`` (n x k), OLS ``residuals`` and integer cluster ids ``groups``."""
+    design ``x`` (n x k), OLS ``residuals`` and integer cluster ids ``groups``. ``df_for``: the
+    indices of the coefficients whose degrees of freedom are wanted (the others NaN; default all):
+    each costs a pass over the clusters and (clusters x k) numbers kept, which for a model of
+    many columns over 100,000 participants is gigabytes no caller reads."""
     k = x.shape[1]
+    wanted = np.arange(k) if df_for is None else np.asarray(df_for, dtype=np.int64)
     bread = np.linalg.pinv(x.T @ x)
     spectrum, basis = np.linalg.eigh(bread)
     root = basis * np.sqrt(np.maximum(spectrum, 0.0))
@@ -94,20 +100,22 @@ def cr2(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray) -> tuple[np.nd
         scores = (xt @ _apply(p, f, residuals[rows][:, :, None]))[:, :, 0]
         meat += scores.T @ scores
         # Degrees of freedom: for coefficient j, w_g = A_g X_g B e_j (column j of ``w``).
-        w = _apply(p, f, xg @ bread)
+        w = _apply(p, f, xg @ bread[:, wanted])
         d_parts.append((w * w).sum(axis=1))  # w_g'w_g per coefficient
         s_parts.append(xt @ w)  # X_g'w_g per coefficient
     covariance = bread @ meat @ bread
-    d = np.concatenate(d_parts)  # (clusters, k)
-    s = np.concatenate(s_parts)  # (clusters, k, k): [g, :, j]
+    df = np.full(k, np.nan)
+    if not len(wanted):
+        return covariance, df
+    d = np.concatenate(d_parts)  # (clusters, wanted)
+    s = np.concatenate(s_parts)  # (clusters, k, wanted): [g, :, i] for coefficient wanted[i]
     # With M = diag(d) - S B S' (clusters x clusters), df = trace(M)^2 / ||M||_F^2, computed
     # without forming M: ||S B S'||_F^2 = trace((B S'S)^2).
     sbs = ((bread @ s) * s).sum(axis=1)
-    df = np.empty(k)
-    for j in range(k):
-        gram = bread @ (s[:, :, j].T @ s[:, :, j])
-        trace = d[:, j].sum() - sbs[:, j].sum()
-        frobenius = (d[:, j] ** 2).sum() - 2 * (d[:, j] * sbs[:, j]).sum() + np.trace(gram @ gram)
+    for i, j in enumerate(wanted):
+        gram = bread @ (s[:, :, i].T @ s[:, :, i])
+        trace = d[:, i].sum() - sbs[:, i].sum()
+        frobenius = (d[:, i] ** 2).sum() - 2 * (d[:, i] * sbs[:, i]).sum() + np.trace(gram @ gram)
         df[j] = trace**2 / frobenius if frobenius > 0 else np.nan
     return covariance, df
 
@@ -134,15 +142,19 @@ def not_identified(design: pd.DataFrame) -> tuple[str, ...]:
     return tuple(out)
 
 
-def cluster_ols(y: pd.Series, design: pd.DataFrame, clusters: pd.Series) -> ClusterRobustFit:
+def cluster_ols(y: pd.Series, design: pd.DataFrame, clusters: pd.Series,
+                df_for: Sequence[str] | None = None) -> ClusterRobustFit:
     """OLS of ``y`` on ``design`` with CR2 standard errors by ``clusters`` and Bell-McCaffrey
     degrees of freedom. Columns not identified on these data (``not_identified``) are left out of
-    the fit and get NaN estimates, instead of the arbitrary ones a pseudo-inverse would give them."""
+    the fit and get NaN estimates, instead of the arbitrary ones a pseudo-inverse would give them.
+    ``df_for``: the terms a caller tests (default every one); the others' degrees of freedom, and so
+    their intervals and p-values, are NaN (a Wald test on ``cov_params()`` needs none)."""
     dropped = not_identified(design)
     fitted = design.drop(columns=list(dropped))
     ols = sm.OLS(y.astype(float), fitted.astype(float), hasconst=True).fit()
     groups = pd.factorize(clusters)[0]
-    covariance, df = cr2(np.asarray(ols.model.exog), np.asarray(ols.resid, dtype=float), groups)
+    wanted = None if df_for is None else np.flatnonzero(fitted.columns.isin(list(df_for)))
+    covariance, df = cr2(np.asarray(ols.model.exog), np.asarray(ols.resid, dtype=float), groups, wanted)
     names, every = fitted.columns, design.columns
     return ClusterRobustFit(params=ols.params.reindex(every),
                             bse=pd.Series(np.sqrt(np.diag(covariance)), index=names).reindex(every),

@@ -30,6 +30,7 @@ from analysis.estimates.regret import regret_frame, resolve_features
 # The same features over the conversations before a wave, for PERMA change. Never the arm: the
 # comparison is within arm, and the arm is reported on its own.
 PERMA_CHANGE_FEATURES = REGRET_FEATURES
+_CHUNK = 65_536  # rows whose products are summed at a time when the participants' sums are built
 
 
 def _wave_features(rows: pd.DataFrame, focal_role: str) -> pd.DataFrame:
@@ -77,46 +78,81 @@ def _r2(y: np.ndarray, predicted: np.ndarray, weights: np.ndarray | None = None)
     """The share of the outcome's variance the held-out predictions explain: their squared
     correlation with the outcome, negative when they point the wrong way. (1 - SSE/SST of held-out
     predictions is not used: without information its expected value is below 0, so no interval
-    would cover the no-information value 0.) ``weights`` as in :func:`_auc`."""
+    would cover the no-information value 0.) ``weights`` as in :func:`_auc`. Computed from the
+    weighted sums of products, as the bootstrap computes it (:func:`_r2_of_sums`)."""
     weights = np.ones(len(y)) if weights is None else weights
-    dy = y - np.average(y, weights=weights)
-    dp = predicted - np.average(predicted, weights=weights)
-    syy, spp = float(weights @ (dy * dy)), float(weights @ (dp * dp))
-    if syy <= 1e-12 * float(weights @ (y * y)) or spp <= 1e-12 * max(float(weights @ (predicted * predicted)), 1e-300):
+    columns = np.column_stack([np.ones(len(y)), y, predicted])
+    return _r2_of_sums((columns * weights[:, None]).T @ columns, 0, np.array([0.0, 1.0, 0.0]),
+                       np.array([0.0, 0.0, 1.0]))
+
+
+def _r2_of_sums(sums: np.ndarray, one: int, target: np.ndarray, score: np.ndarray) -> float:
+    """:func:`_r2` of rows' ``columns @ target`` (the outcome) and ``columns @ score`` (the
+    predictions), from the rows' weighted sums of the columns' products (``sums``, d x d; ``one``:
+    the column of ones): no pass over the rows."""
+    n = sums[one, one]
+    t_total, s_total = sums[one] @ target, sums[one] @ score
+    tt, ss, ts = target @ sums @ target, score @ sums @ score, target @ sums @ score
+    syy, spp = tt - t_total * t_total / n, ss - s_total * s_total / n
+    if syy <= 1e-12 * tt or spp <= 1e-12 * max(ss, 1e-300):
         return math.nan
-    r = float(weights @ (dy * dp)) / math.sqrt(syy * spp)
+    r = (ts - t_total * s_total / n) / math.sqrt(syy * spp)
     return math.copysign(r * r, r)
 
 
 @dataclass(frozen=True)
 class _Prediction:
-    """One outcome's rows for the comparison, as arrays, with each participant's sums of squares
-    and cross-products for both designs: a fold's OLS fit is then a small solve of the other
-    folds' sums (a bootstrap replicate weights each participant by the times drawn), the same
-    fit as least squares on the duplicated rows at a fraction of the cost."""
+    """One outcome's rows for the comparison, as arrays. The outcome, a column of ones and every
+    design's columns are the columns of one matrix (``columns``: each distinct column once), and
+    ``gram`` holds each participant's sums of their products (the upper triangle of the columns'
+    cross-products, summed over the participant's rows). A fold's OLS fit is then a small solve of
+    the other folds' sums, and a fold's R² a few quadratic forms of its own sums (a bootstrap replicate
+    weights each participant by the times drawn): the same figures as least squares and correlations
+    on the duplicated rows, with no pass over the rows but the AUC's."""
 
-    y: np.ndarray
+    columns: np.ndarray  # rows x distinct columns
+    where: dict[str, np.ndarray]  # each design's columns (base, arm, exit_rating, features) in ``columns``
+    y: int  # the outcome's column
+    one: int  # the column of ones
+    gram: np.ndarray  # participants x the upper triangle of the columns' products
     positive: np.ndarray  # the outcome above its median
     positive_within: np.ndarray  # the outcome above its arm x wave cell's median
-    designs: dict[str, np.ndarray]  # base (the adjustment), arm, exit_rating (base + rating), features (base + them)
-    person: np.ndarray  # participant index per row, 0..P-1
+    person: np.ndarray  # participant index per row, 0..P-1, rows grouped by participant
     people: int
 
     @classmethod
     def build(cls, y: np.ndarray, positive: np.ndarray, positive_within: np.ndarray, designs: dict[str, np.ndarray],
               person: np.ndarray) -> _Prediction:
-        return cls(y, positive, positive_within, designs, person, int(person.max()) + 1)
+        if np.any(np.diff(person) < 0):
+            raise ValueError("the rows must be grouped by participant, in order")
+        stacked = np.column_stack([np.ones(len(y)), y, *designs.values()])
+        _, first, inverse = np.unique(stacked, axis=1, return_index=True, return_inverse=True)
+        order = np.argsort(first)  # the distinct columns in the order first seen
+        index = np.argsort(order)[np.asarray(inverse).ravel()]
+        columns = np.ascontiguousarray(stacked[:, first[order]])
+        where, start = {}, 2
+        for name, design in designs.items():
+            where[name] = index[start:start + design.shape[1]]
+            start += design.shape[1]
+        people = int(person[-1]) + 1
+        upper = np.triu_indices(columns.shape[1])
+        gram = np.zeros((people, len(upper[0])))
+        for chunk in range(0, len(y), _CHUNK):  # a chunk's products at a time: bounded memory
+            part, owners = columns[chunk:chunk + _CHUNK], person[chunk:chunk + _CHUNK]
+            heads = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+            gram[owners[heads]] += np.add.reduceat(part[:, upper[0]] * part[:, upper[1]], heads, axis=0)
+        return cls(columns, where, int(index[1]), int(index[0]), gram, positive, positive_within, person, people)
 
-    def _sums(self, design: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = design.shape[1]
-        cross = np.zeros((self.people, k * k))
-        np.add.at(cross, self.person, (design[:, :, None] * design[:, None, :]).reshape(len(design), k * k))
-        moment = np.zeros((self.people, k))
-        np.add.at(moment, self.person, design * self.y[:, None])
-        return cross, moment
+    def _square(self, packed: np.ndarray) -> np.ndarray:
+        """Sums in the upper-triangle layout of ``gram`` (..., m) as symmetric matrices (..., d, d)."""
+        d = self.columns.shape[1]
+        upper = np.triu_indices(d)
+        square = np.zeros((*packed.shape[:-1], d, d))
+        square[..., upper[0], upper[1]] = packed
+        square[..., upper[1], upper[0]] = packed
+        return square
 
-    def scores(self, times: np.ndarray, fold: np.ndarray, folds: int,
-               sums: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+    def scores(self, times: np.ndarray, fold: np.ndarray, folds: int) -> dict[str, float]:
         """R² and AUC within each held-out fold, averaged with the folds' sizes as weights.
         ``times``: how often each participant counts (0 = not drawn); ``fold``: each participant's
         fold. Within a fold, because the intercept fitted on the other folds moves against the
@@ -126,40 +162,56 @@ class _Prediction:
         The exit rating and the features are scored within arm: what their prediction adds to the
         base design's (arm, wave, arm x wave, baseline; fitted on the same folds) against what the
         base leaves of the outcome, and for the AUC against the outcome above its arm x wave cell's
-        median. The arm is scored as it is: its predictions against the outcome."""
+        median. The arm is scored as it is: its predictions against the outcome. Each is a linear
+        combination of ``columns``: the score's coefficients (``score``) and the target's
+        (``target``), per fold."""
         member = np.where(fold[None, :] == np.arange(folds)[:, None], times[None, :], 0).astype(float)  # fold x person
+        held_out = self._square(member @ self.gram)  # fold x d x d, each fold's own sums
+        trained = held_out.sum(axis=0) - held_out  # the other folds'
+        d = self.columns.shape[1]
+        beta = {}
+        for name, cols in self.where.items():
+            beta[name] = np.zeros((folds, d))
+            for f in range(folds):
+                beta[name][f, cols] = np.linalg.lstsq(trained[f][np.ix_(cols, cols)], trained[f][cols, self.y],
+                                                      rcond=None)[0]
+        outcome = np.zeros(d)
+        outcome[self.y] = 1.0
+        target = {"arm": np.broadcast_to(outcome, (folds, d))}
+        score = {"arm": beta["arm"]}
+        for name in ("exit_rating", "features"):
+            target[name], score[name] = outcome - beta["base"], beta[name] - beta["base"]
+        sizes = held_out[:, self.one, self.one]
+
         rows = np.flatnonzero(times[self.person] > 0)
         row_fold = fold[self.person[rows]]
-        by_fold = np.argsort(row_fold, kind="stable")
+        by_fold = np.argsort(row_fold.astype(np.int8), kind="stable")
         rows, row_fold = rows[by_fold], row_fold[by_fold]
         bounds = np.searchsorted(row_fold, np.arange(folds + 1))
-        parts = [slice(bounds[f], bounds[f + 1]) for f in range(folds)]
-        y, weights = self.y[rows], times[self.person[rows]].astype(float)
-        sizes = np.array([weights[part].sum() for part in parts])
-        predicted: dict[str, np.ndarray] = {}
-        for name, design in self.designs.items():
-            cross, moment = sums[name]
-            k = design.shape[1]
-            # einsum, not BLAS: on a busy machine OpenBLAS's threads make these small products 20x slower.
-            fold_cross, fold_moment = np.einsum("fp,pk->fk", member, cross), np.einsum("fp,pk->fk", member, moment)
-            train_cross = (fold_cross.sum(axis=0) - fold_cross).reshape(folds, k, k)
-            train_moment = fold_moment.sum(axis=0) - fold_moment
-            beta = np.stack([np.linalg.lstsq(train_cross[f], train_moment[f], rcond=None)[0] for f in range(folds)])
-            predicted[name] = np.einsum("ij,ij->i", design[rows], beta[row_fold])
-        # Rounded so that rows with the same design tie exactly (float noise must not order them).
-        scored = {"arm": (y, np.round(predicted["arm"], 9), self.positive[rows])}
-        for name in ("exit_rating", "features"):
-            scored[name] = (y - predicted["base"], np.round(predicted[name] - predicted["base"], 9),
-                            self.positive_within[rows])
+        weights = times[self.person[rows]].astype(float)
+        drawn = self.columns[rows]
+        names = ("arm", "exit_rating", "features")
+        r2: dict[str, list[float]] = {name: [] for name in names}
+        auc: dict[str, list[float]] = {name: [] for name in names}
+        for f in range(folds):
+            part = slice(bounds[f], bounds[f + 1])
+            if part.start == part.stop:
+                for name in names:
+                    r2[name].append(math.nan)
+                    auc[name].append(math.nan)
+                continue
+            sums = held_out[f]
+            # Rounded so that rows with the same design tie exactly (float noise must not order them).
+            predicted = np.round(drawn[part] @ np.stack([score[name][f] for name in names], axis=1), 9)
+            for column, name in enumerate(names):
+                r2[name].append(_r2_of_sums(sums, self.one, target[name][f], score[name][f]))
+                positive = (self.positive if name == "arm" else self.positive_within)[rows[part]]
+                auc[name].append(_auc(positive, predicted[:, column], weights[part]))
         out = {}
-        for name, (target, score, positive) in scored.items():
-            r2, auc = [], []
-            for part in parts:
-                empty = part.start == part.stop
-                r2.append(math.nan if empty else _r2(target[part], score[part], weights[part]))
-                auc.append(math.nan if empty else _auc(positive[part], score[part], weights[part]))
-            out[f"r2_{name}"], out[f"auc_{name}"] = _weighted(r2, sizes), _weighted(auc, sizes)
+        for name in names:
+            out[f"r2_{name}"], out[f"auc_{name}"] = _weighted(r2[name], sizes), _weighted(auc[name], sizes)
         return out
+
 
 
 def _weighted(values: list[float], weights: np.ndarray) -> float:
@@ -273,13 +325,12 @@ def immediate_vs_delayed(data: StudyData, *, regret_features: Sequence[str] = RE
             "base": base.to_numpy(float), "arm": arm.to_numpy(float),
             "exit_rating": np.hstack([base.to_numpy(float), frame[["exit_rating"]].to_numpy(float)]),
             "features": np.hstack([base.to_numpy(float), frame[columns].to_numpy(float)])}, person)
-        sums = {name: prediction._sums(design) for name, design in prediction.designs.items()}
 
         def fold_of(unique_count: int, rng: np.random.Generator = rng) -> np.ndarray:
             return rng.permutation(np.arange(unique_count) % folds)
 
         everyone = np.ones(len(people), dtype=np.int64)
-        estimate = prediction.scores(everyone, fold_of(len(people)), folds, sums)  # the first draw of the stream
+        estimate = prediction.scores(everyone, fold_of(len(people)), folds)  # the first draw of the stream
         replicates = []
         for b in range(n_boot):
             times = np.bincount(rng.integers(0, len(people), len(people)), minlength=len(people))
@@ -288,7 +339,7 @@ def immediate_vs_delayed(data: StudyData, *, regret_features: Sequence[str] = RE
                 continue
             fold = np.full(len(people), -1)
             fold[drawn] = fold_of(len(drawn))
-            replicates.append({"replicate": b, **prediction.scores(times, fold, folds, sums)})
+            replicates.append({"replicate": b, **prediction.scores(times, fold, folds)})
         boot = pd.DataFrame(replicates)
         for metric, no_information in (("r2", 0.0), ("auc", 0.5)):
             a, f = f"{metric}_exit_rating", f"{metric}_features"

@@ -125,7 +125,7 @@ def feature_screen(data: StudyData, *, regret_features: Sequence[str] | None = N
                 skipped.append({"outcome": outcome, "feature": feature, "reason": "does not vary within arm"})
                 continue
             design = adjustment.assign(**{feature: x[used]})
-            result = cluster_ols(y[used], design, frame.loc[used, "participant_code"])
+            result = cluster_ols(y[used], design, frame.loc[used, "participant_code"], df_for=[feature])
             sd = float(x[used].std(ddof=1))
             low, high = result.conf_int().loc[feature].to_numpy(dtype=float)
             part.append({"outcome": outcome, "feature": feature, "label": label_of(feature, focal_role),

@@ -185,7 +185,7 @@ def subgroup_effects(data: StudyData, *, by: Sequence[str] = ("baseline_tercile"
                 if not identified(part, term):
                     effects.append({**row, "note": "fewer than two waves in an arm: no arm x time effect"})
                     continue
-                result = cluster_ols(part[y_column], design_of(part), part["participant_code"])
+                result = cluster_ols(part[y_column], design_of(part), part["participant_code"], df_for=[term])
                 table = coefficients_table(result, focal_role).set_index("term")
                 numbers = ["estimate", "se", "ci_low", "ci_high", "p"]
                 values = table.loc[[term], numbers].to_numpy(float)[0].tolist()
@@ -245,7 +245,7 @@ def _heterogeneity(frame: pd.DataFrame, values: pd.Series, name: str, outcome: s
     interactions = [c for c in interactions if c in design]
     if not interactions:
         return []
-    result = cluster_ols(part[y_column], design, part["participant_code"])
+    result = cluster_ols(part[y_column], design, part["participant_code"], df_for=())  # a Wald F: no t
     restriction = np.zeros((len(interactions), design.shape[1]))
     for i, column in enumerate(interactions):
         restriction[i, list(design.columns).index(column)] = 1.0

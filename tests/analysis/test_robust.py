@@ -42,6 +42,15 @@ def test_se_df_intervals_and_p_equal_the_textbook_computation(seed: int) -> None
     np.testing.assert_allclose(fit.pvalues, truth["p"], rtol=1e-8)
     # A regressor that only a few clusters carry has far fewer degrees of freedom than clusters.
     assert fit.df["rare"] < 0.5 * fit.clusters
+    # Degrees of freedom for the terms a caller tests only: the same figures for those, NaN for the
+    # others, and the same covariance (a Wald test needs no degrees of freedom).
+    some = cluster_ols(y, design, groups, df_for=["rare"])
+    np.testing.assert_allclose(some.df["rare"], truth["df"]["rare"], rtol=1e-9)
+    np.testing.assert_allclose(some.pvalues["rare"], truth["p"]["rare"], rtol=1e-8)
+    assert some.df.drop("rare").isna().all()
+    none = cluster_ols(y, design, groups, df_for=())
+    assert none.df.isna().all()
+    np.testing.assert_allclose(none.cov_params(), fit.cov_params(), rtol=1e-12)
     # CR2 is at least as wide as statsmodels' CR1 here (the small-sample correction it exists for).
     cr1 = sm.OLS(y, design).fit(cov_type="cluster", cov_kwds={"groups": pd.factorize(groups)[0]})
     assert fit.bse["rare"] >= cr1.bse["rare"] * 0.99

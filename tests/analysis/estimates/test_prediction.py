@@ -41,7 +41,7 @@ def test_a_bootstrap_replicate_scored_from_sums_equals_least_squares_on_the_dupl
     prediction = _Prediction.build(y, positive, within, designs, person)
     times = np.bincount(rng.integers(0, 30, 30), minlength=30)
     fold = np.where(times > 0, rng.integers(0, 3, 30), -1)
-    scores = prediction.scores(times, fold, 3, {name: prediction._sums(d) for name, d in designs.items()})
+    scores = prediction.scores(times, fold, 3)
 
     rows = np.concatenate([np.flatnonzero(person == p) for p in range(30) for _ in range(times[p])])
     row_fold = fold[person[rows]]
