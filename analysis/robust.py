@@ -59,8 +59,18 @@ def _adjustments(xg: np.ndarray, root: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
     ``H_gg = X_g B X_g' = U U'`` with ``U = X_g root`` (``root root' = B``) has rank at most k, so
     its eigenvectors come from the k x k Gram matrix ``U'U`` and only those directions change; a
-    direction the model fits exactly (eigenvalue of ``I - H_gg`` zero) gets a generalised inverse."""
+    direction the model fits exactly (eigenvalue of ``I - H_gg`` zero) gets a generalised inverse.
+    A cluster of fewer rows than k takes them from ``U U'`` itself (its size squared, not k squared:
+    a participant's few rows against a model of a dozen columns), one row needs no decomposition."""
     u = xg @ root
+    size, k = u.shape[1], u.shape[2]
+    if size == 1:
+        values, p = (u * u).sum(axis=2), np.ones((len(u), 1, 1))
+    elif size <= k:
+        values, p = np.linalg.eigh(u @ u.transpose(0, 2, 1))  # H_gg's eigenvectors, orthonormal
+    if size <= k:
+        remaining = 1.0 - values
+        return p, np.where(remaining > 1e-10, 1.0 / np.sqrt(np.maximum(remaining, 1e-10)), 0.0) - 1.0
     values, vectors = np.linalg.eigh(u.transpose(0, 2, 1) @ u)  # squared singular values of U
     singular = np.sqrt(np.maximum(values, 0.0))
     present = singular > 1e-12
