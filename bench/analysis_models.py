@@ -117,6 +117,7 @@ def run_suite(args: argparse.Namespace) -> None:
         print(child.stdout, end="", flush=True)
         found = dict(line.split("=", 1) for line in child.stdout.splitlines() if line.startswith("suite_"))
         suite_seconds, suite_rss = float(found["suite_seconds"]), float(found["suite_peak_rss_mb"])
+        print(f"  (the suite's CPU seconds in its own process: {float(found['suite_cpu_seconds']):.1f})")
         print(f"  (the child process, started to finished: {time.perf_counter() - began:.1f} s)")
     print(f"report: {out} ({out.stat().st_size / 1e6:.1f} MB)")
     print("\n| step | seconds | peak RSS MB |\n|---|---|---|")
@@ -174,14 +175,17 @@ def run_suite_from(args: argparse.Namespace) -> None:
                      read_at=dt.datetime.fromisoformat(read_at))
     print(f"  {'read the frames (Parquet)':<34} {time.perf_counter() - began:7.2f} s   peak RSS "
           f"{peak_rss_mb():7.0f} MB", flush=True)
+    cpu = [time.process_time()]  # CPU seconds per step: comparable between runs on a loaded machine
 
     def step(name: str, seconds: float) -> None:
-        print(f"  {name:<34} {seconds:7.2f} s   peak RSS {peak_rss_mb():7.0f} MB", flush=True)
+        cpu.append(time.process_time())
+        print(f"  {name:<34} {seconds:7.2f} s   CPU {cpu[-1] - cpu[-2]:7.2f} s   peak RSS {peak_rss_mb():7.0f} MB",
+              flush=True)
 
     seconds, rss = suite_and_report(data, None, args, Path(args.out), step,
                                     people=pd.read_parquet(folder / "people.parquet"),
                                     start=dt.datetime.fromisoformat(start))
-    print(f"suite_seconds={seconds}\nsuite_peak_rss_mb={rss}")
+    print(f"suite_seconds={seconds}\nsuite_cpu_seconds={time.process_time() - cpu[0]}\nsuite_peak_rss_mb={rss}")
 
 
 # Coverage
