@@ -31,6 +31,7 @@ from analysis.estimates.regret import regret_frame, resolve_features
 # comparison is within arm, and the arm is reported on its own.
 PERMA_CHANGE_FEATURES = REGRET_FEATURES
 _CHUNK = 65_536  # rows whose products are summed at a time when the participants' sums are built
+_SCORED = ("arm", "exit_rating", "features")  # the predictors scored (``base`` is what they are scored beyond)
 
 
 def _wave_features(rows: pd.DataFrame, focal_role: str) -> pd.DataFrame:
@@ -64,12 +65,18 @@ def _auc(positive: np.ndarray, score: np.ndarray, weights: np.ndarray | None = N
     (ties count half). ``weights``: each row counts that many times (a participant drawn twice in
     a bootstrap replicate)."""
     weights = np.ones(len(score)) if weights is None else weights
-    w1, w0 = float(weights[positive].sum()), float(weights[~positive].sum())
+    return _auc_of_counts(score, np.where(positive, weights, 0.0), np.where(positive, 0.0, weights))
+
+
+def _auc_of_counts(score: np.ndarray, positives: np.ndarray, negatives: np.ndarray) -> float:
+    """:func:`_auc` of groups of rows that share a score: each group's ``score`` and the weight of
+    its positive and its negative rows (groups with equal scores tie)."""
+    w1, w0 = float(positives.sum()), float(negatives.sum())
     if w1 == 0 or w0 == 0:
         return math.nan
     levels, level = np.unique(score, return_inverse=True)
-    above = np.bincount(level, weights=np.where(positive, weights, 0.0), minlength=len(levels))
-    below = np.bincount(level, weights=np.where(positive, 0.0, weights), minlength=len(levels))
+    above = np.bincount(level, weights=positives, minlength=len(levels))
+    below = np.bincount(level, weights=negatives, minlength=len(levels))
     negatives_lower = np.cumsum(below) - below
     return float((above * (negatives_lower + below / 2)).sum() / (w1 * w0))
 
@@ -119,6 +126,10 @@ class _Prediction:
     positive_within: np.ndarray  # the outcome above its arm x wave cell's median
     person: np.ndarray  # participant index per row, 0..P-1, rows grouped by participant
     people: int
+    # Per scored predictor whose rows take few distinct values (the arm's cells, a rating within
+    # them): the columns its score uses, their distinct rows and each row's; its AUC then sorts those
+    # few values, not the rows.
+    distinct: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
     @classmethod
     def build(cls, y: np.ndarray, positive: np.ndarray, positive_within: np.ndarray, designs: dict[str, np.ndarray],
@@ -141,7 +152,16 @@ class _Prediction:
             part, owners = columns[chunk:chunk + _CHUNK], person[chunk:chunk + _CHUNK]
             heads = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
             gram[owners[heads]] += np.add.reduceat(part[:, upper[0]] * part[:, upper[1]], heads, axis=0)
-        return cls(columns, where, int(index[1]), int(index[0]), gram, positive, positive_within, person, people)
+        distinct = {}
+        for name in _SCORED:
+            used = np.unique(np.concatenate([where[name], where["base"]]) if name != "arm" else where[name])
+            if np.prod([len(np.unique(columns[:, c])) for c in used], dtype=float) * 8 > len(y):
+                continue  # a continuous column among them (most rows distinct): not worth the rows' sort
+            values, row_value = np.unique(columns[:, used], axis=0, return_inverse=True)
+            if len(values) * 8 <= len(y):
+                distinct[name] = (used, values, np.asarray(row_value).ravel())
+        return cls(columns, where, int(index[1]), int(index[0]), gram, positive, positive_within, person, people,
+                    distinct)
 
     def _square(self, packed: np.ndarray) -> np.ndarray:
         """Sums in the upper-triangle layout of ``gram`` (..., m) as symmetric matrices (..., d, d)."""
@@ -189,8 +209,9 @@ class _Prediction:
         rows, row_fold = rows[by_fold], row_fold[by_fold]
         bounds = np.searchsorted(row_fold, np.arange(folds + 1))
         weights = times[self.person[rows]].astype(float)
-        drawn = self.columns[rows]
-        names = ("arm", "exit_rating", "features")
+        names = _SCORED
+        by_row = [name for name in names if name not in self.distinct]  # scored row by row for the AUC
+        drawn = self.columns[rows] if by_row else None
         r2: dict[str, list[float]] = {name: [] for name in names}
         auc: dict[str, list[float]] = {name: [] for name in names}
         for f in range(folds):
@@ -200,13 +221,20 @@ class _Prediction:
                     r2[name].append(math.nan)
                     auc[name].append(math.nan)
                 continue
-            sums = held_out[f]
-            # Rounded so that rows with the same design tie exactly (float noise must not order them).
-            predicted = np.round(drawn[part] @ np.stack([score[name][f] for name in names], axis=1), 9)
-            for column, name in enumerate(names):
-                r2[name].append(_r2_of_sums(sums, self.one, target[name][f], score[name][f]))
+            for name in names:
+                r2[name].append(_r2_of_sums(held_out[f], self.one, target[name][f], score[name][f]))
                 positive = (self.positive if name == "arm" else self.positive_within)[rows[part]]
-                auc[name].append(_auc(positive, predicted[:, column], weights[part]))
+                # Scores rounded so that rows with the same design tie exactly (float noise must not order them).
+                if name in self.distinct:
+                    used, values, row_value = self.distinct[name]
+                    which = row_value[rows[part]]
+                    auc[name].append(_auc_of_counts(
+                        np.round(values @ score[name][f][used], 9),
+                        np.bincount(which, weights=np.where(positive, weights[part], 0.0), minlength=len(values)),
+                        np.bincount(which, weights=np.where(positive, 0.0, weights[part]), minlength=len(values))))
+                else:
+                    assert drawn is not None
+                    auc[name].append(_auc(positive, np.round(drawn[part] @ score[name][f], 9), weights[part]))
         out = {}
         for name in names:
             out[f"r2_{name}"], out[f"auc_{name}"] = _weighted(r2[name], sizes), _weighted(auc[name], sizes)
