@@ -155,10 +155,10 @@ class _Prediction:
         distinct = {}
         for name in _SCORED:
             used = np.unique(np.concatenate([where[name], where["base"]]) if name != "arm" else where[name])
-            if np.prod([len(np.unique(columns[:, c])) for c in used], dtype=float) * 8 > len(y):
-                continue  # a continuous column among them (most rows distinct): not worth the rows' sort
-            values, row_value = np.unique(columns[:, used], axis=0, return_inverse=True)
-            if len(values) * 8 <= len(y):
+            # At most the product of each column's distinct values: a continuous column among them
+            # (most rows distinct) is not worth it, and is seen without sorting the rows.
+            if np.prod([len(np.unique(columns[:, c])) for c in used], dtype=float) * 8 <= len(y):
+                values, row_value = np.unique(columns[:, used], axis=0, return_inverse=True)
                 distinct[name] = (used, values, np.asarray(row_value).ravel())
         return cls(columns, where, int(index[1]), int(index[0]), gram, positive, positive_within, person, people,
                     distinct)
@@ -239,7 +239,6 @@ class _Prediction:
         for name in names:
             out[f"r2_{name}"], out[f"auc_{name}"] = _weighted(r2[name], sizes), _weighted(auc[name], sizes)
         return out
-
 
 
 def _weighted(values: list[float], weights: np.ndarray) -> float:
