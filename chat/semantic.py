@@ -8,7 +8,9 @@ sentences the reading adds, a sentence to quote) is encoded once, the runs of on
 batched by length (``Message``). On these features (``features``: the whole, the mean and the maximum
 of the windows, 1,152 numbers):
 
-- a support-vector machine (RBF kernel) scores crisis vs not; ``threshold`` on its score flags;
+- a support-vector machine (RBF kernel) scores crisis vs not, and its decision value is fused with
+  a logistic regression's over the message's character and word n-grams (``chat.ngrams``: how it
+  is typed, which the encoder mostly loses); ``threshold`` on the fused score flags;
 - a multinomial logistic regression picks the category among risk to self, harm to others and
   risk from others, and a logistic regression whether it looks acute; the classifier calls a
   finding acute (escalation at once) only at a score few benign messages reach
@@ -57,6 +59,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from chat import ngrams
 from chat.encoder import MAX_TOKENS, encoder, encoder_loaded, published
 from chat.monitors import CrisisFinding, conditional, detect_crisis, normalize
 from chat.reading import EMBEDDING, QUOTED, READING_PATH, Kernel, Reading, ReadingHead
@@ -72,9 +75,10 @@ _STATEMENT_END = re.compile(r"(?<=[.!?\u2026])[\"')\]\u201d\u2019]*\s+|\n+|<[^>]
 
 @dataclass(frozen=True)
 class SemanticVerdict:
-    """The classifier's reading of one message: its crisis score (the SVM's decision value; the
-    head's ``threshold`` flags), the most likely crisis category, whether it looks acute, whether
-    it is flagged, and whether it is high enough to let a lexicon cue stand."""
+    """The classifier's reading of one message: its crisis score (the SVM's decision value fused
+    with the n-gram model's, ``Head.fused``; the head's ``threshold`` flags), the most likely crisis
+    category, whether it looks acute, whether it is flagged, and whether it is high enough to let a
+    lexicon cue stand."""
 
     score: float
     category: str
@@ -148,16 +152,33 @@ class Head:
             self.lexicon_threshold = float(data["lexicon_threshold"])
             self.lexicon_acute_threshold = float(data["lexicon_acute_threshold"])
             self.acute_threshold = float(data["acute_threshold"])
+            # The n-gram view (chat.ngrams), fused into the score with this weight; none in older heads.
+            self.words_weight = float(data["words_weight"]) if "words_weight" in data else 0.0
+            if self.words_weight:
+                self.words_idf = data["words_idf"]
+                self.words_coef = data["words_coef"]
+                self.words_intercept = float(data["words_intercept"])
             self.metadata: dict[str, Any] = json.loads(str(data["metadata"]))
 
     def score(self, x: np.ndarray) -> np.ndarray:
         """The SVM's decision values for feature rows ``x`` (n, features)."""
         return self.kernel(x) @ self.dual + self.intercept
 
-    def verdict(self, x: np.ndarray) -> SemanticVerdict:
-        """The verdict on one message's features ``x`` (features,)."""
+    def words(self, texts: list[str]) -> np.ndarray:
+        """The n-gram logistic regression's decision values (log-odds) for ``texts``."""
+        rows = ngrams.features(ngrams.counts(texts), self.words_idf)
+        return np.asarray(rows @ self.words_coef).ravel() + self.words_intercept
+
+    def fused(self, x: np.ndarray, texts: list[str]) -> np.ndarray:
+        """The crisis score the thresholds apply to: the SVM's decision value on the features ``x``
+        plus ``words_weight`` times the n-gram model's on the ``texts`` (the same messages)."""
+        score = self.score(x)
+        return score + self.words_weight * self.words(texts) if self.words_weight else score
+
+    def verdict(self, x: np.ndarray, text: str = "") -> SemanticVerdict:
+        """The verdict on one message's features ``x`` (features,) and its ``text``."""
         row = x[None, :]
-        score = float(self.score(row)[0])
+        score = float(self.fused(row, [text])[0])
         category = CATEGORIES[1 + int(np.argmax(row @ self.category_coef.T + self.category_intercept))]
         acute = bool((row @ self.acute_coef)[0] + self.acute_intercept >= 0.0) and score >= self.acute_threshold
         return SemanticVerdict(score, category, acute, score >= self.threshold, score >= self.lexicon_threshold,
@@ -368,7 +389,7 @@ def _verdict(text: str) -> SemanticVerdict:
     vectors = message.embeddings([*spans, last] if last else spans)[: len(spans)]  # one call with the reading's
     embedded = features(vectors)
     with _threads.limit(limits=1, user_api="blas"):
-        return replace(head().verdict(embedded), reading=_read_concerns(message, embedded))
+        return replace(head().verdict(embedded, text), reading=_read_concerns(message, embedded))
 
 
 def statement_of(text: str, cue: str) -> str | None:

@@ -14,8 +14,8 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.svm import SVC
 
-from chat import semantic
-from chat.crisis_train import acute_thresholds, save_head, thresholds
+from chat import ngrams, semantic
+from chat.crisis_train import Words, acute_thresholds, fit_words, save_head, thresholds
 from chat.crisis_train import corpus as corpus_files
 from chat.encoder import encoder
 from chat.monitors import CrisisFinding
@@ -44,6 +44,44 @@ def test_the_numpy_head_gives_scikit_learns_decision_values_and_predictions(tmp_
         assert verdict.category == semantic.CATEGORIES[int(category.predict(row[None])[0])]
         assert verdict.acute == bool(acute_model.predict(row[None])[0])
         assert verdict.flagged == (svm.decision_function(row[None])[0] >= 0.1)
+
+
+def test_the_n_gram_features_are_scikit_learns_tf_idf() -> None:
+    """``chat.ngrams.features`` is ``TfidfTransformer(sublinear_tf=True)`` on the hashed counts,
+    computed without scikit-learn's fitted state (the head ships the idf alone)."""
+    from sklearn.feature_extraction.text import TfidfTransformer
+
+    texts = ["i cant do this anymore", "walked the dog then made soup 🙂", "Cant find my keys AGAIN lol",
+             "kms fr", "the dog, the dog and the soup", ""]
+    rows = ngrams.counts(texts)
+    expected = TfidfTransformer(sublinear_tf=True).fit(rows).transform(rows)
+    np.testing.assert_allclose(ngrams.features(rows, ngrams.idf(rows)).toarray(), expected.toarray(), atol=1e-6)
+    assert ngrams.counts(["kms fr"]).nnz > 0
+    assert (ngrams.counts(["KMS fr"]) != ngrams.counts(["kms fr"])).nnz == 0
+
+
+def test_the_head_fuses_the_n_gram_regression_as_fitted(tmp_path: Path) -> None:
+    """A head saved with its n-gram view scores a message as the SVM's decision value plus the
+    weight times the regression's, as scikit-learn computes both; without one, the SVM's alone."""
+    rng = np.random.default_rng(1)
+    texts = [f"{word} {other} {n}" for n, (word, other) in enumerate(
+        zip(rng.choice(["tonight", "soup", "pills", "keys", "goodbye", "dog"], 80),
+            rng.choice(["done", "again", "lol", "forever", "thanks"], 80), strict=True))]
+    crisis = np.array([("tonight" in t or "goodbye" in t) != (n % 7 == 0) for n, t in enumerate(texts)])
+    x = rng.normal(size=(80, 768)).astype(np.float32)
+    labels = np.where(crisis, 1, 0)
+    svm = SVC(C=4.0, kernel="rbf", gamma="scale", class_weight="balanced").fit(x, crisis)
+    category = LogisticRegression(max_iter=2000).fit(x[crisis], labels[crisis] + (x[crisis][:, 0] > 0))
+    acute_model = LogisticRegression(max_iter=2000).fit(x[crisis], x[crisis][:, 1] > 0)
+    model, idf = fit_words(ngrams.counts(texts), crisis)
+    path, plain = tmp_path / "head.npz", tmp_path / "plain.npz"
+    save_head(path, svm, category, acute_model, 0.1, -0.2, 5.0, {}, words=Words(model, idf, 0.7))
+    save_head(plain, svm, category, acute_model, 0.1, -0.2, 5.0, {})
+    expected = svm.decision_function(x) + 0.7 * model.decision_function(ngrams.features(ngrams.counts(texts), idf))
+    np.testing.assert_allclose(Head(path).fused(x, texts), expected, atol=1e-4)
+    np.testing.assert_allclose(Head(plain).fused(x, texts), svm.decision_function(x), atol=1e-4)
+    assert Head(path).verdict(x[3], texts[3]).score == pytest.approx(expected[3], abs=1e-4)
+    assert Head(path).verdict(x[3], texts[3]).flagged == (expected[3] >= 0.1)
 
 
 def verdict(score: float, *, flagged: bool, lexicon: bool, acute: bool = False,
@@ -268,7 +306,7 @@ def reading_as_before(text: str) -> tuple[float, Reading]:
             inside = parts[start:end] if len(spans) > 1 else parts
             quotes[c] = inside[int(np.argmax(heads.probabilities(semantic.alone(run(inside)))[:, column]))]
         reading = replace(reading, quotes=quotes)
-    return float(semantic.head().score(x[None, :])[0]), reading
+    return float(semantic.head().fused(x[None, :], [text])[0]), reading
 
 
 def test_the_reading_is_what_it_was_before_pieces_were_batched_by_length() -> None:
