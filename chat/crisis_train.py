@@ -309,6 +309,17 @@ def thresholds(scores: np.ndarray, lexicon: np.ndarray, crisis: np.ndarray,
     return best
 
 
+def escalation(scores: np.ndarray, acute_head: np.ndarray, lexicon_acute: np.ndarray, explicit: np.ndarray,
+               threshold: float, acute_threshold: float, lexicon_acute_threshold: float,
+               harm_cue: np.ndarray | None = None) -> np.ndarray:
+    """Which messages ``chat.semantic.fuse`` escalates at these thresholds: an explicit statement that
+    stands, the acute head's verdict from ``acute_threshold``, an acute lexicon cue from
+    ``lexicon_acute_threshold``, a harm-to-others cue wherever the score flags (``threshold``)."""
+    harm = harm_cue & (scores >= threshold) if harm_cue is not None else False
+    return (explicit | harm | (acute_head & (scores >= acute_threshold))
+            | (lexicon_acute & (scores >= lexicon_acute_threshold)))
+
+
 def acute_thresholds(scores: np.ndarray, acute_head: np.ndarray, lexicon_acute: np.ndarray, explicit: np.ndarray,
                      crisis: np.ndarray, urgent: np.ndarray, threshold: float, lexicon_threshold: float,
                      budget: float, harm_cue: np.ndarray | None = None) -> tuple[float, float, float, float]:
@@ -318,17 +329,17 @@ def acute_thresholds(scores: np.ndarray, acute_head: np.ndarray, lexicon_acute: 
     (``acute_head``) and the score reaches acute_threshold (at least ``threshold``), or an acute
     lexicon cue fired (``lexicon_acute``) and the score reaches lexicon_acute_threshold (at least
     ``lexicon_threshold``), or a harm-to-others cue fired (``harm_cue``, among ``lexicon_acute``) and
-    the score reaches ``threshold`` (``chat.semantic.fuse``). Infinite where nothing within the
-    budget escalates that way."""
-    fixed = explicit | (harm_cue & (scores >= threshold) if harm_cue is not None else False)
+    the score reaches ``threshold`` (``escalation``). Infinite where nothing within the budget
+    escalates that way."""
     candidates = np.unique(np.quantile(scores, np.linspace(0, 1, 401)))
+    fixed = escalation(scores, acute_head, lexicon_acute, explicit, threshold, np.inf, np.inf, harm_cue)
     best = (np.inf, np.inf, float(fixed[urgent].mean()), float(fixed[~crisis].mean()))
     for high in [np.inf, *candidates[candidates >= threshold][::-1]]:
-        by_head = fixed | (acute_head & (scores >= high))
+        by_head = escalation(scores, acute_head, lexicon_acute, explicit, threshold, high, np.inf, harm_cue)
         if by_head[~crisis].mean() > budget:
             break
         for low in [np.inf, *candidates[candidates >= lexicon_threshold][::-1]]:
-            escalated = by_head | (lexicon_acute & (scores >= low))
+            escalated = escalation(scores, acute_head, lexicon_acute, explicit, threshold, high, low, harm_cue)
             false_positive = escalated[~crisis].mean()
             if false_positive > budget:
                 break
@@ -450,8 +461,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.write(f"escalated out of fold on the calibration rounds: urgent {urgent_escalated:.3f}, "
                      f"benign {benign_escalated:.3f}\n")
     flagged = always | (best_scores >= high) | (lexicon_acute & (best_scores >= low))
-    escalated = (explicit | (harm_cue & (best_scores >= high)) | (acute_head & (best_scores >= acute_score))
-                 | (lexicon_acute & (best_scores >= lexicon_acute_score)))
+    escalated = escalation(best_scores, acute_head, lexicon_acute, explicit, high, acute_score, lexicon_acute_score,
+                           harm_cue)
 
     svm = _svm(best_c).fit(x, crisis)
     words_model, idf = fit_words(counts, crisis)

@@ -10,7 +10,7 @@ of the windows, 1,152 numbers):
 
 - a support-vector machine (RBF kernel) scores crisis vs not, and its decision value is fused with
   a logistic regression's over the message's character and word n-grams (``chat.ngrams``: how it
-  is typed, which the encoder mostly loses); ``threshold`` on the fused score flags;
+  is typed); ``threshold`` on the fused score flags;
 - a multinomial logistic regression picks the category among risk to self, harm to others and
   risk from others, and a logistic regression whether it looks acute; the classifier calls a
   finding acute (escalation at once) only at a score few benign messages reach
@@ -175,8 +175,9 @@ class Head:
         score = self.score(x)
         return score + self.words_weight * self.words(texts) if self.words_weight else score
 
-    def verdict(self, x: np.ndarray, text: str = "") -> SemanticVerdict:
-        """The verdict on one message's features ``x`` (features,) and its ``text``."""
+    def verdict(self, x: np.ndarray, text: str) -> SemanticVerdict:
+        """The verdict on one message's features ``x`` (features,) and its ``text`` (the n-gram view's
+        input: a head fitted without one reads the features alone)."""
         row = x[None, :]
         score = float(self.fused(row, [text])[0])
         category = CATEGORIES[1 + int(np.argmax(row @ self.category_coef.T + self.category_intercept))]

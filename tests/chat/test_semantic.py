@@ -40,7 +40,7 @@ def test_the_numpy_head_gives_scikit_learns_decision_values_and_predictions(tmp_
     head = Head(path)
     np.testing.assert_allclose(head.score(x), svm.decision_function(x), atol=1e-4)
     for row in x[:20]:
-        verdict = head.verdict(row)
+        verdict = head.verdict(row, "")  # a head without the n-gram view
         assert verdict.category == semantic.CATEGORIES[int(category.predict(row[None])[0])]
         assert verdict.acute == bool(acute_model.predict(row[None])[0])
         assert verdict.flagged == (svm.decision_function(row[None])[0] >= 0.1)
